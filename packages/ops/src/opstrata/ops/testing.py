@@ -1,0 +1,45 @@
+"""Test helpers shared by opstrata packages: per-dtype tolerances and an upcasting ``assert_close``.
+
+Tolerances follow torch.testing's defaults where it has them, and reflect the mantissa width for
+bfloat16 (8 bits) and the float8 formats (4 and 3 bits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _dtypes as dt
+
+#: (rtol, atol) per dtype.
+TOLERANCES: dict[np.dtype, tuple[float, float]] = {
+    dt.float64: (1e-7, 1e-7),
+    dt.float32: (1.3e-6, 1e-5),
+    dt.float16: (1e-3, 1e-5),
+    dt.bfloat16: (1.6e-2, 1e-5),
+    dt.float8_e4m3fn: (1.25e-1, 1e-3),
+    dt.float8_e5m2: (2.5e-1, 1e-3),
+}
+
+
+def tolerances(dtype: Any) -> tuple[float, float]:
+    """Default (rtol, atol) for comparing results of ``dtype``; exact (0, 0) for ints and bool."""
+    return TOLERANCES.get(np.dtype(dtype), (0.0, 0.0))
+
+
+def assert_close(
+    actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, check_dtype: bool = True
+) -> None:
+    """Assert elementwise closeness after upcasting to float64; NaNs must match; shapes must match."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    if check_dtype and a.dtype != e.dtype:
+        raise AssertionError(f"dtype mismatch: actual {a.dtype}, expected {e.dtype}")
+    if a.shape != e.shape:
+        raise AssertionError(f"shape mismatch: actual {a.shape}, expected {e.shape}")
+    d_rtol, d_atol = tolerances(e.dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    a64 = a.astype(np.float64) if a.dtype.kind not in "iub" else a
+    e64 = e.astype(np.float64) if e.dtype.kind not in "iub" else e
+    np.testing.assert_allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True)
