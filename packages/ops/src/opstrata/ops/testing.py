@@ -43,3 +43,38 @@ def assert_close(
     a64 = a.astype(np.float64) if a.dtype.kind not in "iub" else a
     e64 = e.astype(np.float64) if e.dtype.kind not in "iub" else e
     np.testing.assert_allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def write_fake_distribution(
+    site_dir: Any, name: str, version: str, *, entry_points: dict[str, dict[str, str]] | None = None
+) -> None:
+    """Write a minimal ``<name>-<version>.dist-info`` into ``site_dir`` (a real metadata directory).
+
+    Put ``site_dir`` first on ``sys.path``/``PYTHONPATH`` and importlib.metadata finds it, so tests can
+    install a distribution of any version, or one declaring entry points, without pip.
+    """
+    from pathlib import Path
+
+    info = Path(site_dir) / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if entry_points:
+        lines = []
+        for group, items in entry_points.items():
+            lines.append(f"[{group}]")
+            lines.extend(f"{key} = {value}" for key, value in items.items())
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+def import_with_fake_lower(module: str, lower: str, version: str, site_dir: Any) -> Any:
+    """Import ``module`` in a fresh interpreter that sees ``lower`` at ``version``; return the result."""
+    import os
+    import subprocess
+    import sys
+
+    write_fake_distribution(site_dir, lower, version)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site_dir), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True, timeout=120
+    )

@@ -1,0 +1,37 @@
+"""opstrata-runtime as an installed distribution: version metadata and the import-time range check."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+import opstrata.runtime as pkg
+from opstrata.ops.testing import import_with_fake_lower
+
+
+def _installed_version() -> str:
+    try:
+        return metadata.version("opstrata-runtime")
+    except metadata.PackageNotFoundError:
+        pytest.skip("opstrata-runtime has no installed metadata (run the tests through nox)")
+
+
+def test_version_comes_from_installed_metadata() -> None:
+    assert pkg.__version__ == _installed_version()
+
+
+def test_import_rejects_out_of_range_lower_package(tmp_path) -> None:
+    own = _installed_version()
+    result = import_with_fake_lower("opstrata.runtime", "opstrata-graph", "9.0.0", tmp_path)
+    assert result.returncode != 0
+    assert f"opstrata-runtime {own} requires opstrata-graph" in result.stderr
+    assert "opstrata-graph 9.0.0 is installed" in result.stderr
+    assert "pip install 'opstrata-graph" in result.stderr
+
+
+def test_import_accepts_in_range_lower_package(tmp_path) -> None:
+    _installed_version()
+    installed = metadata.version("opstrata-graph")
+    result = import_with_fake_lower("opstrata.runtime", "opstrata-graph", installed, tmp_path)
+    assert result.returncode == 0, result.stderr
