@@ -1,0 +1,282 @@
+"""Release one package: bump its version, date its changelog, record its tree in versions.lock.
+
+    python tools/release.py ops patch|minor|major|current [--dry-run] [--date YYYY-MM-DD] [--tag]
+    python tools/release.py ops tag        # after committing: tag ops-v<version> at HEAD
+
+Only packages/<name>/pyproject.toml, packages/<name>/CHANGELOG.md and the [packages.<name>] table of
+versions.lock change; other packages stay byte-identical. The recorded tree is the hash of the package
+directory as it will be committed (working tree after the edits), so commit everything under
+packages/<name> together with versions.lock. A tag must point at that commit, hence the separate `tag`
+step (it verifies HEAD really contains the recorded tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import lockfile as lf
+import tomlkit
+from lock import check
+from lockfile import LockError
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+_UNRELEASED = re.compile(r"^## +\[?Unreleased\]?[ \t]*$", re.IGNORECASE | re.MULTILINE)
+_NEXT_H2 = re.compile(r"^## ", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a release writes, computed before anything is written."""
+
+    name: str
+    old_version: str
+    version: str
+    date: str
+    tree: str
+    files: dict[Path, tuple[str, str]]  # path -> (old text, new text)
+
+
+def bump(version: str, part: str) -> str:
+    """The next X.Y.Z for part major|minor|patch (current returns the version unchanged)."""
+    if part == "current":
+        return version
+    v = Version(version)
+    if v.pre or v.post or v.dev or v.local or len(v.release) > 3:
+        raise LockError(
+            f"cannot {part}-bump {version}: release.py bumps plain X.Y.Z versions; set the version you want "
+            "in pyproject.toml, run `python tools/lock.py sync`, then `release.py <name> current`"
+        )
+    major, minor, patch = (*v.release, 0, 0)[:3]
+    return {
+        "major": f"{major + 1}.0.0",
+        "minor": f"{major}.{minor + 1}.0",
+        "patch": f"{major}.{minor}.{patch + 1}",
+    }[part]
+
+
+def move_unreleased(text: str, path: Path, version: str, date: str) -> str:
+    """CHANGELOG text with the Unreleased section's content moved under `## <version> — <date>`."""
+    m = _UNRELEASED.search(text)
+    if m is None:
+        raise LockError(
+            f"{lf.show(path)}: expected a '## Unreleased' heading, found none; add one listing the changes"
+        )
+    nxt = _NEXT_H2.search(text, m.end())
+    end = nxt.start() if nxt else len(text)
+    body = text[m.end() : end].strip("\n")
+    if not body.strip():
+        raise LockError(
+            f"{lf.show(path)}: the '## Unreleased' section is empty; describe what changed in this release "
+            "under it (Added / Changed / Fixed) and run release.py again"
+        )
+    rest = text[end:]
+    new = f"{text[: m.start()]}## Unreleased\n\n## {version} — {date}\n\n{body}\n"
+    return new + ("\n" + rest if rest else "")
+
+
+def set_pyproject_version(text: str, path: Path, version: str) -> str:
+    """pyproject.toml text with project.version replaced; everything else kept as written."""
+    doc = lf.parse_toml(text, path)
+    doc["project"]["version"] = version
+    return tomlkit.dumps(doc)
+
+
+def plan_release(root: Path, name: str, part: str, date: str) -> Plan:
+    """Compute the new pyproject, changelog and lock texts and the tree hash, writing nothing."""
+    lock_file = lf.lock_path(root)
+    lock = lf.read_lock(lock_file)
+    if name not in lock["packages"]:
+        raise LockError(f"unknown package {name!r}; versions.lock has: {', '.join(lock['layers'])}")
+    table = lock["packages"][name]
+    pkg_dir = root / str(table["path"])
+    pp = lf.read_pyproject(pkg_dir / "pyproject.toml")
+    old = str(table["version"])
+    version = bump(old, part)
+    released = lf.released_versions(lock, name)
+    if version in released:
+        hint = "use patch|minor|major to release the changes" if part == "current" else "pick another bump"
+        raise LockError(
+            f"{table['distribution']} {version} is already released (tree {table['releases'][version]['tree']}); {hint}"
+        )
+    if released and Version(version) < Version(released[-1]):
+        raise LockError(f"{table['distribution']} {version} would be older than the released {released[-1]}")
+    pyproject, changelog = pkg_dir / "pyproject.toml", pkg_dir / "CHANGELOG.md"
+    texts = {
+        pyproject: lf.read_text(pyproject, "pyproject.toml"),
+        changelog: lf.read_text(changelog, "CHANGELOG.md"),
+    }
+    new = {
+        pyproject: set_pyproject_version(texts[pyproject], pyproject, version),
+        changelog: move_unreleased(texts[changelog], changelog, version, date),
+    }
+    overrides = {str(p.relative_to(root)): t.encode() for p, t in new.items()}
+    tree = lf.tree_of(root, str(table["path"]), overrides=overrides)
+    lock_old = lf.read_text(lock_file, "lock file")
+    _update_lock(lock, name, pp, version, tree, date)
+    problems = lf.validate_lock(lock, lock_file)
+    if problems:
+        raise LockError("the updated lock would be invalid:\n  - " + "\n  - ".join(problems))
+    files = {p: (texts[p], new[p]) for p in new}
+    files[lock_file] = (lock_old, tomlkit.dumps(lock))
+    return Plan(name, old, version, date, tree, files)
+
+
+def _update_lock(
+    lock: lf.TOMLDocument, name: str, pp: lf.PyProject, version: str, tree: str, date: str
+) -> None:
+    """Record version, ranges, tested-with and the new release in [packages.<name>] only."""
+    table = lock["packages"][name]
+    lf.set_keep_comment(table, "version", version)
+    lf.set_keep_comment(table, "requires", lf.inline(pp.requires))
+    tested = {low: str(lock["packages"][low]["version"]) for low in pp.requires if low in lock["packages"]}
+    lf.set_keep_comment(table, "tested-with", lf.inline(tested))
+    if "releases" not in table:
+        table["releases"] = tomlkit.table(is_super_table=True)
+    entry = tomlkit.table()
+    entry["tree"] = tree
+    entry["date"] = date
+    entry.add(tomlkit.nl())
+    table["releases"][version] = entry
+
+
+def blocking_problems(root: Path, name: str) -> list[str]:
+    """check() problems a release must not paper over: all except changed-since-release trees."""
+    return [p.message for p in check(root) if p.kind != "unreleased-change"]
+
+
+def warn_dependents(root: Path, name: str, version: str) -> list[str]:
+    """Packages whose declared range on `name` excludes the new version (they need a widened range + release)."""
+    lock = lf.read_lock(lf.lock_path(root))
+    out = []
+    for upper in lock["layers"]:
+        spec = lock["packages"][upper]["requires"].get(name)
+        if spec is not None and not SpecifierSet(str(spec)).contains(version, prereleases=True):
+            out.append(
+                f"{upper} requires opstrata-{name}{spec}, which excludes {version}: widen it in "
+                f"packages/{upper}/pyproject.toml and release {upper}, or `lock.py check` will fail"
+            )
+    return out
+
+
+def apply(plan: Plan, root: Path) -> None:
+    """Write the planned files (lock last); on failure restore what was already written."""
+    written: list[Path] = []
+    try:
+        for path, (_old, new) in plan.files.items():
+            lf.atomic_write_text(path, new)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            lf.atomic_write_text(path, plan.files[path][0])
+        raise
+    actual = lf.tree_of(root, str(lf.read_lock(lf.lock_path(root))["packages"][plan.name]["path"]))
+    if actual != plan.tree:
+        raise LockError(
+            f"packages/{plan.name} changed while releasing (expected tree {plan.tree}, found {actual}); "
+            "run `python tools/lock.py check` and release again"
+        )
+
+
+def diff(plan: Plan, root: Path) -> str:
+    """Unified diff of every planned change (the --dry-run output)."""
+    chunks = []
+    for path, (old, new) in plan.files.items():
+        rel = str(path.relative_to(root))
+        chunks += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
+    return "".join(chunks)
+
+
+def tag(root: Path, name: str) -> str:
+    """Create the annotated tag <name>-v<version> at HEAD after checking HEAD holds the recorded release."""
+    lock = lf.read_lock(lf.lock_path(root))
+    if name not in lock["packages"]:
+        raise LockError(f"unknown package {name!r}; versions.lock has: {', '.join(lock['layers'])}")
+    table = lock["packages"][name]
+    version = str(table["version"])
+    recorded = lf.release_tree(lock, name, version)
+    at_head = lf.tree_of(root, str(table["path"]), ref="HEAD")
+    head_lock = lf.parse_toml(lf.git(root, "show", f"HEAD:{lf.LOCK_NAME}"), f"HEAD:{lf.LOCK_NAME}")
+    head_release = head_lock.get("packages", {}).get(name, {}).get("releases", {}).get(version, {})
+    if at_head != recorded or head_release.get("tree") != recorded:
+        raise LockError(
+            f"HEAD does not contain {table['distribution']} {version} as recorded (tree {recorded[:12]}, HEAD has "
+            f"{at_head[:12]}); commit {table['path']} and {lf.LOCK_NAME} first, then run the tag step again"
+        )
+    name_tag = f"{name}-v{version}"
+    if lf.git(root, "tag", "--list", name_tag):
+        raise LockError(f"tag {name_tag} already exists; a release is tagged once")
+    lf.git(root, "tag", "-a", name_tag, "-m", f"{table['distribution']} {version}")
+    return name_tag
+
+
+def _today(value: str | None) -> str:
+    """--date validated as YYYY-MM-DD, default today."""
+    if value is None:
+        return dt.date.today().isoformat()
+    try:
+        return dt.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise LockError(f"--date: expected YYYY-MM-DD, found {value!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out one release.py invocation."""
+    root = lf.find_root(args.root)
+    if args.part == "tag":
+        name_tag = tag(root, args.package)
+        print(f"tagged {name_tag}; publish it with `git push origin {name_tag}` (CI builds that package)")
+        return 0
+    blocking = blocking_problems(root, args.package)
+    if blocking:
+        raise LockError(
+            "fix these `lock.py check` problems before releasing:\n  - " + "\n  - ".join(blocking)
+        )
+    plan = plan_release(root, args.package, args.part, _today(args.date))
+    head = f"{plan.name} {plan.old_version} -> {plan.version} ({plan.date}, tree {plan.tree})"
+    if args.dry_run:
+        print(f"dry run, nothing written: release {head}\n{diff(plan, root)}", end="")
+    else:
+        apply(plan, root)
+        print(f"released {head}")
+        pkg = lf.read_lock(lf.lock_path(root))["packages"][plan.name]["path"]
+        # the recorded tree is all of the package directory as on disk, so commit all of it
+        print(
+            f"next: git add {pkg} {lf.LOCK_NAME} && git commit -m 'Release opstrata-{plan.name} {plan.version}'"
+        )
+        print(
+            "      then `python tools/lock.py check --ref HEAD` confirms the commit holds the recorded tree"
+        )
+        if args.tag:
+            print(
+                f"then: python tools/release.py {plan.name} tag   # tags {plan.name}-v{plan.version} at that commit"
+            )
+    for warning in warn_dependents(root, plan.name, plan.version):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; LockErrors print as one clear message and exit 2."""
+    ap = argparse.ArgumentParser(prog="tools/release.py", description=__doc__.splitlines()[0])
+    ap.add_argument("package", help="short name, e.g. ops")
+    ap.add_argument("part", choices=["major", "minor", "patch", "current", "tag"])
+    ap.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+    ap.add_argument("--date", help="release date YYYY-MM-DD (default: today)")
+    ap.add_argument("--tag", action="store_true", help="print the tag step to run after committing")
+    ap.add_argument("--root", type=Path, help="repository root (default: git toplevel of the cwd)")
+    try:
+        return run(ap.parse_args(argv))
+    except LockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
