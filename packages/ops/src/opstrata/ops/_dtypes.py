@@ -3,6 +3,19 @@
 bfloat16 and the float8 formats are the ``ml_dtypes`` numpy dtypes. Rule of accumulation:
 low-precision floats (float16, bfloat16, float8_*) are reduced and multiplied in float32 and the
 result is cast back to the input dtype unless an op says otherwise; float64 stays float64.
+
+Rule of promotion (:func:`result_dtype`, used by binary ops on mixed inputs):
+
+1. Equal dtypes keep their dtype.
+2. Without low-precision floats, numpy's rules apply (``int32 + float32 -> float64``), except
+   that a result outside the supported set widens to the next one (``int8 + uint8 -> int32``,
+   where numpy says int16).
+3. With a low-precision float (float16, bfloat16, float8_*):
+   - a float32 or float64 input wins: ``bfloat16 + float32 -> float32``;
+   - two *different* low-precision floats meet in float32: ``bfloat16 + float16 -> float32``,
+     ``float8_e4m3fn + bfloat16 -> float32`` (no exact common narrow type; float32 holds both);
+   - ints and bools do not widen it: ``bfloat16 + int64 -> bfloat16`` (torch's rule; numpy would
+     give float64, silently doubling memory and changing numerics of a bf16 model).
 """
 
 from __future__ import annotations
@@ -55,11 +68,11 @@ def as_dtype(dtype: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(
-            f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES_BY_NAME)}"
-        ) from None
+        raise TypeError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES_BY_NAME)}") from None
     if dt not in ALL_DTYPES:
-        raise TypeError(f"dtype {dt} is not supported by opstrata; expected one of {', '.join(DTYPES_BY_NAME)}")
+        raise TypeError(
+            f"dtype {dt} is not supported by opstrata; expected one of {', '.join(DTYPES_BY_NAME)}"
+        )
     return dt
 
 
@@ -84,3 +97,27 @@ def compute_dtype(dtype: Any) -> np.dtype:
     """The dtype elementwise math on ``dtype`` is evaluated in (float32 for low precision)."""
     dt = np.dtype(dtype)
     return float32 if dt in LOW_PRECISION_DTYPES else dt
+
+
+def result_dtype(*dtypes: Any) -> np.dtype:
+    """The dtype a binary/n-ary op returns for inputs of ``dtypes`` (module docstring, rule of promotion).
+
+    >>> result_dtype("bfloat16", "float16")
+    dtype('float32')
+    """
+    if not dtypes:
+        raise TypeError("result_dtype: expected at least one dtype, got none")
+    dts = [as_dtype(d) for d in dtypes]
+    first = dts[0]
+    if all(d == first for d in dts):
+        return first
+    low = {d for d in dts if d in LOW_PRECISION_DTYPES}
+    if not low:
+        res = np.result_type(*dts)
+        # numpy may answer int16 (int8 + uint8), which opstrata does not carry: widen to int32.
+        return res if res in ALL_DTYPES else (int32 if res.itemsize <= 4 else int64)
+    if float64 in dts:
+        return float64
+    if float32 in dts or len(low) > 1:
+        return float32
+    return next(iter(low))

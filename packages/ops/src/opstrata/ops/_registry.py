@@ -1,42 +1,90 @@
-"""Kernel registry and dispatch (MINIMAL STUB — to be completed: fallback chain, audit, cache, entry points).
+"""The kernel registry and ``call``, the one dispatch path every public op goes through.
 
-Contract used by kernel modules (stable):
+Contract used by kernel modules (stable)::
 
     @register("softmax", device="ref", dtypes=FLOAT_DTYPES, priority=0)
     def softmax_ref(x, *, axis=-1): ...
 
-    call("softmax", x, axis=-1, device=None)   # device None -> the default device ("cpu")
+    call("softmax", x, axis=-1, device=None)   # device None -> the current default device ("cpu")
 
 ``dtypes`` is an iterable of numpy dtypes accepted for the op's *primary* array argument
-(positional argument ``dtype_arg``, default 0), or None for "any dtype".
+(positional argument ``dtype_arg``, default 0; the same for every kernel of an op), or None for
+"any dtype". Among kernels of one (op, device) accepting a dtype, the highest ``priority`` wins,
+and on a tie the one registered last (so a plugin can override). Resolution (see ``_dispatch``)
+is cached per (op, device, primary dtype); registering anything clears the cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from . import _devices
+from ._dispatch import DECOMPOSITION, NATIVE, Decomposition, KernelEntry, Plan, registered_summary, resolve
+from ._errors import NoKernelError, UnknownOpError
+from ._fallback import audit, get_fallback_policy
 
-@dataclass(frozen=True)
-class KernelEntry:
-    op: str
-    device: str
-    fn: Callable[..., Any]
-    dtypes: frozenset[np.dtype] | None
-    priority: int = 0
-    dtype_arg: int = 0
+__all__ = [
+    "KernelEntry",
+    "call",
+    "coverage",
+    "dispatch_path",
+    "kernels",
+    "list_devices",
+    "list_ops",
+    "register",
+    "register_decomposition",
+    "unregister",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
 class _Registry:
     kernels: dict[str, dict[str, list[KernelEntry]]] = field(default_factory=dict)
+    decomps: dict[str, Decomposition] = field(default_factory=dict)
+    dtype_arg: dict[str, int] = field(default_factory=dict)  # op -> position of its primary argument
 
 
 _REGISTRY = _Registry()
 DEFAULT_DEVICE = "cpu"
+_CACHE: dict[tuple[str, str, Any], tuple[Callable[..., Any], Plan | None]] = {}
+_GENERATION = [0]  # bumped on every change; a resolution racing a change is not cached
+#: (op, device, path) of the fallbacks running in this thread/task, innermost last.
+_ACTIVE: ContextVar[tuple[tuple[str, str, str], ...]] = ContextVar("opstrata_ops_active", default=())
+
+
+def _invalidate() -> None:
+    _GENERATION[0] += 1
+    _CACHE.clear()
+
+
+_devices.LISTENERS.append(_invalidate)
+
+
+def _as_dtypes(dtypes: Iterable[Any] | None, what: str) -> frozenset[np.dtype] | None:
+    if dtypes is None:
+        return None
+    if isinstance(dtypes, (str, np.dtype, type)):
+        dtypes = (dtypes,)
+    out = frozenset(np.dtype(d) for d in dtypes)
+    if not out:
+        raise ValueError(f"{what}: dtypes is empty; pass None for 'any dtype' or list the accepted dtypes")
+    return out
+
+
+def _check_dtype_arg(name: str, dtype_arg: int, where: str) -> None:
+    prev = _REGISTRY.dtype_arg.setdefault(name, dtype_arg)
+    if prev != dtype_arg:
+        raise ValueError(
+            f"{where}: op {name!r} already uses dtype_arg={prev} (its primary argument); got "
+            f"dtype_arg={dtype_arg}. Fix: register every kernel of {name!r} with dtype_arg={prev}"
+        )
 
 
 def register(
@@ -46,24 +94,220 @@ def register(
     dtypes: Iterable[Any] | None = None,
     priority: int = 0,
     dtype_arg: int = 0,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` as the kernel for op ``name`` on ``device`` (decorator)."""
-    dts = None if dtypes is None else frozenset(np.dtype(d) for d in dtypes)
+) -> Callable[[F], F]:
+    """Register the decorated function as the kernel for op ``name`` on ``device``; returns it unchanged."""
+    where = f"register({name!r}, device={device!r})"
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register: op name must be a non-empty str, got {name!r}")
+    if not isinstance(device, str) or not device:
+        raise TypeError(f"{where}: device must be a non-empty str, got {device!r}")
+    dts = _as_dtypes(dtypes, where)
 
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def deco(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"{where}: expected a callable kernel, got {fn!r}")
+        _check_dtype_arg(name, dtype_arg, where)
         entry = KernelEntry(name, device, fn, dts, priority, dtype_arg)
         lst = _REGISTRY.kernels.setdefault(name, {}).setdefault(device, [])
-        lst.append(entry)
+        lst.insert(0, entry)  # newest first, so the stable sort makes the newest win a priority tie
         lst.sort(key=lambda e: -e.priority)
+        _invalidate()
         return fn
 
     return deco
 
 
+def register_decomposition(name: str, fn: F | None = None, *, dtypes: Iterable[Any] | None = None) -> Any:
+    """Define op ``name`` by other ops (``fn`` calls them through ``call``); usable as a decorator.
+
+    The decomposition is the composite's definition and the first fallback on any device that
+    lacks a kernel: it runs with the requested device current, so its ``call``s stay there.
+    """
+
+    def deco(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"register_decomposition({name!r}): expected a callable, got {f!r}")
+        _REGISTRY.dtype_arg.setdefault(name, 0)
+        _REGISTRY.decomps[name] = Decomposition(
+            name, f, _as_dtypes(dtypes, f"register_decomposition({name!r})")
+        )
+        _invalidate()
+        return f
+
+    return deco if fn is None else deco(fn)
+
+
+def unregister(name: str, *, device: str | None = None, decomposition: bool = True) -> int:
+    """Remove op ``name``'s kernels (on ``device``, or all) and its decomposition; return how many."""
+    removed = 0
+    by_device = _REGISTRY.kernels.get(name, {})
+    for dev in [device] if device is not None else list(by_device):
+        removed += len(by_device.pop(dev, []))
+    if device is None and decomposition and _REGISTRY.decomps.pop(name, None) is not None:
+        removed += 1
+    if not by_device:
+        _REGISTRY.kernels.pop(name, None)
+        if name not in _REGISTRY.decomps:
+            _REGISTRY.dtype_arg.pop(name, None)
+    _invalidate()
+    return removed
+
+
+def snapshot() -> Any:
+    """Opaque copy of the registry and device state, for :func:`restore` (tests)."""
+    r = _REGISTRY
+    kern = {op: {d: list(es) for d, es in by.items()} for op, by in r.kernels.items()}
+    st = _devices.STATE
+    return (kern, dict(r.decomps), dict(r.dtype_arg), dict(st.chains), st.default)
+
+
+def restore(snap: Any) -> None:
+    """Put back the state captured by :func:`snapshot`."""
+    kern, decomps, dtype_arg, chains, default = snap
+    _REGISTRY.kernels.clear()
+    _REGISTRY.kernels.update({op: {d: list(es) for d, es in by.items()} for op, by in kern.items()})
+    _REGISTRY.decomps.clear()
+    _REGISTRY.decomps.update(decomps)
+    _REGISTRY.dtype_arg.clear()
+    _REGISTRY.dtype_arg.update(dtype_arg)
+    _devices.STATE.chains = dict(chains)
+    _devices.STATE.default = default
+    _invalidate()
+
+
+def registered_devices() -> set[str]:
+    """Devices that have at least one kernel."""
+    return {d for by in _REGISTRY.kernels.values() for d, es in by.items() if es}
+
+
+def _all_ops() -> list[str]:
+    ops = {op for op, by in _REGISTRY.kernels.items() if any(by.values())}
+    return sorted(ops | set(_REGISTRY.decomps))
+
+
+def _plan(name: str, device: str, dt: Any, *, decompose: bool = True) -> Plan:
+    _devices.load_plugins()
+    if name not in _REGISTRY.decomps and not any(_REGISTRY.kernels.get(name, {}).values()):
+        raise UnknownOpError(name, _all_ops())
+    _devices.validate_device(device, registered_devices())
+    chain = _devices.get_fallback_chain(device)
+    plan = resolve(_REGISTRY.kernels, _REGISTRY.decomps, name, device, dt, chain, decompose=decompose)
+    if plan is None:
+        tried = [device, *(["decomposition"] if name in _REGISTRY.decomps else []), *chain]
+        raise NoKernelError(
+            name, device, dt, registered_summary(_REGISTRY.kernels, _REGISTRY.decomps, name), tried
+        )
+    return plan
+
+
+def _miss(name: str, device: str, dt: Any) -> tuple[Callable[..., Any], Plan | None]:
+    get_fallback_policy()  # an invalid OPSTRATA_FALLBACK fails on the first call, not the first fallback
+    gen = _GENERATION[0]
+    plan = _plan(name, device, dt)
+    hit = (plan.fn, None if plan.path == NATIVE else plan)
+    if gen == _GENERATION[0]:
+        _CACHE[(name, device, dt)] = hit
+    return hit
+
+
+def _run_fallback(plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    active = _ACTIVE.get()
+    if plan.path == DECOMPOSITION and (plan.op, plan.device, DECOMPOSITION) in active:
+        plan = _plan(plan.op, plan.device, plan.dtype, decompose=False)  # a decomposition calling itself
+    audit(plan.op, plan.device, plan.path, plan.dtype_name, plan.reason, active[-1][0] if active else "")
+    dev_token = _devices.CURRENT.set(plan.target)  # sub-calls without device= stay on the target
+    act_token = _ACTIVE.set((*active, (plan.op, plan.device, plan.path)))
+    try:
+        return plan.fn(*args, **kwargs)
+    finally:
+        _ACTIVE.reset(act_token)
+        _devices.CURRENT.reset(dev_token)
+
+
+_DTYPE_ARG = _REGISTRY.dtype_arg
+_CURRENT = _devices.CURRENT
+_STATE = _devices.STATE
+
+
 def call(name: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any:
-    """Dispatch op ``name`` to the kernel registered for ``device`` and the primary dtype."""
-    device = device or DEFAULT_DEVICE
-    for entry in _REGISTRY.kernels.get(name, {}).get(device, []):
-        if entry.dtypes is None or np.asarray(args[entry.dtype_arg]).dtype in entry.dtypes:
-            return entry.fn(*args, **kwargs)
-    raise NotImplementedError(f"{name}: no kernel on device {device!r}")
+    """Dispatch op ``name`` on ``device`` (default: the current device) by its primary argument's dtype.
+
+    Runs the device's kernel, else the audited fallback chain (decomposition, then other devices).
+
+    >>> import numpy as np, opstrata.ops as ops
+    >>> ops.call("add", np.ones(2, np.float32), np.ones(2, np.float32)).tolist()  # doctest: +SKIP
+    [2.0, 2.0]
+    """
+    if device is None:
+        device = _CURRENT.get() or _STATE.default
+    i = _DTYPE_ARG.get(name, 0)
+    if i < len(args):
+        a = args[i]
+        try:
+            dt = a.dtype
+        except AttributeError:
+            dt = np.asarray(a).dtype
+    else:
+        dt = None
+    hit = _CACHE.get((name, device, dt))
+    if hit is None:
+        hit = _miss(name, device, dt)
+    fn, plan = hit
+    if plan is None:
+        return fn(*args, **kwargs)
+    return _run_fallback(plan, args, kwargs)
+
+
+def list_ops(device: str | None = None) -> list[str]:
+    """Registered op names (with a kernel or a decomposition); with ``device``, those native there."""
+    _devices.load_plugins()
+    if device is None:
+        return _all_ops()
+    return sorted(op for op, by in _REGISTRY.kernels.items() if by.get(device))
+
+
+def list_devices() -> list[str]:
+    """Every device: built-in (ref, cpu), plugins and any with registered kernels."""
+    return _devices.known_devices(registered_devices())
+
+
+def kernels(op: str) -> list[KernelEntry]:
+    """The kernels registered for ``op``, by device then dispatch order."""
+    _devices.load_plugins()
+    if op not in _all_ops():
+        raise UnknownOpError(op, _all_ops())
+    by = _REGISTRY.kernels.get(op, {})
+    return [e for dev in sorted(by) for e in by[dev]]
+
+
+def dispatch_path(op: str, device: str | None = None, dtype: Any = "float32") -> str:
+    """The path a call would take: ``"native"``, ``"decomposition"`` or ``"device:<name>"`` (no audit)."""
+    dev = device or _devices.get_default_device()
+    return _plan(op, dev, None if dtype is None else np.dtype(dtype)).path
+
+
+def coverage(
+    ops: Iterable[str] | None = None,
+    devices: Iterable[str] | None = None,
+    dtypes: Iterable[Any] | None = None,
+) -> dict[str, dict[str, dict[str, str]]]:
+    """``{op: {device: {dtype: cell}}}`` with cells ``native | decomposed | fallback:<dev> | missing``."""
+    from ._dtypes import ALL_DTYPES
+
+    ops = list_ops() if ops is None else list(ops)
+    devices = list_devices() if devices is None else list(devices)
+    dts = [np.dtype(d) for d in (ALL_DTYPES if dtypes is None else dtypes)]
+    cells = {NATIVE: "native", DECOMPOSITION: "decomposed"}
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for op in ops:
+        for dev in devices:
+            chain = _devices.get_fallback_chain(dev)
+            row = out.setdefault(op, {}).setdefault(dev, {})
+            for dt in dts:
+                plan = resolve(_REGISTRY.kernels, _REGISTRY.decomps, op, dev, dt, chain)
+                row[str(dt)] = (
+                    "missing"
+                    if plan is None
+                    else cells.get(plan.path, plan.path.replace("device:", "fallback:"))
+                )
+    return out

@@ -6,6 +6,8 @@ bfloat16 (8 bits) and the float8 formats (4 and 3 bits).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,12 @@ def tolerances(dtype: Any) -> tuple[float, float]:
 
 
 def assert_close(
-    actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, check_dtype: bool = True
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    check_dtype: bool = True,
 ) -> None:
     """Assert elementwise closeness after upcasting to float64; NaNs must match; shapes must match."""
     a, e = np.asarray(actual), np.asarray(expected)
@@ -78,3 +85,21 @@ def import_with_fake_lower(module: str, lower: str, version: str, site_dir: Any)
     return subprocess.run(
         [sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True, timeout=120
     )
+
+
+@contextmanager
+def isolated_registry() -> Iterator[None]:
+    """Restore kernels, decompositions, device defaults/chains, fallback policy and audit on exit.
+
+    Register ``_test_``-prefixed ops inside it; nothing leaks into the next test.
+    """
+    from . import _fallback, _registry
+
+    snap = _registry.snapshot()
+    policy = _fallback._global_policy
+    try:
+        yield
+    finally:
+        _registry.restore(snap)
+        _fallback.set_fallback_policy(policy)
+        _fallback.reset_fallback_report()
