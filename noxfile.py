@@ -1,0 +1,317 @@
+"""The one entry point for opstrata's checks: `nox -l` lists them, `nox -t ci` runs the CI set.
+
+Every package is tested from built wheels (never editable installs: an editable install of a shared
+PEP 420 namespace hides packaging mistakes) in a fresh venv holding only that package and the
+packages below it. Wheels are built once per nox run into a temporary directory, so a changed source
+tree is never served a stale wheel of the same version. See docs/architecture.md and docs/releasing.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+LAYERS = ("ops", "graph", "runtime", "comm", "quant", "eval")
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.error_on_missing_interpreters = False
+nox.options.reuse_venv = "no"
+nox.options.tags = ["ci"]  # a bare `nox` runs the CI set; `nox -s build` still runs build
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+# ---------------------------------------------------------------- the compatibility matrix
+
+
+def _load_matrix() -> tuple[list[tuple[str, str, str]], str | None]:
+    """(package, lower, version) rows from versions.lock, or an error text for a session to report."""
+    lock_file = ROOT / "versions.lock"
+    if not lock_file.exists():
+        return [], None
+    try:
+        import lockfile
+
+        return lockfile.compat_matrix(lockfile.read_lock(lock_file)), None
+    except Exception as exc:  # reported by the compat session: `nox -l` must still list everything
+        return [], f"cannot build the compat matrix from {lock_file}: {type(exc).__name__}: {exc}"
+
+
+MATRIX, MATRIX_ERROR = _load_matrix()
+
+# ---------------------------------------------------------------- wheels, built once per nox run
+
+_WHEEL_DIR = Path(tempfile.mkdtemp(prefix="opstrata-nox-wheels-"))
+atexit.register(shutil.rmtree, _WHEEL_DIR, ignore_errors=True)
+_built: dict[tuple[str, str | None], Path] = {}
+
+
+def _uv() -> str | None:
+    """Path of the uv executable (the PyPI `uv` package's binary first, then PATH), or None."""
+    try:
+        import uv
+
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+def _lower(package: str) -> list[str]:
+    """The packages below `package`, bottom first."""
+    return list(LAYERS[: LAYERS.index(package)])
+
+
+def _higher(package: str) -> list[str]:
+    """The packages above `package`, bottom first."""
+    return list(LAYERS[LAYERS.index(package) + 1 :])
+
+
+def _build_wheel(session: nox.Session, source: Path, out_dir: Path) -> Path:
+    """Build one wheel of the package at `source` into the empty dir `out_dir` and return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    uv = _uv()
+    if uv:
+        session.run(uv, "build", "--wheel", "--quiet", "--out-dir", str(out_dir), str(source), external=True)
+    else:
+        session.run(
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(out_dir),
+            str(source),
+            external=True,
+        )
+    wheels = sorted(out_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        session.error(
+            f"building {source}: expected exactly one wheel in {out_dir}, found {[w.name for w in wheels]}"
+        )
+    return wheels[0]
+
+
+def _current_wheel(session: nox.Session, package: str) -> Path:
+    """The wheel of packages/<package> as it is in the working tree (built once per nox run)."""
+    key = (package, None)
+    if key not in _built:
+        _built[key] = _build_wheel(session, ROOT / "packages" / package, _WHEEL_DIR / "current" / package)
+    return _built[key]
+
+
+def _released_wheel(session: nox.Session, package: str, version: str) -> Path:
+    """The wheel of `package` `version` rebuilt from the git tree recorded in versions.lock."""
+    key = (package, version)
+    if key not in _built:
+        build_release = _find_build_release(session)
+        out_dir = _WHEEL_DIR / "released" / package / version
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wheel = Path(build_release(ROOT, package, version, out_dir))
+        if wheel.suffix != ".whl" or not wheel.is_file():
+            session.error(
+                f"build_release({package!r}, {version!r}) returned {wheel}, expected a built .whl file"
+            )
+        _built[key] = wheel
+    return _built[key]
+
+
+def _find_build_release(session: nox.Session):  # -> Callable[[Path, str, str, Path], Path]
+    """tools' `build_release(repo_root, package, version, out_dir) -> Path` (tools/wheels.py or tools/lockfile.py)."""
+    for module_name in ("wheels", "lockfile"):
+        try:
+            module = __import__(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, "build_release"):
+            return module.build_release
+    session.error(
+        "compat: no build_release(repo_root, package, version, out_dir) in tools/wheels.py or tools/lockfile.py; "
+        "it rebuilds a released package from its recorded tree"
+    )
+    raise AssertionError("unreachable")
+
+
+def _extras(package: str, name: str) -> list[str]:
+    """Extras of `name` to install when testing `package`: its own [test], and graph[onnx] from graph up."""
+    extras = ["test"] if name == package else []
+    if name == "graph":
+        extras.append("onnx")  # ONNX import/export is exercised by graph and every layer above it
+    return extras
+
+
+def _install(session: nox.Session, wheels: dict[str, Path], package: str) -> None:
+    """Install the wheels by path (so no index can substitute a same-named release) with the test extras."""
+    specs = []
+    for name, wheel in wheels.items():
+        extras = _extras(package, name)
+        specs.append(f"{wheel}[{','.join(extras)}]" if extras else str(wheel))
+    session.install(*specs)
+
+
+_ISOLATION_CHECK = """\
+import importlib.metadata, importlib.util, sys, sysconfig
+present, absent = sys.argv[1].split(","), [n for n in sys.argv[2].split(",") if n]
+site = sysconfig.get_paths()["purelib"]
+bad = []
+for name in absent:
+    if importlib.util.find_spec("opstrata." + name) is not None:
+        bad.append(f"opstrata.{name} is importable but sits above the package under test")
+    try:
+        importlib.metadata.distribution("opstrata-" + name)
+        bad.append(f"distribution opstrata-{name} is installed but sits above the package under test")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+for name in present:
+    spec = importlib.util.find_spec("opstrata." + name)
+    if spec is None or not str(spec.origin).startswith(site):
+        bad.append(f"opstrata.{name}: expected it in the venv's {site}, found {spec and spec.origin}")
+if bad:
+    sys.exit("isolation check failed:\\n  - " + "\\n  - ".join(bad) + "\\nfix: no package may depend on a "
+             "higher one (see its pyproject.toml dependencies) and tests must import the installed wheel")
+print(f"isolation ok: {present} import from the venv's wheels; none of {absent} is importable")
+"""
+
+
+def _assert_only(session: nox.Session, present: list[str], absent: list[str]) -> None:
+    """Fail the session unless each `present` package imports from the venv and no `absent` one is importable."""
+    tmp = Path(session.create_tmp()).resolve()
+    script = tmp / "isolation_check.py"
+    script.write_text(_ISOLATION_CHECK, encoding="utf-8")
+    with session.chdir(tmp):  # no checkout directory on sys.path
+        session.run("python", str(script), ",".join(present), ",".join(absent), env={"PYTHONPATH": ""})
+
+
+def _run_tests(session: nox.Session, package: str) -> None:
+    """Run packages/<package>/tests in their own pytest process rooted at the package directory."""
+    pkg_dir = ROOT / "packages" / package
+    tests = pkg_dir / "tests"
+    if not tests.is_dir():
+        session.error(f"{package}: expected a tests directory at {tests}, found none; add tests/test_*.py")
+    env = {"PYTHONPATH": "", "OPSTRATA_CACHE_DIR": str(Path(session.create_tmp()).resolve() / "cache")}
+    with session.chdir(pkg_dir):
+        session.run(
+            "pytest", "tests", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(pkg_dir),
+            "-p", "no:cacheprovider", *session.posargs, env=env,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _install_tools(session: nox.Session, *extra: str) -> None:
+    """Install tools/requirements.txt (what the tools and their tests need) plus `extra`."""
+    requirements = ROOT / "tools" / "requirements.txt"
+    if not requirements.is_file():
+        session.error(f"expected {requirements} listing the tools' requirements, found none")
+    session.install("-r", str(requirements), *extra)
+
+
+@nox.session(python=None, tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install("ruff")
+    with session.chdir(ROOT):
+        session.run("ruff", "check", ".")
+        session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=None, tags=["ci"])
+def lock(session: nox.Session) -> None:
+    """versions.lock agrees with the pyprojects and git (`tools/lock.py check`)."""
+    _install_tools(session)
+    session.run("python", str(ROOT / "tools" / "lock.py"), "check")
+
+
+@nox.session(python=None, tags=["ci"])
+def layers(session: nox.Session) -> None:
+    """The import-linter layers contract over the six src trees, and the proof that it catches an upward import."""
+    session.install("import-linter>=2", "pytest>=7", "tomlkit>=0.12")
+    src = os.pathsep.join(str(ROOT / "packages" / name / "src") for name in LAYERS)
+    with session.chdir(ROOT):  # lint-imports reads the contract from ./pyproject.toml
+        session.run("lint-imports", "--no-cache", env={"PYTHONPATH": src})
+        session.run("pytest", "tools/tests/test_layers.py", "-p", "no:cacheprovider", env={"PYTHONPATH": ""})
+
+
+@nox.session(python=None, tags=["ci"])
+def tools(session: nox.Session) -> None:
+    """The tools' own tests (lock, release, build, deps, layers)."""
+    _install_tools(session, "import-linter>=2", "pytest>=7")
+    with session.chdir(ROOT):
+        session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=None, tags=["ci"])
+@nox.parametrize("package", LAYERS)
+def tests(session: nox.Session, package: str) -> None:
+    """A package's tests with only it and its lower packages installed from freshly built wheels."""
+    names = [*_lower(package), package]
+    wheels = {name: _current_wheel(session, name) for name in names}
+    _install(session, wheels, package)
+    _assert_only(session, names, _higher(package))
+    _run_tests(session, package)
+
+
+def _skip_if_excluded(session: nox.Session, others: list[str], lower: str, version: str) -> None:
+    """Skip (with the reason) when another current package's range excludes `lower` `version`: not installable."""
+    import lockfile
+    from packaging.specifiers import SpecifierSet
+
+    for name in others:
+        spec = lockfile.read_pyproject(ROOT / "packages" / name / "pyproject.toml").requires.get(lower)
+        if spec is not None and not SpecifierSet(spec).contains(version, prereleases=True):
+            session.skip(
+                f"opstrata-{lower} {version} cannot be installed beside the current opstrata-{name}, "
+                f"which requires opstrata-{lower}{spec}; this combination is not installable"
+            )
+
+
+if MATRIX:
+
+    @nox.session(python=None, tags=["ci"])
+    @nox.parametrize(("package", "lower", "version"), MATRIX)
+    def compat(session: nox.Session, package: str, lower: str, version: str) -> None:
+        """A package's tests against one released version of one lower package, rebuilt from its tree."""
+        names = [*_lower(package), package]
+        _skip_if_excluded(session, [n for n in names if n not in (lower, package)], lower, version)
+        wheels = {name: _current_wheel(session, name) for name in names}
+        wheels[lower] = _released_wheel(session, lower, version)
+        _install(session, wheels, package)
+        _assert_only(session, names, _higher(package))
+        installed = session.run(
+            "python",
+            "-c",
+            f"import importlib.metadata as m; print(m.version('opstrata-{lower}'))",
+            silent=True,
+        )
+        if (installed or "").strip() != version:
+            session.error(
+                f"compat: expected opstrata-{lower} {version} installed, found {(installed or '').strip()}"
+            )
+        _run_tests(session, package)
+
+else:
+
+    @nox.session(venv_backend="none", tags=["ci"])
+    def compat(session: nox.Session) -> None:
+        """Placeholder while versions.lock records no release a range admits (or cannot be read)."""
+        if MATRIX_ERROR:
+            session.error(MATRIX_ERROR + "; fix versions.lock (see `python tools/lock.py check`)")
+        session.skip(
+            "compat matrix is empty: versions.lock records no released lower version; see docs/releasing.md"
+        )
+
+
+@nox.session(python=None)
+def build(session: nox.Session) -> None:
+    """sdists and wheels of all (or the named: `nox -s build -- ops graph`) packages into dist/."""
+    _install_tools(session)
+    with session.chdir(ROOT):
+        session.run("python", "tools/build.py", *session.posargs)

@@ -1,0 +1,63 @@
+"""The `opstrata` command: argparse subcommands, each one small function pair registered in COMMANDS.
+
+Adding a subcommand: write `add_arguments(parser)` and `run(args) -> exit code` in its own module and
+append one `Command(...)` row to COMMANDS below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from . import _info
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One `opstrata <name>` subcommand."""
+
+    name: str
+    help: str  # one line, shown by `opstrata --help`
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]  # returns the process exit code
+
+
+#: Every subcommand, in `--help` order.
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "info",
+        "installed opstrata versions and their ranges, versions.lock, Python/numpy/BLAS, cache directory",
+        _info.add_arguments,
+        _info.run,
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per COMMANDS row."""
+    parser = argparse.ArgumentParser(
+        prog="opstrata", description="opstrata: an open, auditable AI compute stack (ops → … → eval)."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_info.own_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `opstrata` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        names = ", ".join(c.name for c in COMMANDS)
+        print(f"\nopstrata: expected a command ({names}), got none; try `opstrata info`", file=sys.stderr)
+        return 2
+    return int(args._run(args))
