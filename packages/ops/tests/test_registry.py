@@ -164,3 +164,22 @@ def test_dispatch_matches_dtype_and_device(shape, dtype, device):
             tag, out = ops.call("_test_h", x, device=device)
             assert tag == f"{device}/{np.dtype(dtype)}"
             assert out.shape == tuple(shape) and out.dtype == np.dtype(dtype)
+
+
+def test_sequence_primary_argument_keys_on_first_element_dtype() -> None:
+    """concat-style ops take a list of differently shaped arrays; dispatch must not stack them."""
+    import opstrata.ops as ops
+
+    seen = []
+
+    @ops.register("_test_seq", device="cpu", dtypes=[np.float32])
+    def _seq(arrays):
+        seen.append(len(arrays))
+        return arrays[0]
+
+    parts = [np.ones((2, 3), np.float32), np.ones((5, 3), np.float32)]
+    ops.call("_test_seq", parts, device="cpu")
+    ops.call("_test_seq", tuple(parts), device="cpu")
+    assert seen == [2, 2]
+    with pytest.raises(ops.NoKernelError):
+        ops.call("_test_seq", [np.ones(2, np.int32), np.ones(3, np.int32)], device="cpu")

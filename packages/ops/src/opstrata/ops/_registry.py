@@ -229,6 +229,13 @@ _CURRENT = _devices.CURRENT
 _STATE = _devices.STATE
 
 
+def _primary_dtype(a: Any) -> np.dtype | None:
+    """Dtype of a non-array primary argument: a sequence (concat's list) keys on its first element."""
+    if isinstance(a, (list, tuple)):
+        return _primary_dtype(a[0]) if a else None
+    return getattr(a, "dtype", None) or np.asarray(a).dtype
+
+
 def call(name: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any:
     """Dispatch op ``name`` on ``device`` (default: the current device) by its primary argument's dtype.
 
@@ -246,7 +253,7 @@ def call(name: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any
         try:
             dt = a.dtype
         except AttributeError:
-            dt = np.asarray(a).dtype
+            dt = _primary_dtype(a)
     else:
         dt = None
     hit = _CACHE.get((name, device, dt))
