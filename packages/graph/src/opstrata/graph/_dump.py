@@ -35,7 +35,7 @@ def _type(graph: Graph, name: str) -> str:
 def node_line(graph: Graph, n: Node) -> str:
     """``%y: float32[b, 8] = Gemm[transB=1](%x, %w, %b)  # gemm_0``."""
     outs = ", ".join(f"%{o}: {_type(graph, o)}" if o else "_" for o in n.outputs)
-    attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in n.attrs.items())
+    attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in n.attrs.items() if v is not None)
     ins = ", ".join(f"%{i}" if i else "_" for i in n.inputs)
     return f"{outs} = {n.qualified_type}{f'[{attrs}]' if attrs else ''}({ins})  # {n.name}"
 
@@ -46,7 +46,7 @@ def dump(graph: Graph) -> str:
     lines = [f"graph {graph.name} ({opsets})"]
     lines.append("  inputs: " + ", ".join(f"%{x}: {_type(graph, x)}" for x in graph.inputs))
     for name, arr in graph.initializers.items():
-        preview = f" = {arr.ravel().tolist()}" if arr.size <= 4 else ""
+        preview = f" = [{', '.join(format_attr(v) for v in arr.ravel().tolist())}]" if arr.size <= 4 else ""
         lines.append(f"  init %{name}: {_type(graph, name)}{preview}")
     lines.extend("  " + node_line(graph, n) for n in graph.nodes)
     lines.append("  outputs: " + ", ".join(f"%{x}: {_type(graph, x)}" for x in graph.outputs))

@@ -557,11 +557,13 @@ def _expand(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 def _range(n: Node, ctx: RuleContext) -> list[TypeShape]:
     dt = ctx.same_dtype([0, 1, 2])
-    vals = [ctx.static_ints(i) for i in range(3)]
-    if all(v is not None and len(v) == 1 for v in vals):
-        s, lim, d = (v[0] for v in vals)  # type: ignore[index]
+    vals = [ctx.ints(i) for i in range(3)]
+    if not all(v is not None and len(v) == 1 for v in vals):
+        return [(dt, (None,))]
+    s, lim, d = (v[0] for v in vals)  # type: ignore[index]
+    if isinstance(s, int) and isinstance(lim, int) and isinstance(d, int):
         return [(dt, (max(math.ceil((lim - s) / d), 0),))]
-    return [(dt, (None,))]
+    return [(dt, (lim if s == 0 and d == 1 else None,))]
 
 
 def _constant_of_shape(n: Node, ctx: RuleContext) -> list[TypeShape]:
