@@ -114,8 +114,16 @@ def test_matmul_inner_dim_mismatch() -> None:
 def test_conv_output_size_matches_kernel(
     size: int, k: int, stride: int, pad: int, dil: int, auto: str
 ) -> None:
-    if (k - 1) * dil + 1 > size + 2 * pad:
+    if (k - 1) * dil + 1 > size + 2 * (0 if auto == "VALID" else pad):
+        with pytest.raises(GraphError, match="smaller than the window"):  # a clear error, not a bad shape
+            _conv_graph(size, k, stride, pad, dil, auto)
         return
+    g = _conv_graph(size, k, stride, pad, dil, auto)
+    out = run_graph(g, {"x": np.ones((2, 2, size, size + 1), np.float32)})["y"]
+    assert g.value("y").shape == ("batch", *out.shape[1:])
+
+
+def _conv_graph(size: int, k: int, stride: int, pad: int, dil: int, auto: str) -> Graph:
     g = _graph(("x", ("batch", 2, size, size + 1)))
     g.add_initializer("w", np.ones((3, 2, k, k), np.float32))
     attrs = {"kernel_shape": [k, k], "strides": [stride, stride], "dilations": [dil, dil], "auto_pad": auto}
@@ -123,9 +131,7 @@ def test_conv_output_size_matches_kernel(
         attrs["pads"] = [pad, pad, pad, pad]
     g.add_node("Conv", ["x", "w"], ["y"], attrs)
     g.outputs.append("y")
-    infer_shapes(g)
-    out = run_graph(g, {"x": np.ones((2, 2, size, size + 1), np.float32)})["y"]
-    assert g.value("y").shape == ("batch", *out.shape[1:])
+    return infer_shapes(g)
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,8 @@ def _reshape(n: Node, x: list[Arr]) -> list[Arr]:
 
 @kernel("Flatten")
 def _flatten(n: Node, x: list[Arr]) -> list[Arr]:
-    a = n.attrs.get("axis", 1) % (x[0].ndim + 1) if x[0].ndim else 0
+    a = n.attrs.get("axis", 1)
+    a = a + x[0].ndim if a < 0 else a
     return [ops.reshape(x[0], shape=(math.prod(x[0].shape[:a]), math.prod(x[0].shape[a:])))]
 
 
@@ -289,9 +290,18 @@ def _transpose(n: Node, x: list[Arr]) -> list[Arr]:
     return [ops.transpose(x[0], perm=n.attrs.get("perm"))]
 
 
+class _Arrays(list):  # type: ignore[type-arg]
+    """A list of arrays that reports its dtype: ops' dispatcher reads ``.dtype`` of the primary
+    argument and would otherwise call ``np.asarray`` on pieces of different shapes (which fails)."""
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self[0].dtype
+
+
 @kernel("Concat")
 def _concat(n: Node, x: list[Arr]) -> list[Arr]:
-    return [ops.concat([a for a in x if a is not None], axis=n.attrs["axis"])]
+    return [ops.concat(_Arrays(a for a in x if a is not None), axis=n.attrs["axis"])]
 
 
 @kernel("Split")

@@ -339,6 +339,17 @@ def _rms_norm_body(node: Node, ctx: ExportContext) -> None:
         ctx.emit("Identity", [y], [node.outputs[0]])
 
 
+def _shape_slice(ctx: ExportContext, x: str, out: str, start: int, end: int | None = None) -> None:
+    """``Shape(x)[start:end]`` (Shape's start/end attributes exist from opset 15)."""
+    if ctx.opset >= 15:
+        ctx.emit("Shape", [x], [out], start=start, end=end)
+        return
+    full = ctx.fresh("shape")
+    ctx.emit("Shape", [x], [full])
+    ends = [end if end is not None else 2**62]
+    ctx.emit("Slice", [full, ctx.ints([start], "starts"), ctx.ints(ends, "ends")], [out])
+
+
 def _attention_body(node: Node, ctx: ExportContext) -> None:
     q, k, v = node.inputs[:3]
     mask = node.inputs[3] if len(node.inputs) > 3 else ""
@@ -348,7 +359,7 @@ def _attention_body(node: Node, ctx: ExportContext) -> None:
     scale = node.attrs.get("scale")
     if scale is None:  # 1 / sqrt(D) from q's last dim at run time
         d = ctx.fresh("d")
-        ctx.emit("Shape", [q], [d + "_i"], start=-1)
+        _shape_slice(ctx, q, d + "_i", -1)
         ctx.emit("Cast", [d + "_i"], [d + "_f"], to=ctx.dtype_of(q))
         ctx.emit("Sqrt", [d + "_f"], [d])
         ctx.emit("Div", [s + "_raw", d], [s])
@@ -362,20 +373,21 @@ def _attention_body(node: Node, ctx: ExportContext) -> None:
         else:
             ctx.emit("Add", [s, mask], [m])
         s = m
-    if node.attrs.get("causal"):  # keep key j <= i + M - N (bottom-right aligned)
-        nm = ctx.fresh("nm")
-        ctx.emit("Shape", [s], [nm], start=-2)
-        ones = ctx.fresh("ones")
-        ctx.emit("ConstantOfShape", [nm], [ones], value=np.ones(1, np.float32))
-        diff = ctx.fresh("diag")
-        ctx.emit("Shape", [s], [diff + "_m"], start=-1)
-        ctx.emit("Shape", [s], [diff + "_n"], start=-2, end=-1)
-        ctx.emit("Sub", [diff + "_m", diff + "_n"], [diff + "_1d"])
-        ctx.emit("Squeeze", [diff + "_1d", ctx.ints([0], "axes")], [diff])
-        tri = ctx.fresh("tri")
-        ctx.emit("Trilu", [ones, diff], [tri], upper=0)
-        keep = ctx.fresh("keep")
-        ctx.emit("Cast", [tri], [keep], to=np.dtype(bool))
+    if node.attrs.get("causal"):  # keep key j <= i + M - N (bottom-right aligned); Range works at any opset
+        n_len, m_len, axes0 = ctx.fresh("n"), ctx.fresh("m"), ctx.ints([0], "axes")
+        _shape_slice(ctx, s, n_len + "_1d", -2, -1)
+        _shape_slice(ctx, s, m_len + "_1d", -1)
+        ctx.emit("Squeeze", [n_len + "_1d", axes0], [n_len])
+        ctx.emit("Squeeze", [m_len + "_1d", axes0], [m_len])
+        zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
+        rows, cols, keep = ctx.fresh("rows"), ctx.fresh("cols"), ctx.fresh("keep")
+        ctx.emit("Range", [zero, n_len, one], [rows + "_1d"])
+        ctx.emit("Unsqueeze", [rows + "_1d", ctx.ints([1], "axes")], [rows + "_col"])
+        ctx.emit("Sub", [m_len, n_len], [rows + "_shift"])
+        ctx.emit("Add", [rows + "_col", rows + "_shift"], [rows])
+        ctx.emit("Range", [zero, m_len, one], [cols])
+        ctx.emit("Greater", [cols, rows], [keep + "_not"])
+        ctx.emit("Not", [keep + "_not"], [keep])
         c = ctx.fresh("causal")
         ctx.emit("Where", [keep, s, neg], [c])
         s = c

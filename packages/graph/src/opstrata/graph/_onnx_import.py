@@ -395,7 +395,7 @@ def _load(model: Any) -> Any:
             raise GraphError(
                 f"from_onnx('{path}')", f"not a valid ONNX model ({exc})", "re-export the model"
             ) from None
-        except OSError as exc:
+        except (OSError, onnx.checker.ValidationError) as exc:
             raise GraphError(
                 f"from_onnx('{path}')",
                 f"cannot read the model's external data: {exc}",
@@ -510,6 +510,8 @@ def from_onnx(model: str | os.PathLike[str] | bytes | Any, *, infer: bool = True
     where = "from_onnx" if not isinstance(model, (str, os.PathLike)) else f"from_onnx('{model}')"
     opset = _opset(m, where)
     if len(m.functions):
+        import onnx.inliner
+
         m = onnx.inliner.inline_local_functions(m)
     graph = _graph_from_proto(m, opset)
     defined = _check_definitions(graph)
