@@ -114,7 +114,7 @@ def test_matmul_inner_dim_mismatch() -> None:
 def test_conv_output_size_matches_kernel(
     size: int, k: int, stride: int, pad: int, dil: int, auto: str
 ) -> None:
-    if (k - 1) * dil + 1 > size + 2 * (0 if auto == "VALID" else pad):
+    if auto in ("NOTSET", "VALID") and (k - 1) * dil + 1 > size + 2 * (0 if auto == "VALID" else pad):
         with pytest.raises(GraphError, match="smaller than the window"):  # a clear error, not a bad shape
             _conv_graph(size, k, stride, pad, dil, auto)
         return
