@@ -1,0 +1,346 @@
+"""The graph IR: Values (typed, symbolic shapes), Nodes (op + attrs) and a Graph in schedule order.
+
+Modelled on ONNX's GraphProto (same value-name wiring, ``""`` for an omitted optional input) but
+mutable and numpy-native: initializers are arrays, attrs are plain Python/numpy values.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._errors import GraphError
+from ._symbolic import Dim, Shape
+
+__all__ = ["OPSTRATA_DOMAIN", "Graph", "Node", "Value"]
+
+#: Domain of opstrata's own (fused) op types, e.g. ``ai.opstrata::Linear``.
+OPSTRATA_DOMAIN = "ai.opstrata"
+
+
+@dataclass
+class Value:
+    """A named tensor: dtype (numpy, None = unknown) and shape (None = unknown rank)."""
+
+    name: str
+    dtype: np.dtype | None = None
+    shape: Shape | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None:
+            self.dtype = np.dtype(self.dtype)
+        if self.shape is not None:
+            self.shape = tuple(self.shape)
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dims, None when unknown."""
+        return None if self.shape is None else len(self.shape)
+
+    def type_str(self) -> str:
+        """``float32[batch, 4]``; ``?`` for unknown parts."""
+        dt = "?" if self.dtype is None else str(self.dtype)
+        if self.shape is None:
+            return f"{dt}[...]"
+        return f"{dt}[{', '.join('?' if d is None else str(d) for d in self.shape)}]"
+
+
+@dataclass(eq=False)
+class Node:
+    """One op application: ``outputs = op_type[attrs](inputs)``; ``""`` marks an omitted input."""
+
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = ""
+
+    def __post_init__(self) -> None:
+        self.inputs, self.outputs = list(self.inputs), list(self.outputs)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        """Attribute ``key`` or ``default``."""
+        return self.attrs.get(key, default)
+
+    @property
+    def qualified_type(self) -> str:
+        """``Conv`` for the ONNX domain, ``ai.opstrata::Linear`` otherwise."""
+        return self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain}::{self.op_type}"
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}: {self.qualified_type}({', '.join(self.inputs)}) -> {', '.join(self.outputs)})"
+
+
+class Graph:
+    """A dataflow graph: ``.nodes`` in schedule order, ``.values`` by name, ``.initializers`` as arrays.
+
+    >>> g = Graph("tiny")
+    >>> _ = g.add_input("x", np.float32, ("batch", 4))
+    >>> _ = g.add_node("Relu", ["x"], ["y"])
+    >>> g.outputs.append("y")
+    >>> print(g.dump().splitlines()[2].strip())
+    %y: ?[...] = Relu(%x)  # Relu_0
+    """
+
+    def __init__(
+        self,
+        name: str = "graph",
+        *,
+        opset_imports: Mapping[str, int] | None = None,
+    ) -> None:
+        self.name = name
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        self.nodes: list[Node] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self.values: dict[str, Value] = {}
+        self.opset_imports: dict[str, int] = dict(opset_imports or {"": 17})
+        self.doc_string = ""
+
+    # ------------------------------------------------------------------ building
+
+    def value(self, name: str) -> Value:
+        """The Value called ``name`` (GraphError when the graph has none)."""
+        try:
+            return self.values[name]
+        except KeyError:
+            raise GraphError(
+                f"graph '{self.name}'", f"no value named '{name}'", "check the name against graph.values"
+            ) from None
+
+    def _ensure_value(self, name: str) -> Value:
+        v = self.values.get(name)
+        if v is None:
+            v = self.values[name] = Value(name)
+        return v
+
+    def add_input(self, name: str, dtype: Any, shape: Sequence[Dim] | None) -> Value:
+        """Declare a graph input with its dtype and (symbolic) shape."""
+        v = self._ensure_value(name)
+        v.dtype, v.shape = np.dtype(dtype), None if shape is None else tuple(shape)
+        self.inputs.append(name)
+        return v
+
+    def add_initializer(self, name: str, array: Any) -> Value:
+        """Add a constant tensor; its Value takes the array's dtype and shape."""
+        arr = np.asarray(array)
+        self.initializers[name] = arr
+        v = self._ensure_value(name)
+        v.dtype, v.shape = arr.dtype, tuple(arr.shape)
+        return v
+
+    def add_node(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        domain: str = "",
+        index: int | None = None,
+    ) -> Node:
+        """Create a node (at the end of the schedule, or at ``index``) and register its output Values."""
+        node = Node(op_type, list(inputs), list(outputs), dict(attrs or {}), name or "", domain)
+        return self.insert_node(node, index)
+
+    def insert_node(self, node: Node, index: int | None = None) -> Node:
+        """Insert an existing Node; an empty name gets a fresh one."""
+        if not node.name:
+            node.name = self.fresh_node_name(node.op_type)
+        for out in node.outputs:
+            if out:
+                self._ensure_value(out)
+        if index is None:
+            self.nodes.append(node)
+        else:
+            self.nodes.insert(index, node)
+        return node
+
+    def remove_node(self, node: Node, *, drop_values: bool = True) -> None:
+        """Remove ``node`` from the schedule (and its output Values unless something else uses them)."""
+        self.nodes.remove(node)
+        if drop_values:
+            used = set(self.inputs) | set(self.outputs) | set(self.initializers)
+            used.update(i for n in self.nodes for i in n.inputs)
+            for out in node.outputs:
+                if out and out not in used:
+                    self.values.pop(out, None)
+
+    def replace_node(self, old: Node, new: Sequence[Node]) -> list[Node]:
+        """Put ``new`` nodes where ``old`` stood in the schedule and remove ``old``."""
+        idx = self.nodes.index(old)
+        self.nodes.pop(idx)
+        for k, n in enumerate(new):
+            self.insert_node(n, idx + k)
+        return list(new)
+
+    def remove_initializer(self, name: str) -> None:
+        """Drop an initializer and its Value."""
+        self.initializers.pop(name)
+        self.values.pop(name, None)
+
+    # ------------------------------------------------------------------ names
+
+    def _used_names(self) -> set[str]:
+        names = set(self.values) | set(self.initializers) | set(self.inputs) | set(self.outputs)
+        names.update(n.name for n in self.nodes)
+        for n in self.nodes:
+            names.update(n.outputs)
+            names.update(n.inputs)
+        return names
+
+    def fresh_name(self, hint: str) -> str:
+        """A value name starting with ``hint`` that the graph does not use yet."""
+        used = self._used_names()
+        if hint not in used:
+            return hint
+        for i in itertools.count(1):
+            cand = f"{hint}_{i}"
+            if cand not in used:
+                return cand
+        raise AssertionError  # pragma: no cover
+
+    def fresh_node_name(self, op_type: str) -> str:
+        """A node name ``<op_type>_<k>`` not used by any node."""
+        used = {n.name for n in self.nodes}
+        for i in itertools.count(len(self.nodes) if f"{op_type}_0" in used else 0):
+            cand = f"{op_type}_{i}"
+            if cand not in used:
+                return cand
+        raise AssertionError  # pragma: no cover
+
+    def rename_value(self, old: str, new: str) -> None:
+        """Rename a value everywhere: Values, initializers, graph inputs/outputs, node wiring."""
+        if new in self.values and new != old:
+            raise GraphError(
+                f"graph '{self.name}'",
+                f"cannot rename '{old}' to '{new}': '{new}' exists",
+                "pick a fresh name",
+            )
+        if old in self.values:
+            v = self.values.pop(old)
+            v.name = new
+            self.values[new] = v
+        if old in self.initializers:
+            self.initializers[new] = self.initializers.pop(old)
+        self.inputs = [new if x == old else x for x in self.inputs]
+        self.outputs = [new if x == old else x for x in self.outputs]
+        for n in self.nodes:
+            n.inputs = [new if x == old else x for x in n.inputs]
+            n.outputs = [new if x == old else x for x in n.outputs]
+
+    def replace_uses(self, old: str, new: str, *, include_outputs: bool = True) -> int:
+        """Make every consumer of ``old`` read ``new`` instead; returns how many uses changed."""
+        count = 0
+        for n in self.nodes:
+            for k, x in enumerate(n.inputs):
+                if x == old:
+                    n.inputs[k] = new
+                    count += 1
+        if include_outputs:
+            for k, x in enumerate(self.outputs):
+                if x == old:
+                    self.outputs[k] = new
+                    count += 1
+        return count
+
+    # ------------------------------------------------------------------ maps
+
+    def producers(self) -> dict[str, Node]:
+        """Value name -> the node that produces it."""
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Value name -> the nodes that read it (in schedule order, a node once per value)."""
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for x in dict.fromkeys(n.inputs):
+                if x:
+                    out.setdefault(x, []).append(n)
+        return out
+
+    def producer(self, name: str) -> Node | None:
+        """The node producing ``name`` (None for inputs, initializers and unknown names)."""
+        for n in self.nodes:
+            if name in n.outputs:
+                return n
+        return None
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise GraphError(f"graph '{self.name}'", f"no node named '{name}'", "check graph.nodes")
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many nodes of each (qualified) op type."""
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.qualified_type] = counts.get(n.qualified_type, 0) + 1
+        return counts
+
+    # ------------------------------------------------------------------ order, checks, text
+
+    def toposort(self) -> None:
+        """Reorder ``.nodes`` topologically, keeping the current order where it is already valid."""
+        from ._validate import toposorted
+
+        self.nodes = toposorted(self)
+
+    def validate(self) -> None:
+        """Raise GraphError on dangling values, cycles, duplicate names or type mismatches."""
+        from ._validate import validate
+
+        validate(self)
+
+    def dump(self) -> str:
+        """A readable listing: inputs, initializers, one node per line with shapes, outputs."""
+        from ._dump import dump
+
+        return dump(self)
+
+    def to_dot(self) -> str:
+        """Graphviz DOT source (render with ``dot -Tsvg``)."""
+        from ._dump import to_dot
+
+        return to_dot(self)
+
+    def __str__(self) -> str:
+        return self.dump()
+
+    def __repr__(self) -> str:
+        return (
+            f"Graph({self.name!r}: {len(self.inputs)} inputs, {len(self.nodes)} nodes, "
+            f"{len(self.initializers)} initializers, {len(self.outputs)} outputs)"
+        )
+
+    def copy(self) -> Graph:
+        """A copy whose nodes, values and lists are new; initializer arrays are shared (treat as immutable)."""
+        g = Graph(self.name, opset_imports=self.opset_imports)
+        g.inputs, g.outputs = list(self.inputs), list(self.outputs)
+        g.nodes = [
+            Node(n.op_type, n.inputs, n.outputs, _copy.deepcopy(n.attrs), n.name, n.domain)
+            for n in self.nodes
+        ]
+        g.initializers = dict(self.initializers)
+        g.values = {k: Value(v.name, v.dtype, v.shape) for k, v in self.values.items()}
+        g.doc_string = self.doc_string
+        return g
+
+    def value_names(self) -> Iterable[str]:
+        """Every value name in the graph."""
+        return self.values.keys()

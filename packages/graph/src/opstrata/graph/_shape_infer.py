@@ -1,0 +1,220 @@
+"""Shape and dtype inference over a Graph, with symbolic dims and propagation of shape-tensor contents.
+
+Like ONNX's shape inference with data propagation: the int contents of small shape tensors
+(``Shape -> Gather -> Concat -> Reshape``) are tracked symbolically so reshapes infer exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ._errors import GraphError
+from ._ir import Graph, Node, Value
+from ._shape_rules import RULES, RuleContext, rule_for
+from ._symbolic import Dim, Shape, dim_div, dim_mul, dim_prod, dims_equal
+
+__all__ = ["infer_shapes", "supported_ops"]
+
+_MAX_KNOWN = 64  # shape tensors longer than this are not tracked
+
+
+def supported_ops() -> list[str]:
+    """Every op type of the IR vocabulary, ``domain::Op`` outside the ONNX domain."""
+    return sorted(op if not dom else f"{dom}::{op}" for dom, op in RULES)
+
+
+def _merge(node: Node, v: Value, dtype: np.dtype | None, shape: Shape | None) -> None:
+    where = f"node '{node.name}' ({node.qualified_type})"
+    if dtype is not None:
+        if v.dtype is not None and v.dtype != dtype:
+            raise GraphError(
+                where,
+                f"type mismatch: output '{v.name}' is annotated {v.dtype} but the op computes {dtype}",
+                "fix the annotation (value_info / graph output type) or the inputs' dtypes",
+            )
+        v.dtype = np.dtype(dtype)
+    if shape is None:
+        return
+    if v.shape is None:
+        v.shape = tuple(shape)
+        return
+    if len(v.shape) != len(shape):
+        raise GraphError(
+            where,
+            f"inconsistent shapes: output '{v.name}' is annotated with rank {len(v.shape)} {v.shape} "
+            f"but the op computes rank {len(shape)} {tuple(shape)}",
+            "fix the annotation or the producing op's inputs",
+        )
+    merged: list[Dim] = []
+    for a, c in zip(v.shape, shape, strict=True):
+        if isinstance(a, int) and isinstance(c, int) and a != c:
+            raise GraphError(
+                where,
+                f"inconsistent shapes: output '{v.name}' is annotated {v.shape} but the op computes {tuple(shape)}",
+                "fix the annotation or the producing op's inputs",
+            )
+        merged.append(c if isinstance(c, int) or a is None else a if isinstance(a, int) or c is None else c)
+    v.shape = tuple(merged)
+
+
+# --------------------------------------------------------------------------- shape-tensor contents
+
+
+def _prop_shape(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    x = vals[0]
+    if x is None or x.shape is None:
+        return None
+    r = len(x.shape)
+    return tuple(x.shape[slice(n.attrs.get("start", 0), n.attrs.get("end", r))])
+
+
+def _prop_gather(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    data, idx = ins[0], ins[1]
+    if data is None or idx is None or n.attrs.get("axis", 0) != 0:
+        return None
+    if not all(isinstance(i, int) and -len(data) <= i < len(data) for i in idx):
+        return None
+    return tuple(data[i] for i in idx)  # type: ignore[index]
+
+
+def _prop_concat(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    if any(i is None for i in ins):
+        return None
+    return tuple(d for i in ins for d in i)  # type: ignore[union-attr]
+
+
+def _prop_slice(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    data = ins[0]
+    if data is None or any(ins[i] is None for i in range(1, len(n.inputs)) if n.inputs[i]):
+        return None
+    s, e = ins[1][0], ins[2][0]  # type: ignore[index]
+    step = ins[4][0] if len(ins) > 4 and ins[4] else 1
+    if not all(isinstance(t, int) for t in (s, e, step)):
+        return None
+    clamp = lambda t: max(min(t, 2**62), -(2**62))  # noqa: E731
+    return data[slice(clamp(s), clamp(e), step)]  # type: ignore[arg-type]
+
+
+def _arith(op: Callable[[Dim, Dim], Dim]) -> Callable[..., tuple[Dim, ...] | None]:
+    def prop(n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]) -> tuple[Dim, ...] | None:
+        a, b = ins[0], ins[1]
+        if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
+            return None
+        m = max(len(a), len(b))
+        a, b = (a * m if len(a) == 1 else a), (b * m if len(b) == 1 else b)
+        return tuple(op(x, y) for x, y in zip(a, b, strict=True))
+
+    return prop
+
+
+def _add(a: Dim, b: Dim) -> Dim:
+    return a + b if isinstance(a, int) and isinstance(b, int) else (a if b == 0 else b if a == 0 else None)
+
+
+def _sub(a: Dim, b: Dim) -> Dim:
+    return a - b if isinstance(a, int) and isinstance(b, int) else (a if b == 0 else None)
+
+
+def _div(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int) and b:
+        return int(a / b)  # ONNX integer Div truncates
+    return dim_div(a, b)
+
+
+def _equal(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return int(a == b)
+    return 1 if dims_equal(a, b) else None
+
+
+_PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
+    "Shape": _prop_shape,
+    "Size": lambda n, ins, vals: None if not vals[0] or vals[0].shape is None else (dim_prod(vals[0].shape),),
+    "Identity": lambda n, ins, vals: ins[0],
+    "Cast": lambda n, ins, vals: ins[0] if np.dtype(n.attrs["to"]).kind in "iu" else None,
+    "Unsqueeze": lambda n, ins, vals: ins[0],
+    "Squeeze": lambda n, ins, vals: ins[0],
+    "Reshape": lambda n, ins, vals: ins[0] if ins[0] is not None and len(ins[0]) == 1 else None,
+    "Gather": _prop_gather,
+    "Concat": _prop_concat,
+    "Slice": _prop_slice,
+    "Add": _arith(_add),
+    "Sub": _arith(_sub),
+    "Mul": _arith(dim_mul),
+    "Div": _arith(_div),
+    "Max": _arith(lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else None),
+}
+
+
+def _propagate(node: Node, graph: Graph, known: dict[str, tuple[Dim, ...]]) -> None:
+    if node.domain not in ("", "ai.onnx") or node.op_type not in _PROP or len(node.outputs) != 1:
+        return
+    out = graph.values.get(node.outputs[0])
+    if (
+        out is None
+        or out.dtype is None
+        or out.dtype.kind not in "iu"
+        or out.shape is None
+        or len(out.shape) > 1
+    ):
+        return
+    ins = [known.get(x) if x else None for x in node.inputs]
+    vals = [graph.values.get(x) if x else None for x in node.inputs]
+    res = _PROP[node.op_type](node, ins, vals)
+    if res is not None and len(res) <= _MAX_KNOWN:
+        known[node.outputs[0]] = tuple(res)
+        if len(out.shape) == 1 and out.shape[0] is None:
+            out.shape = (len(res),)
+
+
+def infer_shapes(graph: Graph, *, reset: bool = False) -> Graph:
+    """Infer dtype and (symbolic) shape of every value in place; returns ``graph``.
+
+    Annotations already on Values (from ONNX value_info) are checked against what the ops compute:
+    a contradiction is a GraphError naming the node. ``reset=True`` first forgets the annotations of
+    intermediate values (use it after a pass rewrote the graph).
+
+    >>> from opstrata.graph import Graph
+    >>> g = Graph("t"); _ = g.add_input("x", "float32", ("batch", 3, 4))
+    >>> _ = g.add_initializer("s", np.array([0, -1], np.int64))
+    >>> _ = g.add_node("Reshape", ["x", "s"], ["y"]); g.outputs.append("y")
+    >>> infer_shapes(g).value("y").shape
+    ('batch', 12)
+    """
+    if reset:
+        keep = set(graph.inputs) | set(graph.initializers)
+        for name, v in graph.values.items():
+            if name not in keep:
+                v.dtype, v.shape = None, None
+    known: dict[str, tuple[Dim, ...]] = {}
+    for name, arr in graph.initializers.items():
+        if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= _MAX_KNOWN:
+            known[name] = tuple(int(v) for v in arr.ravel())
+    for node in graph.nodes:
+        rule = rule_for(node.domain, node.op_type)
+        if rule is None:
+            raise GraphError(
+                f"node '{node.name}' ({node.qualified_type})",
+                "op type is not in the IR vocabulary: there is no shape rule for it",
+                f"use a supported op ({', '.join(supported_ops())}) or register a rule",
+            )
+        vals = [graph.values.get(x) if x else None for x in node.inputs]
+        results = rule(node, RuleContext(node, vals, known))
+        for out, (dt, shape) in zip(node.outputs, results, strict=False):
+            if out:
+                v = graph.values.get(out)
+                if v is None:
+                    v = graph.values[out] = Value(out)
+                _merge(node, v, dt, shape)
+        _propagate(node, graph, known)
+    return graph
