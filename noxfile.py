@@ -309,6 +309,22 @@ else:
         )
 
 
+@nox.session(python=None, tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """Generated docs agree with the code: docs/op-coverage.md against the ops registry."""
+    _install(session, {"ops": _current_wheel(session, "ops")}, "ops")
+    with session.chdir(ROOT):
+        session.run("python", "tools/gen_op_coverage.py", "--check")
+
+
+@nox.session(python=None)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (ratios against same-run baselines); not part of CI: `nox -s bench -- --quick`."""
+    _install(session, {"ops": _current_wheel(session, "ops")}, "ops")
+    for script in sorted((ROOT / "packages" / "ops" / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), *session.posargs)
+
+
 @nox.session(python=None)
 def build(session: nox.Session) -> None:
     """sdists and wheels of all (or the named: `nox -s build -- ops graph`) packages into dist/."""

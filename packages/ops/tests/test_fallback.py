@@ -6,8 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
 from opstrata.ops.testing import isolated_registry

@@ -6,19 +6,216 @@ from .compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-ops")
 
-# --- dtypes, registry, dispatch, fallback (owner: dispatch) ---
-from ._dtypes import (  # noqa: E402
+from ._activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
+from ._attention import attention as attention
+from ._conv import conv2d as conv2d
+from ._devices import (
+    device as device,
+    get_default_device as get_default_device,
+    get_fallback_chain as get_fallback_chain,
+    set_default_device as set_default_device,
+    set_fallback_chain as set_fallback_chain,
+)
+from ._dtypes import (
+    ALL_DTYPES as ALL_DTYPES,
+    FLOAT_DTYPES as FLOAT_DTYPES,
+    INT_DTYPES as INT_DTYPES,
+    LOW_PRECISION_DTYPES as LOW_PRECISION_DTYPES,
+    accumulation_dtype as accumulation_dtype,
+    as_dtype as as_dtype,
     bfloat16 as bfloat16,
+    bool_ as bool_,
+    compute_dtype as compute_dtype,
     float8_e4m3fn as float8_e4m3fn,
     float8_e5m2 as float8_e5m2,
+    float16 as float16,
+    float32 as float32,
+    float64 as float64,
+    int8 as int8,
+    int32 as int32,
+    int64 as int64,
+    is_low_precision as is_low_precision,
+    result_dtype as result_dtype,
+    uint8 as uint8,
 )
-from ._registry import call as call, register as register  # noqa: E402
-# --- end dispatch ---
+from ._elementwise import (
+    abs as abs,
+    add as add,
+    cast as cast,
+    clip as clip,
+    div as div,
+    equal as equal,
+    exp as exp,
+    greater as greater,
+    less as less,
+    log as log,
+    mul as mul,
+    neg as neg,
+    pow as pow,
+    rsqrt as rsqrt,
+    sqrt as sqrt,
+    sub as sub,
+    tanh as tanh,
+    where as where,
+)
+from ._erf import erf as erf
+from ._errors import (
+    DevicePluginError as DevicePluginError,
+    FallbackError as FallbackError,
+    FallbackWarning as FallbackWarning,
+    NoKernelError as NoKernelError,
+    OpError as OpError,
+    UnknownDeviceError as UnknownDeviceError,
+    UnknownOpError as UnknownOpError,
+)
+from ._fallback import (
+    FallbackRecord as FallbackRecord,
+    FallbackReport as FallbackReport,
+    fallback_policy as fallback_policy,
+    fallback_report as fallback_report,
+    get_fallback_policy as get_fallback_policy,
+    reset_fallback_report as reset_fallback_report,
+    set_fallback_policy as set_fallback_policy,
+)
+from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
+from ._loss import cross_entropy as cross_entropy
+from ._matmul import gemm as gemm, linear as linear, matmul as matmul
+from ._normalization import batch_norm as batch_norm, layer_norm as layer_norm, rms_norm as rms_norm
+from ._pool import avg_pool2d as avg_pool2d, global_avg_pool as global_avg_pool, max_pool2d as max_pool2d
+from ._reduce import (
+    argmax as argmax,
+    max as max,
+    mean as mean,
+    min as min,
+    sum as sum,
+    var as var,
+)
+from ._registry import (
+    KernelEntry as KernelEntry,
+    call as call,
+    coverage as coverage,
+    dispatch_path as dispatch_path,
+    kernels as kernels,
+    list_devices as list_devices,
+    list_ops as list_ops,
+    register as register,
+    register_decomposition as register_decomposition,
+    unregister as unregister,
+)
+from ._rotary import rotary_embedding as rotary_embedding
+from ._shape import (
+    concat as concat,
+    expand as expand,
+    reshape as reshape,
+    slice as slice,
+    split as split,
+    transpose as transpose,
+)
+from ._softmax import log_softmax as log_softmax, softmax as softmax
 
-# --- elementwise, reductions, normalization, softmax, loss (owner: kernels-a) ---
-# --- end kernels-a ---
-
-# --- linear algebra, conv, pooling, shape ops, attention (owner: kernels-b) ---
-# --- end kernels-b ---
-
-__all__ = sorted(n for n in dir() if not n.startswith("_") and n not in {"annotations", "compat", "testing"})
+__all__ = [
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "LOW_PRECISION_DTYPES",
+    "DevicePluginError",
+    "FallbackError",
+    "FallbackRecord",
+    "FallbackReport",
+    "FallbackWarning",
+    "KernelEntry",
+    "NoKernelError",
+    "OpError",
+    "UnknownDeviceError",
+    "UnknownOpError",
+    "__version__",
+    "abs",
+    "accumulation_dtype",
+    "add",
+    "argmax",
+    "as_dtype",
+    "attention",
+    "avg_pool2d",
+    "batch_norm",
+    "bfloat16",
+    "bool_",
+    "call",
+    "cast",
+    "clip",
+    "compute_dtype",
+    "concat",
+    "conv2d",
+    "coverage",
+    "cross_entropy",
+    "cumsum",
+    "device",
+    "dispatch_path",
+    "div",
+    "embedding",
+    "equal",
+    "erf",
+    "exp",
+    "expand",
+    "fallback_policy",
+    "fallback_report",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float16",
+    "float32",
+    "float64",
+    "gather",
+    "gelu",
+    "gemm",
+    "get_default_device",
+    "get_fallback_chain",
+    "get_fallback_policy",
+    "global_avg_pool",
+    "greater",
+    "int8",
+    "int32",
+    "int64",
+    "is_low_precision",
+    "kernels",
+    "layer_norm",
+    "less",
+    "linear",
+    "list_devices",
+    "list_ops",
+    "log",
+    "log_softmax",
+    "matmul",
+    "max",
+    "max_pool2d",
+    "mean",
+    "min",
+    "mul",
+    "neg",
+    "pow",
+    "register",
+    "register_decomposition",
+    "relu",
+    "reset_fallback_report",
+    "reshape",
+    "result_dtype",
+    "rms_norm",
+    "rotary_embedding",
+    "rsqrt",
+    "set_default_device",
+    "set_fallback_chain",
+    "set_fallback_policy",
+    "sigmoid",
+    "silu",
+    "slice",
+    "softmax",
+    "split",
+    "sqrt",
+    "sub",
+    "sum",
+    "tanh",
+    "top_k",
+    "transpose",
+    "uint8",
+    "unregister",
+    "var",
+    "where",
+]
