@@ -30,8 +30,50 @@ from ._symbolic import (
 )
 from ._validate import find_cycle as find_cycle, validate as validate
 
+# --- optimisation passes (levels 0-3) and the pass report ---
+from . import _fused_ops as _fused_ops  # registers shape rules and exporters of the fused ops
+from ._cse import eliminate_common_subexpressions as eliminate_common_subexpressions
+from ._dce import eliminate_dead_code as eliminate_dead_code
+from ._fold import fold_constants as fold_constants
+from ._fold_shapes import fold_shapes as fold_shapes
+from ._fuse_activation import fuse_bias_activation as fuse_bias_activation
+from ._fuse_attention import fuse_attention as fuse_attention
+from ._fuse_elementwise import fuse_elementwise as fuse_elementwise
+from ._fuse_gelu import fuse_gelu as fuse_gelu
+from ._fuse_linear import fuse_linear as fuse_linear
+from ._fuse_norm import fuse_layer_norm as fuse_layer_norm, fuse_rms_norm as fuse_rms_norm
+from ._fuse_skip_norm import fuse_skip_norm as fuse_skip_norm
+from ._identity import remove_identities as remove_identities
+from ._pipeline import (
+    LEVELS as LEVELS,
+    PassReport as PassReport,
+    PassResult as PassResult,
+    optimize as optimize,
+    passes_for_level as passes_for_level,
+)
+from ._transpose import fold_transposes as fold_transposes
+
 __all__ = [
     "HOST_OPS",
+    "LEVELS",
+    "PassReport",
+    "PassResult",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "fold_constants",
+    "fold_shapes",
+    "fold_transposes",
+    "fuse_attention",
+    "fuse_bias_activation",
+    "fuse_elementwise",
+    "fuse_gelu",
+    "fuse_layer_norm",
+    "fuse_linear",
+    "fuse_rms_norm",
+    "fuse_skip_norm",
+    "optimize",
+    "passes_for_level",
+    "remove_identities",
     "OPSTRATA_DOMAIN",
     "Dim",
     "ExportContext",
