@@ -53,9 +53,33 @@ from ._pipeline import (
 )
 from ._transpose import fold_transposes as fold_transposes
 
+# --- memory planning, execution plans ---
+from ._memory import (
+    ALIGNMENT as ALIGNMENT,
+    MemoryPlan as MemoryPlan,
+    MemoryPlanner as MemoryPlanner,
+    plan_memory as plan_memory,
+)
+from ._plan import (
+    FORMAT_VERSION as FORMAT_VERSION,
+    KernelBinding as KernelBinding,
+    Plan as Plan,
+    compile as compile,
+    kernels_of as kernels_of,
+)
+
 __all__ = [
+    "ALIGNMENT",
+    "FORMAT_VERSION",
     "HOST_OPS",
+    "KernelBinding",
     "LEVELS",
+    "MemoryPlan",
+    "MemoryPlanner",
+    "Plan",
+    "compile",
+    "kernels_of",
+    "plan_memory",
     "PassReport",
     "PassResult",
     "eliminate_common_subexpressions",
