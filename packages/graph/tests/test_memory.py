@@ -36,7 +36,10 @@ def _assert_valid(mp: og.MemoryPlan) -> None:
                 continue
             fb, lb = mp.lifetimes[b]
             if fa <= lb and fb <= la:
-                overlap = mp.offsets[a] < mp.offsets[b] + mp.sizes[b] and mp.offsets[b] < mp.offsets[a] + mp.sizes[a]
+                overlap = (
+                    mp.offsets[a] < mp.offsets[b] + mp.sizes[b]
+                    and mp.offsets[b] < mp.offsets[a] + mp.sizes[a]
+                )
                 assert not overlap, (a, b)
         assert mp.offsets[a] + mp.sizes[a] <= mp.arena_bytes
 

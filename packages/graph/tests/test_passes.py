@@ -80,7 +80,9 @@ def test_fold_shapes_rewrites_symbolic_reshape_targets():
 def test_fold_shapes_makes_static_shapes_constants():
     b = ModelBuilder("static")
     x = b.input("x", [2, 6])
-    b.nodes.append(b.onnx.helper.make_node("Reshape", [x, b.op("Shape", [b.op("Transpose", [x], perm=[1, 0])])], ["y"]))
+    b.nodes.append(
+        b.onnx.helper.make_node("Reshape", [x, b.op("Shape", [b.op("Transpose", [x], perm=[1, 0])])], ["y"])
+    )
     b.output("y")
     _, h = _check(b.build(), lambda g: og.eliminate_dead_code(og.fold_shapes(g)), {"x": _x(2, 6)})
     assert "Shape" not in h.op_counts()
@@ -144,7 +146,10 @@ def test_fuse_layer_norm_leaves_shared_intermediates():
     x = b.input("x", [2, 8])
     mu = b.reduce("ReduceMean", x, [-1])
     xc = b.op("Sub", [x, mu])
-    sd = b.op("Sqrt", [b.op("Add", [b.reduce("ReduceMean", b.op("Pow", [xc, b.scalar(2.0)]), [-1]), b.scalar(1e-5)])])
+    sd = b.op(
+        "Sqrt",
+        [b.op("Add", [b.reduce("ReduceMean", b.op("Pow", [xc, b.scalar(2.0)]), [-1]), b.scalar(1e-5)])],
+    )
     b.nodes.append(b.onnx.helper.make_node("Div", [xc, sd], ["y"]))
     b.nodes.append(b.onnx.helper.make_node("Identity", [mu], ["mean"]))  # the mean is also an output
     b.output("y")
@@ -170,7 +175,11 @@ def test_fuse_rms_norm(weight):
 def test_fuse_gelu_erf_variants(form):
     b = ModelBuilder("gelu")
     x = b.input("x", ["batch", 8])
-    arg = b.op("Mul", [x, b.scalar(1 / math.sqrt(2))]) if form == "mul_inv_sqrt2" else b.op("Div", [x, b.scalar(math.sqrt(2))])
+    arg = (
+        b.op("Mul", [x, b.scalar(1 / math.sqrt(2))])
+        if form == "mul_inv_sqrt2"
+        else b.op("Div", [x, b.scalar(math.sqrt(2))])
+    )
     a = b.op("Add", [b.op("Erf", [arg]), b.scalar(1.0)])
     if form in ("x_a_half", "mul_inv_sqrt2"):
         y = b.op("Mul", [b.op("Mul", [x, a]), b.scalar(0.5)])
@@ -230,12 +239,18 @@ def _attention_model(mask: str, scale: str, opset: int = 17):
     elif mask in ("trilu_equal", "trilu_upper"):
         seq = b.op("Gather", [b.op("Shape", [q]), b.const(np.array(2, np.int64))], axis=0)
         ss = b.op("Concat", [b.unsqueeze(seq, [0]), b.unsqueeze(seq, [0])], axis=0)
-        ones = b.op("ConstantOfShape", [ss], value=b.onnx.helper.make_tensor("one", b.onnx.TensorProto.FLOAT, [1], [1.0]))
+        ones = b.op(
+            "ConstantOfShape",
+            [ss],
+            value=b.onnx.helper.make_tensor("one", b.onnx.TensorProto.FLOAT, [1], [1.0]),
+        )
         if mask == "trilu_equal":
             cond = b.op("Equal", [b.op("Trilu", [ones], upper=0), b.scalar(0.0)])
             s = b.op("Where", [cond, b.scalar(-np.inf), s])
         else:
-            keep = b.op("Not", [b.op("Cast", [b.op("Trilu", [ones, b.const(np.array(1, np.int64))], upper=1)], to=9)])
+            keep = b.op(
+                "Not", [b.op("Cast", [b.op("Trilu", [ones, b.const(np.array(1, np.int64))], upper=1)], to=9)]
+            )
             s = b.op("Where", [keep, s, b.scalar(float(np.finfo(np.float32).min))])
     y = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
     b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"]))
@@ -280,7 +295,9 @@ def test_fuse_linear_matmul_add_and_gemm():
     x = b.input("x", ["batch", 8])
     h = b.linear(x, 8, 16)
     g1 = b.op("Gemm", [h, b.weight([16, 4]), b.weight([4], "b")])  # transB=0: weight transposed at compile
-    b.nodes.append(b.onnx.helper.make_node("Gemm", [g1, b.weight([3, 4]), b.weight([1, 3], "c")], ["y"], transB=1))
+    b.nodes.append(
+        b.onnx.helper.make_node("Gemm", [g1, b.weight([3, 4]), b.weight([1, 3], "c")], ["y"], transB=1)
+    )
     b.output("y")
     _, h2 = _check(b.build(), og.fuse_linear, {"x": _x(5, 8)}, expect_added={"ai.opstrata::Linear": 3})
     assert len(h2) == 3
@@ -308,7 +325,12 @@ def test_fuse_skip_norm_with_and_without_sum_output(opset):
     b.nodes.append(b.onnx.helper.make_node("Add", [y1, s], ["y"]))  # the sum is read again
     b.output("y")
     pipeline = lambda g: og.fuse_skip_norm(og.fuse_layer_norm(g))  # noqa: E731
-    _, h = _check(b.build(), pipeline, {"x": _x(2, 4, 8), "r": _x(2, 4, 8)}, expect_added={"ai.opstrata::SkipLayerNorm": 1})
+    _, h = _check(
+        b.build(),
+        pipeline,
+        {"x": _x(2, 4, 8), "r": _x(2, 4, 8)},
+        expect_added={"ai.opstrata::SkipLayerNorm": 1},
+    )
     fused = next(n for n in h.nodes if n.op_type == "SkipLayerNorm")
     assert fused.outputs[1] == s
 
@@ -321,7 +343,13 @@ def test_fuse_bias_activation():
     b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"]))
     b.output("y")
     pipeline = lambda g: og.fuse_bias_activation(og.fuse_linear(g))  # noqa: E731
-    _, h = _check(b.build(), pipeline, {"x": _x(3, 8)}, expect_added={"ai.opstrata::Linear": 2}, expect_removed=["Relu", "Sigmoid"])
+    _, h = _check(
+        b.build(),
+        pipeline,
+        {"x": _x(3, 8)},
+        expect_added={"ai.opstrata::Linear": 2},
+        expect_removed=["Relu", "Sigmoid"],
+    )
     assert [n.attrs.get("activation") for n in h.nodes if n.op_type == "Linear"] == ["relu", "sigmoid"]
 
 
@@ -336,7 +364,12 @@ def test_fuse_elementwise_chain_expression():
     t = b.op("Mul", [b.op("Add", [e, z]), b.op("Sqrt", [b.op("Abs", [z])])])
     b.nodes.append(b.onnx.helper.make_node("Tanh", [t], ["y"]))
     b.output("y")
-    _, h = _check(b.build(), og.fuse_elementwise, {"x": _x(3, 8), "z": _x(8)}, expect_added={"ai.opstrata::FusedElementwise": 1})
+    _, h = _check(
+        b.build(),
+        og.fuse_elementwise,
+        {"x": _x(3, 8), "z": _x(8)},
+        expect_added={"ai.opstrata::FusedElementwise": 1},
+    )
     assert len(h) == 1
     node = h.nodes[0]
     assert node.inputs == ["x", "z"] and node.attrs["expr"][-1][0] == "Tanh"

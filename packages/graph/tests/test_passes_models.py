@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 import opstrata.graph as og
-from opstrata.graph.testing import bert_block_model, cnn_model, gpt_block_model, mlp_model, ort_run, random_feeds
+from opstrata.graph.testing import (
+    bert_block_model,
+    cnn_model,
+    gpt_block_model,
+    mlp_model,
+    ort_run,
+    random_feeds,
+)
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -41,8 +48,12 @@ def test_compiled_export_matches_original_in_onnxruntime(model, level):
     got = ort_run(exported, feeds)
     ours = plan.run(feeds)
     for k in ref:
-        np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (onnxruntime)")
-        np.testing.assert_allclose(ours[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (run_graph)")
+        np.testing.assert_allclose(
+            got[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (onnxruntime)"
+        )
+        np.testing.assert_allclose(
+            ours[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (run_graph)"
+        )
     assert plan.fallbacks == []
     if level >= 2:  # the compiled export re-imports and runs in our executor too
         again = og.run_graph(og.from_onnx(exported), feeds)
@@ -53,7 +64,9 @@ def _fused(plan):
     counts = plan.graph.op_counts()
     norm = counts.get("LayerNormalization", 0) + counts.get("ai.opstrata::SkipLayerNorm", 0)
     gelu = counts.get("Gelu", 0) + sum(
-        1 for n in plan.graph.nodes if n.op_type == "Linear" and str(n.attrs.get("activation", "")).startswith("gelu")
+        1
+        for n in plan.graph.nodes
+        if n.op_type == "Linear" and str(n.attrs.get("activation", "")).startswith("gelu")
     )
     return counts.get("ai.opstrata::Attention", 0), norm, gelu
 

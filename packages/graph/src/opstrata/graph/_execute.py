@@ -368,7 +368,9 @@ def _linear(n: Node, x: list[Any]) -> list[Arr]:
     if act:
         if act not in _ACT:
             raise GraphError(
-                f"node '{n.name}' ({n.qualified_type})", f"unknown activation '{act}'", f"use one of {sorted(_ACT)}"
+                f"node '{n.name}' ({n.qualified_type})",
+                f"unknown activation '{act}'",
+                f"use one of {sorted(_ACT)}",
             )
         y = _ACT[act](y)
     return [y]
@@ -379,7 +381,9 @@ def _skip_norm(n: Node, x: list[Any]) -> list[Arr]:
     s = ops.add(x[0], x[1])  # (..., D): the residual sum, also an output
     a = n.attrs
     if n.op_type == "SkipLayerNorm":
-        y = ops.layer_norm(s, x[2], x[3] if len(x) > 3 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-5))
+        y = ops.layer_norm(
+            s, x[2], x[3] if len(x) > 3 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-5)
+        )
     else:
         y = ops.rms_norm(s, x[2] if len(x) > 2 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-6))
     return [y, s]

@@ -116,7 +116,9 @@ def _square_on_scores(m: Matcher, mask: str, scores: str) -> bool:
     ms, ss = m.shape(mask), m.shape(scores)
     if ms is None or ss is None or len(ms) < 2 or len(ss) != 4:
         return False
-    return all(dims_equal(a, b) and a is not None for a, b in ((ms[-2], ss[2]), (ms[-1], ss[3]), (ss[2], ss[3])))
+    return all(
+        dims_equal(a, b) and a is not None for a, b in ((ms[-2], ss[2]), (ms[-1], ss[3]), (ss[2], ss[3]))
+    )
 
 
 def _untranspose_k(g: Graph, m: Matcher, kt: str, new: list[Node]) -> tuple[str, Node | None]:
@@ -163,8 +165,15 @@ def fuse_attention(graph: Graph) -> Graph:
             if not m.internal(chain, pv.outputs[0]):
                 continue
             ins = [qk.inputs[0], k, v] + ([info["mask"]] if info["mask"] else [])
-            attrs = {"causal": info["causal"], "scale": 1.0 if info["scale"] is None else float(info["scale"])}
-            new.append(Node("Attention", ins, [pv.outputs[0]], attrs, g.fresh_node_name("Attention"), OPSTRATA_DOMAIN))
+            attrs = {
+                "causal": info["causal"],
+                "scale": 1.0 if info["scale"] is None else float(info["scale"]),
+            }
+            new.append(
+                Node(
+                    "Attention", ins, [pv.outputs[0]], attrs, g.fresh_node_name("Attention"), OPSTRATA_DOMAIN
+                )
+            )
             replace_nodes(g, chain, new)
             done = True
             break

@@ -79,7 +79,14 @@ def fuse_elementwise(graph: Graph) -> Graph:
         if any(o in g.outputs or any(c not in grp for c in m.uses(o)) for o in outs - {grp[-1].outputs[0]}):
             continue
         inputs, steps, y = _expression(grp)
-        fused = Node("FusedElementwise", inputs, [y], {"expr": steps}, g.fresh_node_name("FusedElementwise"), OPSTRATA_DOMAIN)
+        fused = Node(
+            "FusedElementwise",
+            inputs,
+            [y],
+            {"expr": steps},
+            g.fresh_node_name("FusedElementwise"),
+            OPSTRATA_DOMAIN,
+        )
         last = grp[-1]
         for n in grp[:-1]:
             g.nodes.remove(n)

@@ -112,7 +112,9 @@ def fuse_gelu(graph: Graph) -> Graph:
             if not m.internal(chain, y):
                 continue
             approx = "none" if node.op_type == "Erf" else "tanh"
-            replace_nodes(g, chain, [Node("Gelu", [x], [y], {"approximate": approx}, g.fresh_node_name("Gelu"))])
+            replace_nodes(
+                g, chain, [Node("Gelu", [x], [y], {"approximate": approx}, g.fresh_node_name("Gelu"))]
+            )
             done = True
             break
     return g

@@ -19,7 +19,12 @@ def _bias(m: Matcher, y: str, out: int) -> tuple[Node, np.ndarray] | None:
     if add is None or not is_onnx(add, "Add"):
         return None
     c = m.const(m.other(add, y) or "")
-    if c is None or c.size != out or c.shape[-1:] != (out,) or (c.ndim > 1 and len(m.shape(y) or ()) < c.ndim):
+    if (
+        c is None
+        or c.size != out
+        or c.shape[-1:] != (out,)
+        or (c.ndim > 1 and len(m.shape(y) or ()) < c.ndim)
+    ):
         return None
     return add, c.reshape(out)
 

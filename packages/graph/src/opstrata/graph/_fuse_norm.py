@@ -69,7 +69,9 @@ def _variance(m: Matcher, sd: str, x: str) -> tuple[float, Node, list[Node]] | N
     return None
 
 
-def _affine(m: Matcher, y: str, norm_shape: tuple, *, bias: bool) -> tuple[str, np.ndarray | None, np.ndarray | None, list[Node]]:
+def _affine(
+    m: Matcher, y: str, norm_shape: tuple, *, bias: bool
+) -> tuple[str, np.ndarray | None, np.ndarray | None, list[Node]]:
     """Absorb a following ``Mul(y, gamma)`` (and ``Add(., beta)``) with constants of the normalised shape."""
     nodes: list[Node] = []
     gamma = beta = None
@@ -141,7 +143,13 @@ def fuse_layer_norm(graph: Graph) -> Graph:
                 bname = g.fresh_name(f"{node.name}_beta")
                 g.add_initializer(bname, beta.astype(dt))
                 ins.append(bname)
-            ln = Node("LayerNormalization", ins, [y], {"axis": axis, "epsilon": var[0]}, g.fresh_node_name("LayerNorm"))
+            ln = Node(
+                "LayerNormalization",
+                ins,
+                [y],
+                {"axis": axis, "epsilon": var[0]},
+                g.fresh_node_name("LayerNorm"),
+            )
             replace_nodes(g, chain, [ln])
             done = True
             break
@@ -179,7 +187,14 @@ def fuse_rms_norm(graph: Graph) -> Graph:
                 wname = g.fresh_name(f"{node.name}_weight")
                 g.add_initializer(wname, w.astype(dt))
                 ins.append(wname)
-            rms = Node("RMSNorm", ins, [y], {"axis": axis, "epsilon": var[0]}, g.fresh_node_name("RMSNorm"), OPSTRATA_DOMAIN)
+            rms = Node(
+                "RMSNorm",
+                ins,
+                [y],
+                {"axis": axis, "epsilon": var[0]},
+                g.fresh_node_name("RMSNorm"),
+                OPSTRATA_DOMAIN,
+            )
             replace_nodes(g, chain, [rms])
             done = True
             break

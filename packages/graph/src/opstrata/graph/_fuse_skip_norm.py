@@ -36,13 +36,20 @@ def fuse_skip_norm(graph: Graph) -> Graph:
         others = [c for c in m.uses(s) if c is not node] or s in g.outputs
         outs = [node.outputs[0]] + ([s] if others else [])
         op = "SkipLayerNorm" if is_ln else "SkipRMSNorm"
-        attrs = {"axis": node.attrs.get("axis", -1), "epsilon": node.attrs.get("epsilon", 1e-5 if is_ln else 1e-6)}
+        attrs = {
+            "axis": node.attrs.get("axis", -1),
+            "epsilon": node.attrs.get("epsilon", 1e-5 if is_ln else 1e-6),
+        }
         fused = Node(op, [*add.inputs, *node.inputs[1:]], outs, attrs, g.fresh_node_name(op), OPSTRATA_DOMAIN)
-        g.nodes.remove(add)  # the fused node stands where the Add stood: later users of the sum still follow it
+        g.nodes.remove(
+            add
+        )  # the fused node stands where the Add stood: later users of the sum still follow it
         g.replace_node(node, [])
-        idx = next(i for i, n in enumerate(g.nodes) if any(x in n.inputs for x in outs)) if any(
-            any(x in n.inputs for x in outs) for n in g.nodes
-        ) else len(g.nodes)
+        idx = (
+            next(i for i, n in enumerate(g.nodes) if any(x in n.inputs for x in outs))
+            if any(any(x in n.inputs for x in outs) for n in g.nodes)
+            else len(g.nodes)
+        )
         g.insert_node(fused, idx)
         m = Matcher(g)
     return g

@@ -29,7 +29,14 @@ from ._shape_rules import RULES, RuleContext, TypeShape, _bcast, _linear, _norm
 __all__ = ["ACTIVATIONS", "check_expr"]
 
 #: ``Linear`` epilogue activations -> the ONNX op they stand for.
-ACTIVATIONS = {"": None, "relu": "Relu", "gelu": "Gelu", "gelu_tanh": "Gelu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
+ACTIVATIONS = {
+    "": None,
+    "relu": "Relu",
+    "gelu": "Gelu",
+    "gelu_tanh": "Gelu",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+}
 
 
 def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str) -> None:
@@ -114,7 +121,9 @@ def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
         ln = Node("LayerNormalization", [s, *node.inputs[2:]], node.outputs[:1], dict(node.attrs), node.name)
         _layer_norm_export(ln, ctx)
     else:
-        rms = Node("RMSNorm", [s, *node.inputs[2:]], node.outputs[:1], dict(node.attrs), node.name, OPSTRATA_DOMAIN)
+        rms = Node(
+            "RMSNorm", [s, *node.inputs[2:]], node.outputs[:1], dict(node.attrs), node.name, OPSTRATA_DOMAIN
+        )
         _rms_norm_export(rms, ctx)
 
 

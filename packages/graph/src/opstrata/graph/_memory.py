@@ -119,20 +119,26 @@ def _eval_dim(d: object, dims: Mapping[str, int], where: str) -> int:
             elif part in dims:
                 out *= int(dims[part])
             else:
-                raise GraphError(where, f"symbolic dim '{part}' has no value", f"pass dims={{'{part}': n, ...}}")
+                raise GraphError(
+                    where, f"symbolic dim '{part}' has no value", f"pass dims={{'{part}': n, ...}}"
+                )
         return out
     raise GraphError(where, "has an unknown (None) dim", "give its input shape in input_shapes=")
 
 
 def concrete_graph(
-    graph: Graph, dims: Mapping[str, int] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None
+    graph: Graph,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Graph:
     """A copy of ``graph`` whose inputs have concrete shapes and whose values are re-inferred."""
     g = graph.copy()
     dims, input_shapes = dict(dims or {}), dict(input_shapes or {})
     unknown = sorted(set(input_shapes) - set(g.inputs))
     if unknown:
-        raise GraphError(f"graph '{g.name}'", f"input_shapes names unknown inputs {unknown}", f"use {g.inputs}")
+        raise GraphError(
+            f"graph '{g.name}'", f"input_shapes names unknown inputs {unknown}", f"use {g.inputs}"
+        )
     for name in g.inputs:
         v = g.values[name]
         where = f"graph '{g.name}': input '{name}' {v.type_str()}"
@@ -193,15 +199,14 @@ def _greedy_by_size(bufs: list[tuple[int, int, int]]) -> list[int]:
     offsets = [0] * len(bufs)
     placed: list[int] = []
     for i in order:
-        size, f, l = bufs[i]
-        live = sorted((offsets[j], bufs[j][0]) for j in placed if bufs[j][1] <= l and f <= bufs[j][2])
-        cand, best, best_gap = 0, None, None
+        size, first, last = bufs[i]
+        live = sorted((offsets[j], bufs[j][0]) for j in placed if bufs[j][1] <= last and first <= bufs[j][2])
+        cand = 0  # the lowest offset whose [cand, cand + size) misses every live placed buffer
         for off, sz in live:
-            gap = off - cand
-            if gap >= size and (best_gap is None or gap < best_gap):  # the tightest gap that fits
-                best, best_gap = cand, gap
+            if off - cand >= size:
+                break
             cand = max(cand, off + sz)
-        offsets[i] = best if best is not None else cand
+        offsets[i] = cand
         placed.append(i)
     return offsets
 
@@ -268,8 +273,8 @@ def plan_memory(
     arena = max((offsets_b[k] + b[0] for k, b in enumerate(bufs)), default=0)
     steps = len(g.nodes) + 1
     live = np.zeros(steps, np.int64)
-    for size, f, l in bufs:
-        live[f : l + 1] += size
+    for size, first, last in bufs:
+        live[first : last + 1] += size
     return MemoryPlan(
         graph_name=g.name,
         shapes=shapes,
@@ -303,7 +308,9 @@ class MemoryPlanner:
 
     def for_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
         """The plan for these input shapes (planned on first use, then cached)."""
-        key = tuple((n, tuple(int(d) for d in input_shapes[n])) for n in self.graph.inputs if n in input_shapes)
+        key = tuple(
+            (n, tuple(int(d) for d in input_shapes[n])) for n in self.graph.inputs if n in input_shapes
+        )
         plan = self._cache.get(key)
         if plan is None:
             plan = self._cache[key] = plan_memory(

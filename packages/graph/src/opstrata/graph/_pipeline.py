@@ -84,9 +84,14 @@ class PassReport:
         rows = [("pass", "lvl", "nodes", "removed", "added")]
         for r in self.results:
             fmt = lambda d: ", ".join(f"{k} x{v}" for k, v in sorted(d.items())) or "-"  # noqa: E731
-            rows.append((r.name, str(r.level), f"{r.nodes_before} -> {r.nodes_after}", fmt(r.removed), fmt(r.added)))
+            rows.append(
+                (r.name, str(r.level), f"{r.nodes_before} -> {r.nodes_after}", fmt(r.removed), fmt(r.added))
+            )
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4] for row in rows]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+            for row in rows
+        ]
         lines.insert(1, "-" * len(lines[0]))
         lines.append(f"level {self.level}: {self.nodes_before} -> {self.nodes_after} nodes")
         return "\n".join(lines)
@@ -187,13 +192,13 @@ def optimize(graph: Graph, level: int = 2) -> tuple[Graph, PassReport]:
         n0, t0 = len(g), time.perf_counter()
         out = fn(g)
         if out is g:
-            raise GraphError(f"pass '{name}'", "returned its input graph object", "return graph.copy() modified")
+            raise GraphError(
+                f"pass '{name}'", "returned its input graph object", "return graph.copy() modified"
+            )
         _prune_values(out)
         infer_shapes(out)
         removed, added = _diff(before, out.op_counts())
-        report.results.append(
-            PassResult(name, lvl, n0, len(out), removed, added, time.perf_counter() - t0)
-        )
+        report.results.append(PassResult(name, lvl, n0, len(out), removed, added, time.perf_counter() - t0))
         g = out
     g.validate()
     return g, report

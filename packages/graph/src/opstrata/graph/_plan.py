@@ -174,8 +174,13 @@ class Plan:
             f"plan '{self.graph.name}': level {self.level}, device {self.device}, "
             f"{self.report.nodes_before} -> {len(self.graph)} nodes, {len(self.fallbacks)} fallbacks",
         ]
-        lines += [f"  fallback: node '{b.node}' ({b.op_type}) {b.kernel} {b.dtype} -> {b.path}" for b in self.fallbacks]
-        lines.append(f"  memory: {self.memory.summary() if self.memory else 'symbolic shapes: planned per shape on run'}")
+        lines += [
+            f"  fallback: node '{b.node}' ({b.op_type}) {b.kernel} {b.dtype} -> {b.path}"
+            for b in self.fallbacks
+        ]
+        lines.append(
+            f"  memory: {self.memory.summary() if self.memory else 'symbolic shapes: planned per shape on run'}"
+        )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -245,7 +250,9 @@ class Plan:
         except GraphError:
             raise
         except (zipfile.BadZipFile, KeyError, ValueError, TypeError, EOFError, OSError) as exc:
-            raise GraphError(where, f"corrupt or truncated plan file: {type(exc).__name__}: {exc}", fix) from exc
+            raise GraphError(
+                where, f"corrupt or truncated plan file: {type(exc).__name__}: {exc}", fix
+            ) from exc
         try:
             graph.validate()
             from ._shape_infer import infer_shapes
@@ -313,9 +320,17 @@ def compile(
     plan = Plan(opt, report, level=level, device=device, bindings=bindings, input_shapes=shapes)
     if plan.fallbacks:
         policy = ops.get_fallback_policy()
-        msg = "; ".join(f"node '{b.node}' ({b.op_type}): {b.kernel} {b.dtype} -> {b.path}" for b in plan.fallbacks)
+        msg = "; ".join(
+            f"node '{b.node}' ({b.op_type}): {b.kernel} {b.dtype} -> {b.path}" for b in plan.fallbacks
+        )
         if policy == "error":
-            raise GraphError("compile", f"kernels would fall back on device '{device}': {msg}", "register native kernels or set the fallback policy to 'warn'")
+            raise GraphError(
+                "compile",
+                f"kernels would fall back on device '{device}': {msg}",
+                "register native kernels or set the fallback policy to 'warn'",
+            )
         if policy == "warn":
-            warnings.warn(f"compile: kernels fall back on device '{device}': {msg}", ops.FallbackWarning, stacklevel=2)
+            warnings.warn(
+                f"compile: kernels fall back on device '{device}': {msg}", ops.FallbackWarning, stacklevel=2
+            )
     return plan

@@ -81,10 +81,16 @@ def graph_to_json(g: Graph, put_tensor: Callable[[str, np.ndarray], str]) -> dic
             for name, a in g.initializers.items()
         },
         "nodes": [
-            {"op": n.op_type, "domain": n.domain, "name": n.name, "inputs": n.inputs, "outputs": n.outputs,
-             "attrs": {k: _enc(x) for k, x in n.attrs.items()}}
+            {
+                "op": n.op_type,
+                "domain": n.domain,
+                "name": n.name,
+                "inputs": n.inputs,
+                "outputs": n.outputs,
+                "attrs": {k: _enc(x) for k, x in n.attrs.items()},
+            }
             for n in g.nodes
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -93,12 +99,21 @@ def graph_from_json(d: dict[str, Any], get_tensor: Callable[[str], bytes]) -> Gr
     g = Graph(d["name"], opset_imports=d["opset_imports"])
     g.doc_string = d.get("doc_string", "")
     for name, dt, shape in d["values"]:
-        g.values[name] = Value(name, None if dt is None else ops.as_dtype(dt), None if shape is None else tuple(shape))
+        g.values[name] = Value(
+            name, None if dt is None else ops.as_dtype(dt), None if shape is None else tuple(shape)
+        )
     for name, t in d["initializers"].items():
         g.initializers[name] = decode_array(t, get_tensor(t["entry"]))
     g.inputs, g.outputs = list(d["inputs"]), list(d["outputs"])
     g.nodes = [
-        Node(n["op"], n["inputs"], n["outputs"], {k: _dec(x) for k, x in n["attrs"].items()}, n["name"], n["domain"])
+        Node(
+            n["op"],
+            n["inputs"],
+            n["outputs"],
+            {k: _dec(x) for k, x in n["attrs"].items()},
+            n["name"],
+            n["domain"],
+        )
         for n in d["nodes"]
     ]
     return g

@@ -31,11 +31,22 @@ def fold_transposes(graph: Graph) -> Graph:
         elif node.op_type == "MatMul":
             t = m.producer(node.inputs[1], "Transpose")
             x_shape = m.shape(node.inputs[0])
-            if t is None or list(t.attrs.get("perm") or [1, 0]) != [1, 0] or len(m.shape(t.inputs[0]) or ()) != 2:
+            if (
+                t is None
+                or list(t.attrs.get("perm") or [1, 0]) != [1, 0]
+                or len(m.shape(t.inputs[0]) or ()) != 2
+            ):
                 continue
             if x_shape is None or len(x_shape) < 2:
                 continue
-            lin = Node("Linear", [node.inputs[0], t.inputs[0]], node.outputs, {}, g.fresh_node_name("Linear"), OPSTRATA_DOMAIN)
+            lin = Node(
+                "Linear",
+                [node.inputs[0], t.inputs[0]],
+                node.outputs,
+                {},
+                g.fresh_node_name("Linear"),
+                OPSTRATA_DOMAIN,
+            )
             g.replace_node(node, [lin])
             m = Matcher(g)
     return g
