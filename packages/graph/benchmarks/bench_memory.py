@@ -27,7 +27,10 @@ def _models(quick: bool) -> dict[str, tuple[object, dict[str, int]]]:
         "mlp": (mlp_model(d_in=256, hidden=1024, d_out=64), {"batch": 64}),
         "cnn": (cnn_model(size=64), {"batch": 16}),
         "bert": (bert_block_model(hidden=256, heads=8, ffn=1024), {"batch": 8, "seq": 128}),
-        "gpt": (gpt_block_model(opset=14, hidden=256, heads=8, vocab=512, max_pos=128), {"batch": 8, "seq": 128}),
+        "gpt": (
+            gpt_block_model(opset=14, hidden=256, heads=8, vocab=512, max_pos=128),
+            {"batch": 8, "seq": 128},
+        ),
     }
 
 

@@ -75,7 +75,8 @@ def _mask_ops(m: Matcher, s: str) -> tuple[str, dict, list[Node]] | None:
             s = nxt
         elif n.op_type == "Add" and info["mask"] is None and info["scale"] is None:
             for a, b in (n.inputs, n.inputs[::-1]):
-                if _is_scores(m, a) and m.dtype(b) is not None and m.dtype(b).kind == "f":
+                same = _same(m.shape(a), m.shape(n.outputs[0]))  # the mask must not broadcast the scores up
+                if same and _is_scores(m, a) and m.dtype(b) is not None and m.dtype(b).kind == "f":
                     info["mask"], s = b, a
                     nodes.append(n)
                     break
@@ -95,6 +96,15 @@ def _mask_ops(m: Matcher, s: str) -> tuple[str, dict, list[Node]] | None:
         else:
             break
     return s, info, nodes
+
+
+def _same(a: tuple | None, b: tuple | None) -> bool:
+    return (
+        a is not None
+        and b is not None
+        and len(a) == len(b)
+        and all(x is not None and dims_equal(x, y) for x, y in zip(a, b, strict=True))
+    )
 
 
 def _is_scores(m: Matcher, name: str) -> bool:
@@ -157,6 +167,9 @@ def fuse_attention(graph: Graph) -> Graph:
             v = pv.inputs[1]
             if qk is None or len(m.shape(qk.inputs[0]) or ()) != 4 or len(m.shape(v) or ()) != 4:
                 continue
+            qs, kts, vs = m.shape(qk.inputs[0]), m.shape(qk.inputs[1]), m.shape(v)
+            if not (kts and _same(qs[:2], kts[:2]) and _same(qs[:2], vs[:2]) and _same(kts[3:], vs[2:3])):  # type: ignore[index]
+                continue  # MatMul broadcasting over (B, H) that Attention does not do
             new: list[Node] = []
             k, kt_node = _untranspose_k(g, m, qk.inputs[1], new)
             chain = [qk, *mask_nodes, sm, pv]

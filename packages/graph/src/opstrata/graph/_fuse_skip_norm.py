@@ -41,15 +41,16 @@ def fuse_skip_norm(graph: Graph) -> Graph:
             "epsilon": node.attrs.get("epsilon", 1e-5 if is_ln else 1e-6),
         }
         fused = Node(op, [*add.inputs, *node.inputs[1:]], outs, attrs, g.fresh_node_name(op), OPSTRATA_DOMAIN)
-        g.nodes.remove(
-            add
-        )  # the fused node stands where the Add stood: later users of the sum still follow it
-        g.replace_node(node, [])
-        idx = (
-            next(i for i, n in enumerate(g.nodes) if any(x in n.inputs for x in outs))
-            if any(any(x in n.inputs for x in outs) for n in g.nodes)
-            else len(g.nodes)
+        # the fused node stands where the Add stood, so later readers of the sum still follow it;
+        # a gamma/beta computed between the Add and the norm puts it at the norm instead (if still valid)
+        late = any(
+            p is not None and g.nodes.index(p) > g.nodes.index(add)
+            for p in (m.prod.get(x) for x in node.inputs[1:] if x)
         )
-        g.insert_node(fused, idx)
+        if late and any(c is not node and g.nodes.index(c) < g.nodes.index(node) for c in m.uses(s)):
+            continue
+        anchor = node if late else add
+        g.nodes.remove(add if late else node)
+        g.replace_node(anchor, [fused])
         m = Matcher(g)
     return g
