@@ -125,3 +125,56 @@ def test_missing_dims_are_clear_errors():
 def test_round_trip_dict():
     mp = og.plan_memory(og.from_onnx(mlp_model()), {"batch": 3})
     assert og.MemoryPlan.from_dict(mp.to_dict()) == mp
+
+
+def test_no_inplace_into_a_broadcast_input():
+    g = og.Graph("bcast")
+    g.add_input("x", np.float32, (15,))
+    g.add_input("z", np.float32, (16, 1))
+    g.add_node("Exp", ["x"], ["a"])  # (15,): 60 bytes, 64 aligned like (16,) would be
+    g.add_node("Add", ["a", "z"], ["y"])  # (16, 15): bigger than a, must not reuse it
+    g.outputs.append("y")
+    assert og.plan_memory(g).inplace == {}
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import (  # noqa: E402
+    given,
+    settings,
+    strategies as st,
+)
+
+
+@st.composite
+def _random_graph(draw):
+    """A random DAG of unary/binary float ops over (n, k) tensors with random widths."""
+    g = og.Graph("rand")
+    g.add_input("x", np.float32, ("n", 8))
+    avail = ["x"]
+    for i in range(draw(st.integers(1, 14))):
+        op = draw(st.sampled_from(["Relu", "Exp", "Add", "Mul", "MatMul"]))
+        a = draw(st.sampled_from(avail))
+        out = f"v{i}"
+        if op == "MatMul":
+            w = f"w{i}"
+            g.add_initializer(
+                w, np.ones((g.values[a].shape[1], draw(st.sampled_from([4, 8, 16]))), np.float32)
+            )
+            g.add_node("MatMul", [a, w], [out])
+        elif op in ("Add", "Mul"):
+            b = draw(st.sampled_from([v for v in avail if g.values[v].shape[1] == g.values[a].shape[1]]))
+            g.add_node(op, [a, b], [out])
+        else:
+            g.add_node(op, [a], [out])
+        og.infer_shapes(g)
+        avail.append(out)
+    g.outputs.extend(draw(st.lists(st.sampled_from(avail[1:]), min_size=1, max_size=2, unique=True)))
+    return g
+
+
+@settings(max_examples=60, deadline=None)
+@given(_random_graph(), st.integers(1, 5))
+def test_random_graphs_plan_validly(g, n):
+    mp = og.plan_memory(g, {"n": n})
+    _assert_valid(mp)
+    assert mp.lower_bound_bytes <= mp.arena_bytes <= mp.no_reuse_bytes

@@ -205,3 +205,20 @@ def test_warnings_free_compile():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         og.compile(og.from_onnx(gpt_block_model()), level=2)
+
+
+def test_compile_cycle_and_inconsistent_shapes():
+    g = og.Graph("cyc")
+    g.add_input("x", np.float32, (2,))
+    g.add_node("Add", ["x", "b"], ["a"])
+    g.add_node("Relu", ["a"], ["b"])
+    g.outputs.append("b")
+    with pytest.raises(og.GraphError, match="cycle"):
+        og.compile(g)
+    h = og.Graph("bad_shapes")
+    h.add_input("x", np.float32, (2, 3))
+    h.add_initializer("w", np.ones((4, 5), np.float32))
+    h.add_node("MatMul", ["x", "w"], ["y"])
+    h.outputs.append("y")
+    with pytest.raises(og.GraphError, match="inconsistent shapes"):
+        og.compile(h)

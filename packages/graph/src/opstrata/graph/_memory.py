@@ -255,7 +255,7 @@ def plan_memory(
                     b = buf_of.get(x)
                     if (
                         b is not None and b not in claimed and x not in outs
-                        and lifetimes[x][1] == i and sizes[x] == sizes[o]
+                        and lifetimes[x][1] == i and shapes[x] == shapes[o]  # no broadcasting in place
                         and g.values[x].dtype.itemsize == g.values[o].dtype.itemsize  # type: ignore[union-attr]
                     ):  # fmt: skip
                         src = x
