@@ -9,6 +9,8 @@ boolean ``Where(cond, -inf, s)`` / ``Where(keep, s, -inf)``; and causal masks bu
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._pattern import Matcher, replace_nodes
 from ._symbolic import dims_equal
@@ -24,10 +26,13 @@ def _triangle(m: Matcher, name: str, depth: int = 0) -> tuple[str, list[Node]] |
     if n is None or n.domain != "" or depth > 4:
         return None
     if n.op_type == "Trilu":
-        src = m.producer(n.inputs[0], "ConstantOfShape")
+        src = m.producer(n.inputs[0], "ConstantOfShape", "Expand")
         k = m.scalar(n.inputs[1]) if len(n.inputs) > 1 and n.inputs[1] else 0.0
-        val = src.attrs.get("value") if src is not None else None
-        ones = val is not None and float(val.ravel()[0]) != 0.0
+        if src is not None and src.op_type == "Expand":  # torch's SDPA export: Expand(1.0, (L, S))
+            val = m.const(src.inputs[0])
+        else:
+            val = src.attrs.get("value") if src is not None else None
+        ones = val is not None and bool((val != 0).all())
         if not ones and (c := m.const(n.inputs[0])) is not None:
             ones = bool((c != 0).all())
         if not ones or k is None:
@@ -73,13 +78,21 @@ def _mask_ops(m: Matcher, s: str) -> tuple[str, dict, list[Node]] | None:
             info["causal"] = 1
             nodes += [n]
             s = nxt
-        elif n.op_type == "Add" and info["mask"] is None and info["scale"] is None:
+        elif n.op_type == "Add" and info["scale"] is None:
             for a, b in (n.inputs, n.inputs[::-1]):
                 same = _same(m.shape(a), m.shape(n.outputs[0]))  # the mask must not broadcast the scores up
-                if same and _is_scores(m, a) and m.dtype(b) is not None and m.dtype(b).kind == "f":
-                    info["mask"], s = b, a
-                    nodes.append(n)
-                    break
+                if not (same and _is_scores(m, a) and m.dtype(b) is not None and m.dtype(b).kind == "f"):
+                    continue
+                kind, mask = _additive(m, b, a)
+                if kind == "causal" and not info["causal"]:
+                    info["causal"] = 1
+                elif kind != "causal" and info["mask"] is None:
+                    info["mask"] = mask
+                else:
+                    continue
+                s = a
+                nodes.append(n)
+                break
             else:
                 break
         elif n.op_type in ("Mul", "Div") and info["scale"] is None:
@@ -96,6 +109,45 @@ def _mask_ops(m: Matcher, s: str) -> tuple[str, dict, list[Node]] | None:
         else:
             break
     return s, info, nodes
+
+
+def _additive(m: Matcher, mask: str, scores: str) -> tuple[str, str]:
+    """How an additive mask reads: ``("causal", "")``, ``("bool", keep)`` or ``("float", mask)``.
+
+    torch's ``scaled_dot_product_attention`` export writes ``Where(cond, 0, -inf)`` for a boolean
+    mask and ``Where(Equal(Trilu(ones), 0), -inf, 0)`` for ``is_causal``.
+    """
+    w = m.producer(mask, "Where")
+    if w is None:
+        return "float", mask
+    cond, a, b = w.inputs
+    va, vb = m.scalar(a), m.scalar(b)
+    if va is None or vb is None:
+        return "float", mask
+    if va <= _NEG and vb == 0:
+        want = "drop"
+    elif va == 0 and vb <= _NEG:
+        want = "keep"
+    else:
+        return "float", mask
+    tri = _triangle(m, cond)
+    if tri is not None and tri[0] == want and _square_on_scores(m, cond, scores):
+        return "causal", ""
+    if want == "keep" and m.dtype(cond) == np.dtype(bool) and va == 0 and vb == -np.inf:
+        return "bool", cond
+    return "float", mask
+
+
+def _prescaled(m: Matcher, name: str) -> tuple[str, float, Node] | None:
+    """``(x, c, node)`` when ``name`` is ``Mul(x, c)`` with a scalar constant ``c``."""
+    p = m.producer(name, "Mul")
+    if p is None:
+        return None
+    for x, c in (p.inputs, p.inputs[::-1]):
+        k = m.scalar(c)
+        if k is not None and len(m.shape(x) or ()) == 4:
+            return x, k, p
+    return None
 
 
 def _same(a: tuple | None, b: tuple | None) -> bool:
@@ -167,17 +219,23 @@ def fuse_attention(graph: Graph) -> Graph:
             v = pv.inputs[1]
             if qk is None or len(m.shape(qk.inputs[0]) or ()) != 4 or len(m.shape(v) or ()) != 4:
                 continue
-            qs, kts, vs = m.shape(qk.inputs[0]), m.shape(qk.inputs[1]), m.shape(v)
+            q_in, kt_in, pre = qk.inputs[0], qk.inputs[1], []
+            if info["scale"] is None:  # torch's SDPA export scales q and kT by sqrt(scale) each
+                sq, sk = _prescaled(m, q_in), _prescaled(m, kt_in)
+                if sq is not None and sk is not None:
+                    info["scale"] = sq[1] * sk[1]
+                    q_in, kt_in, pre = sq[0], sk[0], [sq[2], sk[2]]
+            qs, kts, vs = m.shape(q_in), m.shape(kt_in), m.shape(v)
             if not (kts and _same(qs[:2], kts[:2]) and _same(qs[:2], vs[:2]) and _same(kts[3:], vs[2:3])):  # type: ignore[index]
                 continue  # MatMul broadcasting over (B, H) that Attention does not do
             new: list[Node] = []
-            k, kt_node = _untranspose_k(g, m, qk.inputs[1], new)
-            chain = [qk, *mask_nodes, sm, pv]
-            if kt_node is not None and m.only_use(kt_node.outputs[0]) is qk:
+            k, kt_node = _untranspose_k(g, m, kt_in, new)
+            chain = [*pre, qk, *mask_nodes, sm, pv]
+            if kt_node is not None and m.only_use(kt_node.outputs[0]) in (qk, *pre):
                 chain.insert(0, kt_node)
             if not m.internal(chain, pv.outputs[0]):
                 continue
-            ins = [qk.inputs[0], k, v] + ([info["mask"]] if info["mask"] else [])
+            ins = [q_in, k, v] + ([info["mask"]] if info["mask"] else [])
             attrs = {
                 "causal": info["causal"],
                 "scale": 1.0 if info["scale"] is None else float(info["scale"]),

@@ -110,6 +110,7 @@ def _basic() -> list[tuple[str, Pass]]:
     return [
         ("fold_constants", fold_constants),
         ("fold_shapes", fold_shapes),
+        ("fold_constants", fold_constants),  # again: what depended on the folded shapes
         ("remove_identities", remove_identities),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_code", eliminate_dead_code),
