@@ -65,6 +65,9 @@ def test_fallbacks_are_listed_and_follow_the_policy():
         assert ("relu", "native") in paths and ("gemm", "device:cpu") in paths
         assert {b.kernel for b in p.fallbacks} == {"gemm", "softmax"}
         assert "fallback: node" in p.summary()
+        with ops.fallback_policy("allow"):
+            p.run({"x": np.ones((2, 16), np.float32)})
+        assert any("gemm" in line and "graphtestdev" in line for line in p.runtime_fallbacks)
         with ops.fallback_policy("warn"), pytest.warns(ops.FallbackWarning, match="gemm"):
             og.compile(g, level=1, device="graphtestdev")
         with ops.fallback_policy("error"), pytest.raises(og.GraphError, match="would fall back"):

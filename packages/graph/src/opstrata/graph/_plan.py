@@ -70,6 +70,10 @@ class KernelBinding:
         return self.path not in ("native", _HOST)
 
 
+def _key(r: Any) -> tuple:
+    return (r.op, r.device, r.path, r.dtype, r.reason, r.via)
+
+
 def kernels_of(node: Node) -> list[str]:
     """The opstrata.ops kernels (or ``"host"``) the executor calls for ``node``."""
     if node.domain == OPSTRATA_DOMAIN and node.op_type == "FusedElementwise":
@@ -145,6 +149,8 @@ class Plan:
     ) -> None:
         self.graph, self.report, self.level, self.device = graph, report, level, device
         self.bindings = bindings
+        #: Audit lines of fallbacks the ops layer recorded while this plan ran (see ``run``).
+        self.runtime_fallbacks: list[str] = []
         self.input_shapes = input_shapes
         self._planner = MemoryPlanner(graph)
         if memory is None and input_shapes is not None:
@@ -164,7 +170,11 @@ class Plan:
 
     def run(self, feeds: Mapping[str, Any], *, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Execute on ``feeds`` (with run_graph; the runtime package will use the arena)."""
+        before = {_key(r): r.count for r in ops.fallback_report().records}
         out = run_graph(self.graph, feeds, self.device, outputs=outputs)
+        for r in ops.fallback_report().records:  # what the ops audit saw during this run
+            if r.count > before.get(_key(r), 0) and r.line() not in self.runtime_fallbacks:
+                self.runtime_fallbacks.append(r.line())
         self.memory_for({k: np.shape(v) for k, v in feeds.items()})  # plans (and caches) this shape
         return out
 
