@@ -163,6 +163,13 @@ def test_load_corrupt_tensor_and_graph(tmp_path, saved):
     _rewrite(saved, g, "graph.json", json.dumps(doc))
     with pytest.raises(og.GraphError, match=r"graph\.plan.*inconsistent.*dangling"):
         og.Plan.load(g)
+    with zipfile.ZipFile(saved) as z:
+        meta = json.loads(z.read("plan.json"))
+    del meta["report"]
+    r = tmp_path / "meta.plan"
+    _rewrite(saved, r, "plan.json", json.dumps(meta))
+    with pytest.raises(og.GraphError, match=r"meta\.plan.*corrupt plan metadata.*report"):
+        og.Plan.load(r)
     j = tmp_path / "json.plan"
     _rewrite(saved, j, "plan.json", "{not json")
     with pytest.raises(og.GraphError, match="corrupt"):

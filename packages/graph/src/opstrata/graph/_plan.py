@@ -270,16 +270,21 @@ class Plan:
             infer_shapes(graph)
         except GraphError as exc:
             raise GraphError(where, f"the saved graph is inconsistent: {exc}", fix) from exc
-        shapes = meta.get("input_shapes")
-        return cls(
-            graph,
-            PassReport.from_dict(meta["report"]),
-            level=meta["level"],
-            device=meta["device"],
-            bindings=[KernelBinding(**b) for b in meta["bindings"]],
-            input_shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()},
-            memory=None if meta["memory"] is None else MemoryPlan.from_dict(meta["memory"]),
-        )
+        try:
+            shapes = meta.get("input_shapes")
+            return cls(
+                graph,
+                PassReport.from_dict(meta["report"]),
+                level=meta["level"],
+                device=meta["device"],
+                bindings=[KernelBinding(**b) for b in meta["bindings"]],
+                input_shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()},
+                memory=None if meta["memory"] is None else MemoryPlan.from_dict(meta["memory"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise GraphError(
+                where, f"corrupt plan metadata (plan.json): {type(exc).__name__}: {exc}", fix
+            ) from exc
 
 
 def compile(
