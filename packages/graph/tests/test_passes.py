@@ -455,3 +455,19 @@ def test_fuse_attention_torch_sdpa_export(causal, bool_mask):
     assert node.attrs["causal"] == int(causal) and node.attrs["scale"] == pytest.approx(1 / math.sqrt(8))
     assert len(node.inputs) == (4 if bool_mask else 3)
     assert set(h.op_counts()) <= {"ai.opstrata::Attention", "Transpose", "Identity"}
+
+
+def test_fuse_skip_rms_norm():
+    b = ModelBuilder("skip_rms")
+    x = b.input("x", ["batch", 8])
+    r = b.input("r", ["batch", 8])
+    s = b.op("Add", [x, r])
+    ms = b.reduce("ReduceMean", b.op("Mul", [s, s]), [-1])
+    y = b.op("Div", [s, b.op("Sqrt", [b.op("Add", [ms, b.scalar(1e-6)])])])
+    b.nodes.append(b.onnx.helper.make_node("Mul", [y, b.weight([8], "w", 1.0)], ["y"]))
+    b.output("y")
+    _, h = _check(
+        b.build(), lambda g: og.optimize(g, 2)[0], {"x": _x(3, 8), "r": _x(3, 8)},
+        expect_added={"ai.opstrata::SkipRMSNorm": 1},
+    )  # fmt: skip
+    assert len(h) == 1 and h.nodes[0].outputs == ["y"]  # the sum is read by nothing else: one output
