@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from ._ir import OPSTRATA_DOMAIN, Graph
+from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._pattern import Matcher, is_onnx
 
 __all__ = ["fuse_bias_activation"]
 
 
-def _activation_of(node) -> str | None:  # type: ignore[no-untyped-def]
+def _activation_of(node: Node) -> str | None:
     if is_onnx(node, "Relu", "Sigmoid", "Tanh"):
         return node.op_type.lower()
     if is_onnx(node, "Gelu"):
@@ -25,13 +25,13 @@ def fuse_bias_activation(graph: Graph) -> Graph:
         if node.domain != OPSTRATA_DOMAIN or node.op_type != "Linear" or node.attrs.get("activation"):
             continue
         act_node = m.only_use(node.outputs[0])
-        act = act_node and _activation_of(act_node)
-        if not act:
+        act = _activation_of(act_node) if act_node is not None else None
+        if act_node is None or not act:
             continue
         node.attrs["activation"] = act
         old = node.outputs[0]
-        node.outputs[0] = act_node.outputs[0]  # type: ignore[union-attr]
-        g.remove_node(act_node)  # type: ignore[arg-type]
+        node.outputs[0] = act_node.outputs[0]
+        g.remove_node(act_node)
         g.values.pop(old, None)
         m = Matcher(g)
     return g

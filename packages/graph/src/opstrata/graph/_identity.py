@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._ir import Graph
+from ._ir import Graph, Node
 from ._pattern import is_onnx
 
 __all__ = ["remove_identities"]
@@ -29,6 +29,6 @@ def remove_identities(graph: Graph) -> Graph:
     return g
 
 
-def _same_dtype(g: Graph, node) -> bool:  # type: ignore[no-untyped-def]
+def _same_dtype(g: Graph, node: Node) -> bool:
     v = g.values.get(node.inputs[0])
     return v is not None and v.dtype is not None and v.dtype == node.attrs.get("to")
