@@ -219,7 +219,11 @@ class Plan:
             "memory": None if self.memory is None else self.memory.to_dict(),
         }  # fmt: skip
         graph_json = graph_to_json(self.graph, put)
-        onnx_bytes = to_onnx(self.graph).SerializeToString()  # for inspection with other tools
+        try:  # the ONNX export rides along for inspection with other tools; needs the [onnx] extra
+            onnx_bytes: bytes | None = to_onnx(self.graph).SerializeToString()
+        except ImportError:
+            onnx_bytes = None
+        meta["has_onnx"] = onnx_bytes is not None
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
         try:
             with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
@@ -228,7 +232,8 @@ class Plan:
                 z.writestr("graph.json", json.dumps(graph_json))
                 for entry, data in tensors.items():
                     z.writestr(entry, data)
-                z.writestr("graph.onnx", onnx_bytes)
+                if onnx_bytes is not None:
+                    z.writestr("graph.onnx", onnx_bytes)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
