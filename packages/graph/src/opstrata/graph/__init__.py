@@ -7,9 +7,31 @@ from opstrata.ops.compat import check_compatible as _check_compatible
 __version__: str = _check_compatible("opstrata-graph")
 
 # --- IR ---
+# --- optimisation passes (levels 0-3) and the pass report ---
+from . import _fused_ops as _fused_ops  # registers shape rules and exporters of the fused ops
+from ._cse import eliminate_common_subexpressions as eliminate_common_subexpressions
+from ._dce import eliminate_dead_code as eliminate_dead_code
 from ._errors import GraphError as GraphError, UnsupportedOpError as UnsupportedOpError
 from ._execute import HOST_OPS as HOST_OPS, run_graph as run_graph
+from ._fold import fold_constants as fold_constants
+from ._fold_shapes import fold_shapes as fold_shapes
+from ._fuse_activation import fuse_bias_activation as fuse_bias_activation
+from ._fuse_attention import fuse_attention as fuse_attention
+from ._fuse_elementwise import fuse_elementwise as fuse_elementwise
+from ._fuse_gelu import fuse_gelu as fuse_gelu
+from ._fuse_linear import fuse_linear as fuse_linear
+from ._fuse_norm import fuse_layer_norm as fuse_layer_norm, fuse_rms_norm as fuse_rms_norm
+from ._fuse_skip_norm import fuse_skip_norm as fuse_skip_norm
+from ._identity import remove_identities as remove_identities
 from ._ir import OPSTRATA_DOMAIN as OPSTRATA_DOMAIN, Graph as Graph, Node as Node, Value as Value
+
+# --- memory planning, execution plans ---
+from ._memory import (
+    ALIGNMENT as ALIGNMENT,
+    MemoryPlan as MemoryPlan,
+    MemoryPlanner as MemoryPlanner,
+    plan_memory as plan_memory,
+)
 from ._onnx_export import (
     ExportContext as ExportContext,
     export_as_function as export_as_function,
@@ -19,6 +41,20 @@ from ._onnx_export import (
 
 # --- ONNX front end and back end (need the [onnx] extra at call time) ---
 from ._onnx_import import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
+from ._pipeline import (
+    LEVELS as LEVELS,
+    PassReport as PassReport,
+    PassResult as PassResult,
+    optimize as optimize,
+    passes_for_level as passes_for_level,
+)
+from ._plan import (
+    FORMAT_VERSION as FORMAT_VERSION,
+    KernelBinding as KernelBinding,
+    Plan as Plan,
+    compile as compile,
+    kernels_of as kernels_of,
+)
 
 # --- shape inference, execution ---
 from ._shape_infer import infer_shapes as infer_shapes, supported_ops as supported_ops
@@ -28,27 +64,56 @@ from ._symbolic import (
     broadcast_shapes as broadcast_shapes,
     is_static as is_static,
 )
+from ._transpose import fold_transposes as fold_transposes
 from ._validate import find_cycle as find_cycle, validate as validate
 
 __all__ = [
+    "ALIGNMENT",
+    "FORMAT_VERSION",
     "HOST_OPS",
+    "LEVELS",
     "OPSTRATA_DOMAIN",
     "Dim",
     "ExportContext",
     "Graph",
     "GraphError",
+    "KernelBinding",
+    "MemoryPlan",
+    "MemoryPlanner",
     "Node",
+    "PassReport",
+    "PassResult",
+    "Plan",
     "Shape",
     "UnsupportedOpError",
     "Value",
     "__version__",
     "broadcast_shapes",
+    "compile",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
     "export_as_function",
     "find_cycle",
+    "fold_constants",
+    "fold_shapes",
+    "fold_transposes",
     "from_onnx",
+    "fuse_attention",
+    "fuse_bias_activation",
+    "fuse_elementwise",
+    "fuse_gelu",
+    "fuse_layer_norm",
+    "fuse_linear",
+    "fuse_rms_norm",
+    "fuse_skip_norm",
     "infer_shapes",
     "is_static",
+    "kernels_of",
+    "optimize",
+    "passes_for_level",
+    "plan_memory",
     "register_export",
+    "remove_identities",
     "run_graph",
     "supported_onnx_ops",
     "supported_ops",

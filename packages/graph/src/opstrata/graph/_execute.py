@@ -355,9 +355,52 @@ def _trilu(n: Node, x: list[Any]) -> list[Arr]:
 # --------------------------------------------------------------------------- opstrata fused ops
 
 
+_ACT: dict[str, Callable[[Arr], Arr]] = {
+    "relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh,
+    "gelu": lambda a: ops.gelu(a, approximate="none"), "gelu_tanh": lambda a: ops.gelu(a, approximate="tanh"),
+}  # fmt: skip
+
+
 @kernel("Linear", OPSTRATA_DOMAIN)
 def _linear(n: Node, x: list[Any]) -> list[Arr]:
-    return [ops.linear(x[0], x[1], x[2] if len(x) > 2 else None)]
+    y = ops.linear(x[0], x[1], x[2] if len(x) > 2 else None)
+    act = n.attrs.get("activation") or ""
+    if act:
+        if act not in _ACT:
+            raise GraphError(
+                f"node '{n.name}' ({n.qualified_type})",
+                f"unknown activation '{act}'",
+                f"use one of {sorted(_ACT)}",
+            )
+        y = _ACT[act](y)
+    return [y]
+
+
+@kernel("SkipLayerNorm SkipRMSNorm", OPSTRATA_DOMAIN)
+def _skip_norm(n: Node, x: list[Any]) -> list[Arr]:
+    s = ops.add(x[0], x[1])  # (..., D): the residual sum, also an output
+    a = n.attrs
+    if n.op_type == "SkipLayerNorm":
+        y = ops.layer_norm(
+            s, x[2], x[3] if len(x) > 3 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-5)
+        )
+    else:
+        y = ops.rms_norm(s, x[2] if len(x) > 2 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-6))
+    return [y, s]
+
+
+_STEP_NODES: dict[str, Node] = {}
+
+
+@kernel("FusedElementwise", OPSTRATA_DOMAIN)
+def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
+    """Evaluate the expression step by step on the same kernels as the unfused ops (code generation later)."""
+    t: list[Arr] = []
+    for op, refs in n.attrs["expr"]:
+        args = [x[int(r[1:])] if r[0] == "x" else t[int(r[1:])] for r in refs]
+        step = _STEP_NODES.setdefault(op, Node(op, [], [], name=f"{n.name}/{op}"))
+        t.append(KERNELS[("", op)](step, args)[0])
+    return [t[-1]]
 
 
 @kernel("RMSNorm", OPSTRATA_DOMAIN)

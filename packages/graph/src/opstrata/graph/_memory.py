@@ -1,0 +1,326 @@
+"""Static memory planning: liveness over the schedule, one arena, greedy-by-size offsets, in-place reuse.
+
+Offsets follow TFLite's ``GreedyBySize`` planner (Pisarchyk & Lee, "Efficient Memory Management for
+Deep Neural Net Inference", 2020): buffers sorted by size, largest first, each placed at the lowest
+offset that does not overlap an already placed buffer whose lifetime intersects its own. An
+elementwise node's output shares its input's buffer when that input dies at the node (in-place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._errors import GraphError
+from ._ir import OPSTRATA_DOMAIN, Graph
+from ._pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
+from ._shape_infer import infer_shapes
+
+__all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "plan_memory"]
+
+#: Byte alignment of every offset and size in the arena (a cache line; AVX-512 loads).
+ALIGNMENT = 64
+
+_INPLACE_ONNX = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"Gelu", "Clip", "Where", "Softmax", "Cast"}
+_INPLACE_FUSED = {"FusedElementwise"}
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+@dataclass
+class MemoryPlan:
+    """Where every intermediate lives in one arena: offsets, sizes, lifetimes and the headline numbers.
+
+    ``arena_bytes`` is the arena size; ``lower_bound_bytes`` the most bytes live at any step (no
+    plan can do better); ``no_reuse_bytes`` the total when every value has its own buffer.
+    """
+
+    graph_name: str
+    shapes: dict[str, tuple[int, ...]]  # planned value -> concrete shape
+    sizes: dict[str, int]  # planned value -> aligned bytes
+    offsets: dict[str, int]  # planned value -> arena offset
+    lifetimes: dict[str, tuple[int, int]]  # planned value -> (defining step, last step that reads it)
+    inplace: dict[str, str] = field(default_factory=dict)  # output -> the input whose buffer it reuses
+    arena_bytes: int = 0
+    lower_bound_bytes: int = 0
+    no_reuse_bytes: int = 0
+    alignment: int = ALIGNMENT
+    dims: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ratio_to_lower_bound(self) -> float:
+        """``arena_bytes / lower_bound_bytes`` (1.0 is optimal)."""
+        return self.arena_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
+
+    @property
+    def reuse_saving(self) -> float:
+        """``no_reuse_bytes / arena_bytes``: how many times smaller than one buffer per value."""
+        return self.no_reuse_bytes / self.arena_bytes if self.arena_bytes else 1.0
+
+    def summary(self) -> str:
+        """One line: arena, lower bound, no-reuse total and the ratios."""
+        return (
+            f"arena {self.arena_bytes} B, lower bound {self.lower_bound_bytes} B "
+            f"(x{self.ratio_to_lower_bound:.3f}), no reuse {self.no_reuse_bytes} B "
+            f"(x{self.reuse_saving:.2f} saved), {len(self.offsets)} values, {len(self.inplace)} in place"
+        )
+
+    def table(self) -> str:
+        """One row per planned value, by offset: bytes, offset range, lifetime, in-place source."""
+        rows = [("value", "shape", "bytes", "offset", "end", "live", "in place of")]
+        for name in sorted(self.offsets, key=lambda v: (self.offsets[v], self.lifetimes[v])):
+            first, last = self.lifetimes[name]
+            rows.append((
+                name, str(self.shapes[name]), str(self.sizes[name]), str(self.offsets[name]),
+                str(self.offsets[name] + self.sizes[name]), f"{first}..{last}", self.inplace.get(name, ""),
+            ))  # fmt: skip
+        w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(x) for c, x in zip(r, w, strict=True)).rstrip() for r in rows]
+        lines.insert(1, "-" * len(lines[0]))
+        return "\n".join([f"memory plan of '{self.graph_name}' {self.dims}", *lines, self.summary()])
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {
+            "graph_name": self.graph_name, "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "sizes": self.sizes, "offsets": self.offsets,
+            "lifetimes": {k: list(v) for k, v in self.lifetimes.items()}, "inplace": self.inplace,
+            "arena_bytes": self.arena_bytes, "lower_bound_bytes": self.lower_bound_bytes,
+            "no_reuse_bytes": self.no_reuse_bytes, "alignment": self.alignment, "dims": self.dims,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MemoryPlan:
+        return cls(**{
+            **d, "shapes": {k: tuple(v) for k, v in d["shapes"].items()},
+            "lifetimes": {k: (v[0], v[1]) for k, v in d["lifetimes"].items()},
+        })  # fmt: skip
+
+
+# --------------------------------------------------------------------------- concrete shapes
+
+
+def _eval_dim(d: object, dims: Mapping[str, int], where: str) -> int:
+    if isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        out = 1
+        for part in d.split("*"):
+            part = part.strip()
+            if part.lstrip("-").isdigit():
+                out *= int(part)
+            elif part in dims:
+                out *= int(dims[part])
+            else:
+                raise GraphError(
+                    where, f"symbolic dim '{part}' has no value", f"pass dims={{'{part}': n, ...}}"
+                )
+        return out
+    raise GraphError(where, "has an unknown (None) dim", "give its input shape in input_shapes=")
+
+
+def concrete_graph(
+    graph: Graph,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Graph:
+    """A copy of ``graph`` whose inputs have concrete shapes and whose values are re-inferred."""
+    g = graph.copy()
+    dims, input_shapes = dict(dims or {}), dict(input_shapes or {})
+    unknown = sorted(set(input_shapes) - set(g.inputs))
+    if unknown:
+        raise GraphError(
+            f"graph '{g.name}'", f"input_shapes names unknown inputs {unknown}", f"use {g.inputs}"
+        )
+    for name in g.inputs:
+        v = g.values[name]
+        where = f"graph '{g.name}': input '{name}' {v.type_str()}"
+        if name in input_shapes:
+            shape = tuple(int(d) for d in input_shapes[name])
+            if v.shape is not None and len(shape) != len(v.shape):
+                raise GraphError(where, f"expected rank {len(v.shape)}, got shape {shape}")
+            for sym, got in zip(v.shape or (), shape, strict=False):
+                if isinstance(sym, int) and sym != got:
+                    raise GraphError(where, f"expected {v.shape}, got {shape}")
+                if isinstance(sym, str) and sym.isidentifier():
+                    if dims.setdefault(sym, got) != got:
+                        raise GraphError(where, f"dim '{sym}' is {got} here but {dims[sym]} elsewhere")
+        elif v.shape is None:
+            raise GraphError(where, "has unknown rank", "give its shape in input_shapes=")
+        else:
+            shape = tuple(_eval_dim(d, dims, where) for d in v.shape)
+        v.shape = shape
+    infer_shapes(g, reset=True)
+    return g
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _lifetimes(g: Graph) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    end = len(g.nodes)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, n in enumerate(g.nodes):
+        for x in n.inputs:
+            if x in first:
+                last[x] = i
+        for o in n.outputs:
+            if o and o not in g.initializers:
+                first[o] = last[o] = i
+    for o in g.outputs:
+        if o in first:
+            last[o] = end  # graph outputs outlive the schedule
+    return {v: (first[v], last[v]) for v in first}, list(first)
+
+
+def _nbytes(g: Graph, name: str) -> tuple[tuple[int, ...], int]:
+    v = g.values.get(name)
+    if v is None or v.dtype is None or v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        raise GraphError(
+            f"graph '{g.name}': value '{name}'",
+            f"needs a concrete dtype and shape to be planned, got {v.type_str() if v else 'no value'}",
+            "give every symbolic dim in dims= / input_shapes=",
+        )
+    shape = tuple(int(d) for d in v.shape)  # type: ignore[arg-type]
+    return shape, int(np.prod(shape, dtype=np.int64)) * v.dtype.itemsize
+
+
+def _greedy_by_size(bufs: list[tuple[int, int, int]]) -> list[int]:
+    """Offsets for buffers ``(size, first, last)``: largest first, lowest non-overlapping offset."""
+    order = sorted(range(len(bufs)), key=lambda i: (-bufs[i][0], bufs[i][1]))
+    offsets = [0] * len(bufs)
+    placed: list[int] = []
+    for i in order:
+        size, first, last = bufs[i]
+        live = sorted((offsets[j], bufs[j][0]) for j in placed if bufs[j][1] <= last and first <= bufs[j][2])
+        cand = 0  # the lowest offset whose [cand, cand + size) misses every live placed buffer
+        for off, sz in live:
+            if off - cand >= size:
+                break
+            cand = max(cand, off + sz)
+        offsets[i] = cand
+        placed.append(i)
+    return offsets
+
+
+def plan_memory(
+    graph: Graph,
+    dims: Mapping[str, int] | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    alignment: int = ALIGNMENT,
+    inplace: bool = True,
+) -> MemoryPlan:
+    """Plan one arena for every node output of ``graph`` at concrete ``dims`` (or ``input_shapes``).
+
+    >>> import opstrata.graph as og
+    >>> from opstrata.graph.testing import mlp_model
+    >>> mp = og.plan_memory(og.from_onnx(mlp_model()), {"batch": 4})
+    >>> mp.arena_bytes <= mp.no_reuse_bytes
+    True
+    """
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GraphError("plan_memory", f"alignment must be a power of two, got {alignment}", "use 64")
+    g = concrete_graph(graph, dims, input_shapes)
+    lifetimes, order = _lifetimes(g)
+    shapes, sizes = {}, {}
+    for v in order:
+        shapes[v], raw = _nbytes(g, v)
+        sizes[v] = _align(max(raw, 1), alignment)
+    # buffers: in-place chains share one
+    buf_of: dict[str, int] = {}
+    bufs: list[list[int]] = []  # [size, first, last]
+    reuse: dict[str, str] = {}
+    outs = set(g.outputs)
+    for i, n in enumerate(g.nodes):
+        can = inplace and (
+            (n.domain in ("", "ai.onnx") and n.op_type in _INPLACE_ONNX)
+            or (n.domain == OPSTRATA_DOMAIN and n.op_type in _INPLACE_FUSED)
+        )
+        claimed: set[int] = set()
+        for o in n.outputs:
+            if not o or o not in sizes:
+                continue
+            src = None
+            if can and len(n.outputs) == 1:
+                for x in dict.fromkeys(n.inputs):
+                    b = buf_of.get(x)
+                    if (
+                        b is not None and b not in claimed and x not in outs
+                        and lifetimes[x][1] == i and shapes[x] == shapes[o]  # no broadcasting in place
+                        and g.values[x].dtype.itemsize == g.values[o].dtype.itemsize  # type: ignore[union-attr]
+                    ):  # fmt: skip
+                        src = x
+                        break
+            if src is not None:
+                b = buf_of[src]
+                bufs[b][2] = max(bufs[b][2], lifetimes[o][1])
+                reuse[o] = src
+            else:
+                b = len(bufs)
+                bufs.append([sizes[o], *lifetimes[o]])
+            buf_of[o] = b
+            claimed.add(b)
+    offsets_b = _greedy_by_size([tuple(b) for b in bufs])  # type: ignore[misc]
+    arena = max((offsets_b[k] + b[0] for k, b in enumerate(bufs)), default=0)
+    steps = len(g.nodes) + 1
+    live = np.zeros(steps, np.int64)
+    for size, first, last in bufs:
+        live[first : last + 1] += size
+    return MemoryPlan(
+        graph_name=g.name,
+        shapes=shapes,
+        sizes=sizes,
+        offsets={v: offsets_b[buf_of[v]] for v in order},
+        lifetimes=lifetimes,
+        inplace=reuse,
+        arena_bytes=int(arena),
+        lower_bound_bytes=int(live.max(initial=0)),
+        no_reuse_bytes=int(sum(sizes.values())),
+        alignment=alignment,
+        dims=_bound_dims(graph, g),
+    )
+
+
+def _bound_dims(sym: Graph, conc: Graph) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in sym.inputs:
+        for d, c in zip(sym.values[name].shape or (), conc.values[name].shape or (), strict=False):
+            if isinstance(d, str) and d.isidentifier() and isinstance(c, int):
+                out[d] = c
+    return out
+
+
+class MemoryPlanner:
+    """Plans ``graph`` once per concrete input shape and caches the plans (symbolic dims)."""
+
+    def __init__(self, graph: Graph, *, alignment: int = ALIGNMENT, inplace: bool = True) -> None:
+        self.graph, self.alignment, self.inplace = graph, alignment, inplace
+        self._cache: dict[tuple, MemoryPlan] = {}
+
+    def for_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
+        """The plan for these input shapes (planned on first use, then cached)."""
+        key = tuple(
+            (n, tuple(int(d) for d in input_shapes[n])) for n in self.graph.inputs if n in input_shapes
+        )
+        plan = self._cache.get(key)
+        if plan is None:
+            plan = self._cache[key] = plan_memory(
+                self.graph, input_shapes=input_shapes, alignment=self.alignment, inplace=self.inplace
+            )
+        return plan
+
+    def for_feeds(self, feeds: Mapping[str, np.ndarray]) -> MemoryPlan:
+        """The plan for the shapes of ``feeds``."""
+        return self.for_shapes({k: np.shape(v) for k, v in feeds.items() if k in self.graph.inputs})
+
+    def __len__(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,119 @@
+"""Lossless IR serialisation for saved plans: graph structure as JSON, tensors as raw little-endian bytes.
+
+Unlike ``to_onnx`` (which writes fused ops as functions for other runtimes), this keeps every
+node as it is, so a loaded plan is the compiled graph, not a re-import of it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import opstrata.ops as ops
+
+from ._ir import Graph, Node, Value
+
+__all__ = ["decode_array", "encode_array", "graph_from_json", "graph_to_json"]
+
+
+def encode_array(a: np.ndarray) -> dict[str, Any]:
+    """``{"dtype", "shape", "b64"}`` of an array."""
+    a = np.ascontiguousarray(a)
+    return {"dtype": a.dtype.name, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode()}
+
+
+def decode_array(d: dict[str, Any], raw: bytes | None = None) -> np.ndarray:
+    """The array ``encode_array`` (or a tensor entry plus its ``raw`` bytes) describes."""
+    dt = ops.as_dtype(d["dtype"])
+    data = raw if raw is not None else base64.b64decode(d["b64"])
+    shape = tuple(int(s) for s in d["shape"])
+    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if len(data) != want:
+        raise ValueError(f"tensor of {d['dtype']}{list(shape)} needs {want} bytes, found {len(data)}")
+    return np.frombuffer(data, dt).reshape(shape).copy()
+
+
+def _enc(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return {"__array__": encode_array(v)}
+    if isinstance(v, np.dtype):
+        return {"__dtype__": v.name}
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (list, tuple)):
+        return [_enc(x) for x in v]
+    if isinstance(v, dict):
+        return {"__dict__": {k: _enc(x) for k, x in v.items()}}
+    return v
+
+
+def _dec(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    if isinstance(v, dict):
+        if "__array__" in v:
+            return decode_array(v["__array__"])
+        if "__dtype__" in v:
+            return ops.as_dtype(v["__dtype__"])
+        if "__dict__" in v:
+            return {k: _dec(x) for k, x in v["__dict__"].items()}
+        raise ValueError(f"unknown attribute encoding {sorted(v)}")
+    return v
+
+
+def graph_to_json(g: Graph, put_tensor: Callable[[str, np.ndarray], str]) -> dict[str, Any]:
+    """JSON-ready dict of ``g``; ``put_tensor(name, array) -> entry`` stores each initializer."""
+    return {
+        "name": g.name,
+        "doc_string": g.doc_string,
+        "opset_imports": g.opset_imports,
+        "inputs": g.inputs,
+        "outputs": g.outputs,
+        "values": [
+            [v.name, None if v.dtype is None else v.dtype.name, None if v.shape is None else list(v.shape)]
+            for v in g.values.values()
+        ],
+        "initializers": {
+            name: {"dtype": a.dtype.name, "shape": list(a.shape), "entry": put_tensor(name, a)}
+            for name, a in g.initializers.items()
+        },
+        "nodes": [
+            {
+                "op": n.op_type,
+                "domain": n.domain,
+                "name": n.name,
+                "inputs": n.inputs,
+                "outputs": n.outputs,
+                "attrs": {k: _enc(x) for k, x in n.attrs.items()},
+            }
+            for n in g.nodes
+        ],
+    }
+
+
+def graph_from_json(d: dict[str, Any], get_tensor: Callable[[str], bytes]) -> Graph:
+    """The Graph ``graph_to_json`` wrote; ``get_tensor(entry) -> bytes`` reads initializers."""
+    g = Graph(d["name"], opset_imports=d["opset_imports"])
+    g.doc_string = d.get("doc_string", "")
+    for name, dt, shape in d["values"]:
+        g.values[name] = Value(
+            name, None if dt is None else ops.as_dtype(dt), None if shape is None else tuple(shape)
+        )
+    for name, t in d["initializers"].items():
+        g.initializers[name] = decode_array(t, get_tensor(t["entry"]))
+    g.inputs, g.outputs = list(d["inputs"]), list(d["outputs"])
+    g.nodes = [
+        Node(
+            n["op"],
+            n["inputs"],
+            n["outputs"],
+            {k: _dec(x) for k, x in n["attrs"].items()},
+            n["name"],
+            n["domain"],
+        )
+        for n in d["nodes"]
+    ]
+    return g

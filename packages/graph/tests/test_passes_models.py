@@ -1,0 +1,113 @@
+"""Must-show: the test models compiled at each level, exported, and run in onnxruntime against the original."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opstrata.graph as og
+from opstrata.graph.testing import (
+    bert_block_model,
+    cnn_model,
+    gpt_block_model,
+    mlp_model,
+    ort_run,
+    random_feeds,
+)
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+MODELS = {
+    "mlp": lambda: mlp_model(),
+    "cnn": lambda: cnn_model(),
+    "bert": lambda: bert_block_model(),  # decomposed LayerNorm, Erf GELU, additive padding mask
+    "bert_opset13": lambda: bert_block_model(opset=13),
+    "gpt": lambda: gpt_block_model(opset=14),  # decomposed LayerNorm, tanh GELU, Trilu/Where causal mask
+    "gpt_opset17": lambda: gpt_block_model(),  # LayerNormalization ops
+    "gpt_opset21": lambda: gpt_block_model(opset=21),
+}
+DIMS = {"batch": 2, "seq": 5}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request):
+    return request.param, MODELS[request.param]()
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_compiled_export_matches_original_in_onnxruntime(model, level):
+    name, proto = model
+    plan = og.compile(og.from_onnx(proto), level=level)
+    feeds = random_feeds(proto, DIMS)
+    ref = ort_run(proto, feeds)
+    exported = og.to_onnx(plan.graph)
+    import onnx
+
+    onnx.checker.check_model(exported, full_check=True)
+    got = ort_run(exported, feeds)
+    ours = plan.run(feeds)
+    for k in ref:
+        np.testing.assert_allclose(
+            got[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (onnxruntime)"
+        )
+        np.testing.assert_allclose(
+            ours[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} level {level} (run_graph)"
+        )
+    assert plan.fallbacks == []
+    if level >= 2:  # the compiled export re-imports and runs in our executor too
+        again = og.run_graph(og.from_onnx(exported), feeds)
+        np.testing.assert_allclose(again[next(iter(ref))], ref[next(iter(ref))], rtol=1e-4, atol=1e-5)
+
+
+def _fused(plan):
+    counts = plan.graph.op_counts()
+    norm = counts.get("LayerNormalization", 0) + counts.get("ai.opstrata::SkipLayerNorm", 0)
+    gelu = counts.get("Gelu", 0) + sum(
+        1
+        for n in plan.graph.nodes
+        if n.op_type == "Linear" and str(n.attrs.get("activation", "")).startswith("gelu")
+    )
+    return counts.get("ai.opstrata::Attention", 0), norm, gelu
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_opset13"])
+def test_bert_fusions_found(name):
+    g = og.from_onnx(MODELS[name]())
+    plan = og.compile(g, level=2)
+    assert _fused(plan) == (1, 2, 1)
+    rep = plan.report
+    assert rep.matched("fuse_attention") == 1 and rep.matched("fuse_layer_norm") == 2
+    assert rep.matched("fuse_gelu") == 1 and rep.matched("fuse_skip_norm") == 2
+    assert plan.graph.op_counts()["ai.opstrata::Linear"] == 6
+    assert len(g) == 65 and len(plan.graph) <= 21  # 65 -> 21 nodes
+    attn = next(n for n in plan.graph.nodes if n.op_type == "Attention")
+    assert attn.attrs["causal"] == 0 and len(attn.inputs) == 4  # the additive padding mask
+
+
+@pytest.mark.parametrize("name", ["gpt", "gpt_opset17", "gpt_opset21"])
+def test_gpt_fusions_found(name):
+    g = og.from_onnx(MODELS[name]())
+    plan = og.compile(g, level=2)
+    assert _fused(plan) == (1, 3, 1)
+    attn = next(n for n in plan.graph.nodes if n.op_type == "Attention")
+    assert attn.attrs["causal"] == 1 and len(attn.inputs) == 3  # the Trilu/Where mask became causal=1
+    assert attn.attrs["scale"] == pytest.approx(1 / np.sqrt(8))
+    counts = plan.graph.op_counts()
+    assert "Trilu" not in counts and "Where" not in counts and "Softmax" not in counts
+    assert counts["ai.opstrata::SkipLayerNorm"] == 2 and len(plan.graph) <= 24
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_node_count_falls_with_level(name):
+    g = og.from_onnx(MODELS[name]())
+    sizes = [len(og.optimize(g, lvl)[0]) for lvl in range(4)]
+    assert sizes == sorted(sizes, reverse=True), sizes
+    if name != "cnn":  # the CNN has nothing for levels 1-3 but its Gemm
+        assert sizes[2] < sizes[0]
+
+
+def test_level3_fuses_elementwise_chain_in_bert():
+    plan = og.compile(og.from_onnx(bert_block_model()), level=3)
+    fused = [n for n in plan.graph.nodes if n.op_type == "FusedElementwise"]
+    assert len(fused) == 1 and [s[0] for s in fused[0].attrs["expr"]] == ["Sub", "Mul"]  # (1 - m) * -1e4
