@@ -1,0 +1,802 @@
+"""Tensor-parallel partitioning of linear layers, Megatron-LM style (Shoeybi et al. 2019, arXiv:1909.08053).
+
+``partition(graph, tp=k)`` returns k rank graphs. A linear layer whose input is replicated becomes
+*column-parallel* (rank r keeps block r of the weight's output features and of the bias); the split
+activation is followed through the ops between layers — elementwise ops (GELU, SwiGLU's gate), the
+fused-QKV ``Split``, the ``Reshape``/``Transpose`` head split and merge (head counts in shape
+constants are rewritten to H/k), attention matmuls, softmax or the fused ``Attention`` — until it
+reaches a linear layer, which becomes *row-parallel* (block r of the weight's input features) and is
+followed by an ``ai.opstrata::AllReduce`` (sum). Its bias is added once: an ``Add`` after the
+MatMul stays after the reduce; a Gemm/Linear bias is kept on rank 0 only. Everything else —
+embeddings, norms, residuals, masks — is replicated, as in Megatron-LM. A linear layer whose split
+cannot be followed to a row-parallel layer (an LM head, a norm over the split axis, ...) is
+*unmatched*: an error naming it (``on_unmatched="error"``, the default) or kept whole on every rank
+(``on_unmatched="replicate"``).
+
+The analysis is a forward propagation of a per-value layout (which axis is split, in which
+blocks) over the schedule; every rank graph is then re-inferred and its shapes checked against the
+layout, so a head count the rewrite missed is an error here rather than a wrong result later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from ._collective import ALL_REDUCE
+from ._errors import GraphError
+from ._ir import OPSTRATA_DOMAIN, Graph, Node, Value
+from ._shape_infer import infer_shapes
+from ._symbolic import Dim, Shape, dim_div, dim_mul, dim_prod, dims_equal
+
+__all__ = ["partition"]
+
+OnUnmatched = Literal["error", "replicate"]
+
+_ELEMENTWISE = frozenset(
+    "Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
+    "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split()
+)
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """A value split across ranks along ``axis``: each block of ``segments`` (full sizes) is cut in k."""
+
+    axis: int
+    segments: tuple[int, ...]
+    region: int
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """A linear layer: ``node`` reads activation ``x`` and 2-D weight initializer ``w``."""
+
+    node: Node
+    x: str
+    w: str
+    w_in: int  # axis of w holding input features
+    w_out: int  # axis of w holding output features
+    bias: int | None  # input index of a Gemm C / Linear b
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"linear '{self.node.name}' ({self.node.qualified_type}, weight '{self.w}')"
+
+
+@dataclass
+class _Failure:
+    node: Node
+    regions: set[int]
+    problem: str
+    fix: str
+
+
+@dataclass
+class _Analysis:
+    """One forward pass: layouts, column/row layers, initializer and attribute edits, failures."""
+
+    graph: Graph
+    tp: int
+    disabled: set[str]
+    layout: dict[str, _Shard] = field(default_factory=dict)
+    parent: list[int] = field(default_factory=list)
+    heads: list[str] = field(default_factory=list)  # region -> its first column-parallel layer
+    cols: dict[str, tuple[_Linear, tuple[int, ...]]] = field(default_factory=dict)
+    rows: dict[str, _Linear] = field(default_factory=dict)
+    init_edits: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (node, input) -> edit key
+    split_edits: dict[str, list[int]] = field(default_factory=dict)
+    failures: list[_Failure] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.consumers = self.graph.consumers()
+        self.producers = self.graph.producers()
+        self.linears = {n.name: lin for n in self.graph.nodes if (lin := _linear_of(self.graph, n))}
+
+    # ------------------------------------------------------------------ helpers
+
+    def find(self, r: int) -> int:
+        while self.parent[r] != r:
+            self.parent[r] = self.parent[self.parent[r]]
+            r = self.parent[r]
+        return r
+
+    def union(self, regions: set[int]) -> int:
+        roots = sorted({self.find(r) for r in regions})
+        for r in roots[1:]:
+            self.parent[r] = roots[0]
+        return roots[0]
+
+    def shape(self, name: str) -> Shape:
+        v = self.graph.values.get(name)
+        if v is None or v.shape is None:
+            raise GraphError(
+                f"value '{name}'", "has no known shape, which partition needs", "run infer_shapes(graph)"
+            )
+        return v.shape
+
+    def fail(self, node: Node, regions: set[int], problem: str, fix: str) -> None:
+        self.failures.append(_Failure(node, set(regions), problem, fix))
+
+    def edit_init(self, node: Node, idx: int, key: tuple) -> None:
+        self.init_edits[(node.name, idx)] = key
+
+    def head_of(self, region: int) -> str:
+        return self.heads[region]
+
+    def failed_heads(self, f: _Failure) -> list[str]:
+        """The column-parallel layers of every region that ``f`` touches (regions merged at joins)."""
+        roots = {self.find(r) for r in f.regions}
+        return sorted({self.heads[r] for r in range(len(self.parent)) if self.find(r) in roots})
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> _Analysis:
+        for n in self.graph.nodes:
+            self.visit(n)
+        for out in self.graph.outputs:
+            s = self.layout.get(out)
+            if s is not None:
+                p = self.producers.get(out)
+                self.fail(
+                    p if p is not None else Node("Output", [out], []),
+                    {s.region},
+                    f"graph output '{out}' would be split across ranks (axis {s.axis}) with no row-parallel "
+                    "linear layer to reduce it",
+                    "",
+                )
+        return self
+
+    def visit(self, n: Node) -> None:
+        lin = self.linears.get(n.name)
+        sharded = [(i, x, self.layout[x]) for i, x in enumerate(n.inputs) if x and x in self.layout]
+        if lin is not None:
+            self.visit_linear(n, lin, sharded)
+            return
+        if not sharded:
+            return
+        region = self.union({s.region for _, _, s in sharded})
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        rule = _RULES.get("elementwise" if key in _ELEMENTWISE else key)
+        if rule is None:
+            x, s = sharded[0][1], sharded[0][2]
+            self.fail(
+                n,
+                {region},
+                f"it reads '{x}', which is split along axis {s.axis} by column-parallel "
+                f"'{self.head_of(region)}', and partition has no rule to split {n.qualified_type}",
+                f"rewrite the op between the linear layers with ops partition follows ({', '.join(sorted(_RULES))}, elementwise ops)",
+            )
+            return
+        rule(self, n, sharded, region)
+
+    def visit_linear(self, n: Node, lin: _Linear, sharded: list[tuple[int, str, _Shard]]) -> None:
+        w = self.graph.initializers[lin.w]
+        if not sharded:
+            if n.name in self.disabled:
+                return
+            region = len(self.parent)
+            self.parent.append(region)
+            self.heads.append(n.name)
+            if lin.problem:
+                self.fail(n, {region}, lin.problem, "")
+                return
+            out = n.outputs[0]
+            segs = self.segments(lin, int(w.shape[lin.w_out]))
+            self.cols[n.name] = (lin, segs)
+            self.edit_init(n, 1, ("slice", lin.w_out, segs))
+            if lin.bias is not None:
+                rank = len(self.shape(out))
+                if not self.broadcast_operand(n, lin.bias, rank - 1, rank, segs, {region}):
+                    return
+            self.layout[out] = _Shard(len(self.shape(out)) - 1, segs, region)
+            return
+        region = self.union({s.region for _, _, s in sharded})
+        i, x, s = sharded[0]
+        rank = len(self.shape(x))
+        if i != 0 or lin.problem:
+            self.fail(n, {region}, lin.problem or f"its weight-side input '{x}' is split", "")
+        elif s.axis != rank - 1 or len(s.segments) != 1:
+            self.fail(
+                n,
+                {region},
+                f"row-parallel {lin.label} needs its input '{x}' split along the feature (last) axis in one "
+                f"block, got axis {s.axis} in blocks {list(s.segments)}",
+                "merge the heads back to (..., features) before the linear layer",
+            )
+        else:
+            self.rows[n.name] = lin
+            self.edit_init(n, 1, ("slice", lin.w_in, s.segments))
+
+    def segments(self, lin: _Linear, full: int) -> tuple[int, ...]:
+        """The output blocks of a column-parallel layer: a fused QKV's ``Split`` sizes, else one block."""
+        v = lin.node.outputs[0]
+        for _ in range(4):
+            cons = self.consumers.get(v, [])
+            rank = len(self.shape(v))
+            for c in cons:
+                if c.op_type == "Split" and c.domain == "" and c.attrs.get("axis", 0) % rank == rank - 1:
+                    sizes = _split_sizes(c, full)
+                    if sum(sizes) == full and len(sizes) > 1:
+                        return tuple(sizes)
+            if len(cons) == 1 and cons[0].op_type in ("Add", "Sub", "Mul", "Div") and cons[0].domain == "":
+                others = [x for x in cons[0].inputs if x != v]
+                if all(x in self.graph.initializers for x in others):  # a bias or a scale
+                    v = cons[0].outputs[0]
+                    continue
+            break
+        return (full,)
+
+    def broadcast_operand(
+        self, n: Node, idx: int, out_axis: int, out_rank: int, segs: tuple[int, ...], regions: set[int]
+    ) -> bool:
+        """A replicated operand of an op whose output is split: fine if it broadcasts along the split
+        axis, sliced if it is an initializer, else a failure."""
+        x = n.inputs[idx]
+        shp = self.shape(x)
+        ax = out_axis - (out_rank - len(shp))
+        if ax < 0 or shp[ax] == 1:
+            return True
+        if x in self.graph.initializers:
+            self.edit_init(n, idx, ("slice", ax, segs))
+            return True
+        self.fail(
+            n,
+            regions,
+            f"it combines a value split along axis {out_axis} with '{x}' {list(shp)}, which every rank holds "
+            "whole along that axis",
+            "",
+        )
+        return False
+
+    def heads_error(self, n: Node, region: int, what: str, count: int) -> GraphError:
+        return GraphError(
+            f"node '{n.name}' ({n.qualified_type})",
+            f"{what} {count} heads across tp={self.tp} ranks after column-parallel '{self.head_of(region)}', "
+            f"but {count} is not divisible by {self.tp}",
+            f"choose tp dividing the head count {count} ({_divisors(count)})",
+        )
+
+
+# --------------------------------------------------------------------------- propagation rules
+
+
+Rule = Callable[[_Analysis, Node, list[tuple[int, str, _Shard]], int], None]
+
+
+def _elementwise(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    out_rank = len(a.shape(n.outputs[0]))
+    axes = {s.axis + out_rank - len(a.shape(x)) for _, x, s in sharded}
+    segs = {s.segments for _, _, s in sharded}
+    if len(axes) > 1 or len(segs) > 1:
+        a.fail(n, {region}, "its inputs are split along different axes or in different blocks", "")
+        return
+    ax, seg = axes.pop(), segs.pop()
+    for i, x in enumerate(n.inputs):
+        if x and x not in a.layout and not a.broadcast_operand(n, i, ax, out_rank, seg, {region}):
+            return
+    a.layout[n.outputs[0]] = _Shard(ax, seg, region)
+
+
+def _transpose(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s = sharded[0][2]
+    perm = n.attrs.get("perm") or list(reversed(range(len(a.shape(n.inputs[0])))))
+    a.layout[n.outputs[0]] = _Shard(list(perm).index(s.axis), s.segments, region)
+
+
+def _unsqueeze(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s, r = sharded[0][2], len(a.shape(n.outputs[0]))
+    new = sorted(x % r for x in n.attrs["axes"])
+    kept = [i for i in range(r) if i not in new]
+    a.layout[n.outputs[0]] = _Shard(kept[s.axis], s.segments, region)
+
+
+def _squeeze(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s, shp = sharded[0][2], a.shape(n.inputs[0])
+    axes = n.attrs.get("axes")
+    gone = {x % len(shp) for x in axes} if axes is not None else {i for i, d in enumerate(shp) if d == 1}
+    if s.axis in gone:
+        a.fail(n, {region}, f"it squeezes the split axis {s.axis}", "")
+        return
+    a.layout[n.outputs[0]] = _Shard(s.axis - sum(1 for g in gone if g < s.axis), s.segments, region)
+
+
+def _softmax(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
+    if n.attrs.get("axis", -1) % rank == s.axis:
+        a.fail(n, {region}, f"it normalises over the split axis {s.axis}", "")
+        return
+    a.layout[n.outputs[0]] = s
+
+
+def _norm(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    i, _, s = sharded[0]
+    rank = len(a.shape(n.inputs[0]))
+    if i != 0 or s.axis >= n.attrs.get("axis", -1) % rank:
+        a.fail(
+            n,
+            {region},
+            f"it normalises over axes that include the split axis {s.axis} (each rank would see a part)",
+            "",
+        )
+        return
+    a.layout[n.outputs[0]] = s
+
+
+def _reduce(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
+    axes = n.attrs.get("axes")
+    axes = list(range(rank)) if axes is None else [x % rank for x in axes]
+    if s.axis in axes:
+        a.fail(n, {region}, f"it reduces over the split axis {s.axis} (a partial sum)", "")
+        return
+    keep = n.attrs.get("keepdims", 1)
+    a.layout[n.outputs[0]] = _Shard(
+        s.axis - (0 if keep else sum(x < s.axis for x in axes)), s.segments, region
+    )
+
+
+def _split(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    s, shp = sharded[0][2], a.shape(n.inputs[0])
+    axis = n.attrs.get("axis", 0) % len(shp)
+    if axis != s.axis:
+        for out in n.outputs:
+            a.layout[out] = s
+        return
+    sizes = _split_sizes(n, sum(s.segments))
+    if tuple(sizes) != s.segments:
+        a.fail(
+            n,
+            {region},
+            f"it splits axis {axis} into {sizes}, but column-parallel '{a.head_of(region)}' split it in blocks "
+            f"{list(s.segments)}",
+            "split a fused projection right after its linear layer (and bias)",
+        )
+        return
+    if n.attrs.get("split") is not None:
+        a.split_edits[n.name] = [x // a.tp for x in sizes]
+    for out, size in zip(n.outputs, sizes, strict=True):
+        a.layout[out] = _Shard(axis, (size,), region)
+
+
+def _reshape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    i, x, s = sharded[0]
+    ins, outs = a.shape(x), a.shape(n.outputs[0])
+    j = _map_axis(ins, outs, s.axis) if i == 0 and len(s.segments) == 1 else None
+    if j is None:
+        a.fail(
+            n,
+            {region},
+            f"it reshapes '{x}' {list(ins)} (split along axis {s.axis}) to {list(outs)} in a way that does "
+            "not keep the split axis the outermost of its group (static sizes are needed there)",
+            "split/merge heads as (..., H*D) <-> (..., H, D)",
+        )
+        return
+    full = outs[j]
+    assert isinstance(full, int)  # _map_axis checked
+    if full % a.tp:
+        what = "splits its features into" if len(outs) > len(ins) else "gives axis of"
+        raise a.heads_error(n, region, f"reshape of '{x}' {list(ins)} -> {list(outs)} {what}", full)
+    identity = j == s.axis and dims_equal(ins[s.axis], full)
+    if _rewrite_entry(a, n, 1, j, full, identity, region):
+        a.layout[n.outputs[0]] = _Shard(j, (full,), region)
+
+
+def _expand(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    i, x, s = sharded[0]
+    outs = a.shape(n.outputs[0])
+    j = s.axis + len(outs) - len(a.shape(x))
+    target = a.shape(n.inputs[1])
+    e = j - (len(outs) - int(target[0])) if target and isinstance(target[0], int) else -1
+    if i != 0 or e < -len(outs):
+        a.fail(n, {region}, "its target shape is unknown or split", "")
+        return
+    if e >= 0 and not _rewrite_entry(a, n, 1, e, s.segments[0], True, region, keep_one=True):
+        return
+    a.layout[n.outputs[0]] = _Shard(j, s.segments, region)
+
+
+def _matmul(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    """Activation @ activation (attention scores and context): split along a batch (head) axis, or
+    along A's rows / B's columns; a split contraction axis would be a partial sum."""
+    r_out = len(a.shape(n.outputs[0]))
+    roles = {}
+    for i, x, s in sharded:
+        r = len(a.shape(x))
+        if r < 2 or s.axis == (r - 1 if i == 0 else r - 2):
+            a.fail(
+                n,
+                {region},
+                f"it contracts over the split axis of '{x}' (a partial sum); only linear layers are row-parallel",
+                "",
+            )
+            return
+        roles[i] = (s.axis + r_out - r, s.segments)
+    outs = set(roles.values())
+    if len(outs) > 1:
+        a.fail(n, {region}, f"its operands are split along different axes {sorted(outs)}", "")
+        return
+    ax, segs = outs.pop()
+    if len(roles) == 1 and ax < r_out - 2:  # a head (batch) axis: the other operand must broadcast there
+        if not a.broadcast_operand(n, 1 - next(iter(roles)), ax, r_out, segs, {region}):
+            return
+    a.layout[n.outputs[0]] = _Shard(ax, segs, region)
+
+
+def _attention(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    split = {i: s for i, _, s in sharded}
+    if set(split) - {0, 1, 2} or any(i not in split or split[i].axis != 1 for i in (0, 1, 2)):
+        a.fail(
+            n,
+            {region},
+            "fused Attention needs q, k and v all split along the head axis 1 "
+            f"(got inputs {sorted(split)} split along {[s.axis for s in split.values()]})",
+            "make Q, K and V all column-parallel",
+        )
+        return
+    if len(n.inputs) > 3 and n.inputs[3] and not a.broadcast_operand(n, 3, 1, 4, split[0].segments, {region}):
+        return
+    a.layout[n.outputs[0]] = _Shard(1, (int(a.shape(n.outputs[0])[1]),), region)
+
+
+def _shape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
+    """Shape of a split value reports local sizes: allowed when only other dims are gathered from it."""
+    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
+    start = n.attrs.get("start", 0) % (rank + 1) if n.attrs.get("start", 0) < 0 else n.attrs.get("start", 0)
+    end = n.attrs.get("end", rank)
+    end = end % (rank + 1) if end < 0 else min(end, rank)
+    if not start <= s.axis < end:
+        return
+    pos = s.axis - start
+    for c in a.consumers.get(n.outputs[0], []):
+        idx = a.graph.initializers.get(c.inputs[1]) if c.op_type == "Gather" and len(c.inputs) > 1 else None
+        if idx is None or pos in {int(v) % (end - start) for v in np.ravel(idx)}:
+            a.fail(
+                c,
+                {region},
+                f"it reads the split dim {s.axis} of '{n.inputs[0]}' through Shape '{n.name}' (each rank "
+                "sees its local size there)",
+                "build shapes from the other dims, or from constants partition rewrites",
+            )
+            return
+
+
+_RULES: dict[str, Rule] = {
+    "elementwise": _elementwise,
+    "Transpose": _transpose,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Softmax": _softmax,
+    "LogSoftmax": _softmax,
+    "LayerNormalization": _norm,
+    f"{OPSTRATA_DOMAIN}::RMSNorm": _norm,
+    "ReduceSum": _reduce,
+    "ReduceMean": _reduce,
+    "ReduceMax": _reduce,
+    "ReduceMin": _reduce,
+    "Split": _split,
+    "Reshape": _reshape,
+    "Expand": _expand,
+    "MatMul": _matmul,
+    f"{OPSTRATA_DOMAIN}::Attention": _attention,
+    "Shape": _shape,
+}
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _split_sizes(n: Node, dim: int) -> list[int]:
+    sizes = n.attrs.get("split")
+    if sizes is not None:
+        return [int(x) for x in sizes]
+    c = -(-dim // len(n.outputs))
+    return [c] * (len(n.outputs) - 1) + [dim - c * (len(n.outputs) - 1)]
+
+
+def _linear_of(g: Graph, n: Node) -> _Linear | None:
+    """``n`` as a linear layer (MatMul with a 2-D weight initializer, Gemm, ai.opstrata::Linear), else None."""
+    if len(n.inputs) < 2 or n.inputs[1] not in g.initializers or n.inputs[0] in g.initializers:
+        return None
+    if np.ndim(g.initializers[n.inputs[1]]) != 2:
+        return None
+    x, w = n.inputs[0], n.inputs[1]
+    if n.domain == "" and n.op_type == "MatMul":
+        return _Linear(n, x, w, 0, 1, None)
+    bias = 2 if len(n.inputs) > 2 and n.inputs[2] else None
+    if n.domain == "" and n.op_type == "Gemm":
+        tb = bool(n.attrs.get("transB", 0))
+        problem = "Gemm with transA=1 is not split by partition" if n.attrs.get("transA", 0) else None
+        return _Linear(n, x, w, 1 if tb else 0, 0 if tb else 1, bias, problem)
+    if n.domain == OPSTRATA_DOMAIN and n.op_type == "Linear":
+        return _Linear(n, x, w, 1, 0, bias)
+    return None
+
+
+def _map_axis(ins: Shape, outs: Shape, i: int) -> int | None:
+    """The output axis that a Reshape maps input axis ``i`` to, when ``i`` stays the outer factor."""
+    pre = dim_prod(ins[:i])
+    j = next((j for j in range(len(outs) + 1) if dims_equal(dim_prod(outs[:j]), pre)), None)
+    if j is None:
+        return None
+    while j < len(outs) and outs[j] == 1 and ins[i] != 1:
+        j += 1
+    if j >= len(outs) or not isinstance(ins[i], int) or not isinstance(outs[j], int):
+        return None
+    d, o = ins[i], outs[j]
+    if d == o:
+        return j
+    seq, target = (outs[j:], d) if d % o == 0 else (ins[i:], o) if o % d == 0 else ((), 0)
+    p: Dim = 1
+    for t in seq:
+        p = dim_mul(p, t)
+        if p == target:
+            return j
+        if not isinstance(p, int) or p > target:
+            return None
+    return None
+
+
+def _rewrite_entry(
+    a: _Analysis,
+    n: Node,
+    idx: int,
+    entry: int,
+    full: int,
+    identity: bool,
+    region: int,
+    *,
+    keep_one: bool = False,
+) -> bool:
+    """Make entry ``entry`` of shape input ``idx`` of ``n`` say ``full // tp``; False (and a failure) if
+    the entry is computed in a way partition cannot rewrite."""
+    found = _trace_entry(a, n, idx, entry)
+    if found is None:
+        a.fail(
+            n,
+            {region},
+            f"entry {entry} of its target shape '{n.inputs[idx]}' (the split axis, {full} in the whole model) "
+            "is computed at run time in a way partition cannot rewrite",
+            "build the target shape from constants (or 0 / -1)",
+        )
+        return False
+    node, i, flat, value = found
+    if value == -1 and n.op_type == "Reshape":
+        return True
+    if (value == 0 and identity and n.op_type == "Reshape") or (value == 1 and keep_one):
+        return True
+    if value != full:
+        a.fail(
+            n,
+            {region},
+            f"entry {entry} of its target shape is {value}, expected {full} (the whole split axis), 0 or -1",
+            "check the model's shapes",
+        )
+        return False
+    prev = a.init_edits.get((node.name, i), ("set",))
+    if (flat, full // a.tp) not in prev:
+        a.edit_init(node, i, (*prev, (flat, full // a.tp)))
+    return True
+
+
+def _trace_entry(a: _Analysis, n: Node, idx: int, entry: int) -> tuple | None:
+    """Where entry ``entry`` of int input ``idx`` of ``n`` comes from: ``(node, input, flat, value)`` of
+    the initializer holding it (through Concat / Unsqueeze / Cast), else None."""
+    name = n.inputs[idx]
+    init = a.graph.initializers.get(name)
+    if init is not None:
+        flat = np.ravel(init)
+        return (n, idx, entry, int(flat[entry])) if 0 <= entry < flat.size else None
+    p = a.producers.get(name)
+    if p is None:
+        return None
+    if p.op_type in ("Cast", "Identity"):
+        return _trace_entry(a, p, 0, entry)
+    if p.op_type == "Unsqueeze" and len(a.shape(p.inputs[0])) == 0:
+        return _trace_entry(a, p, 0, 0) if entry == 0 else None
+    if p.op_type == "Concat":
+        off = 0
+        for k, x in enumerate(p.inputs):
+            shp = a.shape(x)
+            length = 1 if len(shp) == 0 else shp[0]
+            if not isinstance(length, int):
+                return None
+            if entry < off + length:
+                return _trace_entry(a, p, k, entry - off)
+            off += length
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------- rewrite
+
+
+def _apply_edit(arr: np.ndarray, key: tuple, rank: int, tp: int) -> np.ndarray:
+    if key[0] == "slice":
+        _, axis, segs = key
+        parts, off = [], 0
+        for seg in segs:
+            step = seg // tp
+            parts.append(np.take(arr, np.arange(off + rank * step, off + (rank + 1) * step), axis=axis))
+            off += seg
+        return np.ascontiguousarray(np.concatenate(parts, axis=axis))
+    out = np.array(arr, copy=True)
+    flat = out.reshape(-1)
+    for pos, value in key[1:]:
+        flat[pos] = value
+    return out
+
+
+def _rank_graph(g: Graph, a: _Analysis, rank: int) -> Graph:
+    rg = g.copy()
+    rg.name = f"{g.name}_tp{a.tp}_rank{rank}"
+    by_init: dict[str, dict[tuple, list[tuple[Node, int]]]] = {}
+    uses: dict[str, list[tuple[Node, int]]] = {}
+    for n in rg.nodes:
+        for i, x in enumerate(n.inputs):
+            if x in rg.initializers:
+                uses.setdefault(x, []).append((n, i))
+                key = a.init_edits.get((n.name, i))
+                if key is not None:
+                    by_init.setdefault(x, {}).setdefault(key, []).append((n, i))
+    for name, groups in by_init.items():
+        arr = rg.initializers[name]
+        in_place = len(groups) == 1 and sum(map(len, groups.values())) == len(uses[name])
+        for key, readers in groups.items():
+            new = _apply_edit(arr, key, rank, a.tp)
+            target = name if in_place and name not in rg.outputs else rg.fresh_name(f"{name}_tp")
+            rg.add_initializer(target, new)
+            for n, i in readers:
+                n.inputs[i] = target
+    for n in rg.nodes:
+        if n.name in a.split_edits:
+            n.attrs["split"] = list(a.split_edits[n.name])
+    for name, lin in a.rows.items():
+        n = rg.node(name)
+        if rank != 0 and lin.bias is not None:  # the bias is added once, by rank 0
+            n.inputs = n.inputs[: lin.bias]
+        y = n.outputs[0]
+        partial = rg.fresh_name(f"{y}_partial")
+        n.outputs[0] = partial
+        rg.values[partial] = Value(partial)
+        rg.add_node(
+            ALL_REDUCE,
+            [partial],
+            [y],
+            {"op": "sum", "group_size": a.tp},
+            name=f"{name}/allreduce",
+            domain=OPSTRATA_DOMAIN,
+            index=rg.nodes.index(n) + 1,
+        )
+    for name in list(rg.initializers):
+        if not any(name in n.inputs for n in rg.nodes) and name not in rg.outputs and name in by_init:
+            rg.remove_initializer(name)
+    infer_shapes(rg, reset=True)
+    _check_shapes(g, rg, a, rank)
+    return rg
+
+
+def _check_shapes(g: Graph, rg: Graph, a: _Analysis, rank: int) -> None:
+    """Every value of the rank graph has the whole model's shape, divided by tp along its split axis."""
+    for name, v in g.values.items():
+        got = rg.values.get(name)
+        if name in g.initializers or got is None or got.shape is None or v.shape is None:
+            continue
+        want = list(v.shape)
+        s = a.layout.get(name)
+        if s is not None:
+            want[s.axis] = dim_div(want[s.axis], a.tp)
+        bad = len(want) != len(got.shape) or any(
+            w is not None and d is not None and not dims_equal(w, d)
+            for w, d in zip(want, got.shape, strict=True)
+        )
+        if bad:
+            p = rg.producer(name)
+            raise GraphError(
+                f"partition(tp={a.tp}) rank {rank}: value '{name}' (from node '{p.name if p else '?'}')",
+                f"has shape {list(got.shape)} but the split layout needs {want}",
+                "a head count or feature size is computed in a way partition does not rewrite; build "
+                "reshape targets from constants, or keep the layer whole (on_unmatched='replicate')",
+            )
+
+
+# --------------------------------------------------------------------------- public entry point
+
+
+def _describe(a: _Analysis, f: _Failure) -> GraphError:
+    labels = ", ".join(a.linears[h].label for h in a.failed_heads(f))
+    return GraphError(
+        f"node '{f.node.name}' ({f.node.qualified_type})",
+        f"cannot split {labels} tensor-parallel (no column-/row-parallel MLP or attention pattern): {f.problem}",
+        (f"{f.fix}; or " if f.fix else "")
+        + "pass on_unmatched='replicate' to keep the unmatched layers whole on every rank",
+    )
+
+
+def partition(graph: Graph, tp: int, *, on_unmatched: OnUnmatched = "error") -> list[Graph]:
+    """Split ``graph``'s linear layers across ``tp`` ranks (Megatron-LM); returns the ``tp`` rank graphs.
+
+    Column-parallel for layers fed by replicated values (QKV, MLP up/gate), row-parallel for layers
+    fed by split values (attention output, MLP down) followed by ``ai.opstrata::AllReduce(op="sum")``;
+    attention heads are split (H/tp and Hkv/tp per rank). ``on_unmatched="error"`` (default) raises
+    on a linear layer that is not part of such a pair, naming it; ``"replicate"`` keeps it whole on
+    every rank. Run the result with :func:`simulate_tensor_parallel`.
+
+    >>> from opstrata.graph import from_onnx
+    >>> from opstrata.graph.testing import mlp_model
+    >>> ranks = partition(from_onnx(mlp_model(hidden=32)), tp=2)
+    >>> [r.initializers[r.node("Gemm_3").inputs[1]].shape for r in ranks]
+    [(16, 16), (16, 16)]
+    """
+    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
+        raise GraphError(
+            "partition", f"tp must be an int >= 1, got {tp!r}", "pass the tensor-parallel size, e.g. tp=2"
+        )
+    if on_unmatched not in ("error", "replicate"):
+        raise GraphError(
+            "partition", f"on_unmatched={on_unmatched!r} is not an option", "use 'error' or 'replicate'"
+        )
+    if not isinstance(graph, Graph):
+        raise GraphError("partition", f"expected a Graph, got {type(graph).__name__}", "use from_onnx(model)")
+    tp = int(tp)
+    g = graph.copy()
+    g.validate()
+    infer_shapes(g)
+    _check_attention_heads(g, tp)
+    disabled: set[str] = set()
+    while True:
+        a = _Analysis(g, tp, disabled).run()
+        if not a.failures:
+            break
+        failed = {h for f in a.failures for h in a.failed_heads(f)}
+        if on_unmatched == "error" or not failed - disabled:
+            raise _describe(a, a.failures[0])
+        disabled |= failed
+    _check_divisible(g, a)
+    ranks = [_rank_graph(g, a, r) for r in range(tp)]
+    summary = (
+        f"tensor-parallel rank {{r}} of {tp} (partition, Megatron-LM): column-parallel {sorted(a.cols)}; "
+        f"row-parallel {sorted(a.rows)}; replicated linear layers {sorted(disabled)}"
+    )
+    for r, rg in enumerate(ranks):
+        rg.doc_string = (graph.doc_string + "\n" if graph.doc_string else "") + summary.format(r=r)
+    return ranks
+
+
+def _check_attention_heads(g: Graph, tp: int) -> None:
+    for n in g.nodes:
+        if n.domain == OPSTRATA_DOMAIN and n.op_type == "Attention":
+            hq = g.value(n.inputs[0]).shape
+            hk = g.value(n.inputs[1]).shape
+            for what, shp in (("query heads H", hq), ("key/value heads Hkv", hk)):
+                h = shp[1] if shp is not None and len(shp) == 4 else None
+                if isinstance(h, int) and h % tp:
+                    raise GraphError(
+                        f"node '{n.name}' ({n.qualified_type})",
+                        f"attention has {what}={h}, which tp={tp} does not divide (each rank holds H/tp heads)",
+                        f"choose tp dividing {h} ({_divisors(h)})",
+                    )
+
+
+def _check_divisible(g: Graph, a: _Analysis) -> None:
+    checks: list[tuple[_Linear, str, Sequence[int]]] = [
+        (lin, "output", segs) for lin, segs in a.cols.values()
+    ]
+    checks += [(lin, "input", (int(g.initializers[lin.w].shape[lin.w_in]),)) for lin in a.rows.values()]
+    for lin, what, segs in checks:
+        bad = [s for s in segs if s % a.tp]
+        if bad:
+            raise GraphError(
+                f"node '{lin.node.name}' ({lin.node.qualified_type})",
+                f"{lin.label} has {what} features {list(segs)}; {bad[0]} is not divisible by tp={a.tp}",
+                f"choose tp dividing {math.gcd(*segs)} ({_divisors(math.gcd(*segs))})",
+            )
