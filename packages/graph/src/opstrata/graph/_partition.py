@@ -528,8 +528,6 @@ def _map_axis(ins: Shape, outs: Shape, i: int) -> int | None:
     j = next((j for j in range(len(outs) + 1) if dims_equal(dim_prod(outs[:j]), pre)), None)
     if j is None:
         return None
-    while j < len(outs) and outs[j] == 1 and ins[i] != 1:
-        j += 1
     if j >= len(outs) or not isinstance(ins[i], int) or not isinstance(outs[j], int):
         return None
     d, o = ins[i], outs[j]
