@@ -452,3 +452,31 @@ def test_simulator_argument_errors() -> None:
         og.simulate_tensor_parallel(ranks, [feeds] * 3)
     with pytest.raises(GraphError, match=r"non-empty sequence of Graph"):
         og.simulate_tensor_parallel([], feeds)
+
+
+def test_head_size_computed_from_the_split_dim_is_refused() -> None:
+    """``x.view(B, S, H, C // H)`` with C read from the split tensor would silently use C/tp: an error."""
+    b = ModelBuilder("view_from_shape", 17)
+    x = b.input("x", ["batch", "seq", 8])
+    h = b.linear(x, 8, 16)
+    shape = b.op("Shape", [h])
+    c = b.op("Gather", [shape, b.ints([2])], axis=0)
+    bs = b.op("Gather", [shape, b.ints([0, 1])], axis=0)
+    target = b.op("Concat", [bs, b.ints([4]), b.op("Div", [c, b.ints([4])])], axis=0)
+    t = b.op("Transpose", [b.op("Reshape", [h, target])], perm=[0, 2, 1, 3])
+    merged = b.op("Reshape", [b.op("Transpose", [t], perm=[0, 2, 1, 3]), b.ints([0, 0, 16])])
+    b.nodes.append(onnx.helper.make_node("MatMul", [merged, b.weight([16, 8])], ["y"], name="proj"))
+    b.output("y")
+    g = og.from_onnx(b.build())
+    with pytest.raises(GraphError, match=r"Gather.*reads the split dim 2 of .* through Shape"):
+        og.partition(g, 2)
+    _check(g, 2, random_feeds(g, DIMS), on_unmatched="replicate")
+
+
+def test_row_parallel_bias_lives_on_rank_zero_only() -> None:
+    g = fused_llama(layers=1)
+    r0, r1 = og.partition(g, 2)
+    assert "l0.o.b" in r0.initializers and "l0.o.b" not in r1.initializers
+    np.testing.assert_array_equal(r0.initializers["l0.o.b"], g.initializers["l0.o.b"])  # whole, not sliced
+    assert r1.initializers["l0.q.b"].shape == (16,)  # column-parallel bias: rank 1's half
+    np.testing.assert_array_equal(r1.initializers["l0.q.b"], g.initializers["l0.q.b"][16:])

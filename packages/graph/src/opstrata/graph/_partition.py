@@ -447,9 +447,8 @@ def _attention(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], re
 def _shape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
     """Shape of a split value reports local sizes: allowed when only other dims are gathered from it."""
     s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
-    start = n.attrs.get("start", 0) % (rank + 1) if n.attrs.get("start", 0) < 0 else n.attrs.get("start", 0)
-    end = n.attrs.get("end", rank)
-    end = end % (rank + 1) if end < 0 else min(end, rank)
+    start, end = n.attrs.get("start", 0), n.attrs.get("end", rank)
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
     if not start <= s.axis < end:
         return
     pos = s.axis - start
@@ -675,9 +674,9 @@ def _rank_graph(g: Graph, a: _Analysis, rank: int) -> Graph:
             domain=OPSTRATA_DOMAIN,
             index=rg.nodes.index(n) + 1,
         )
-    for name in list(rg.initializers):
-        if not any(name in n.inputs for n in rg.nodes) and name not in rg.outputs and name in by_init:
-            rg.remove_initializer(name)
+    used = {x for n in rg.nodes for x in n.inputs}
+    for name in set(uses) - used - set(rg.outputs):  # replaced by a shard, or a bias rank 0 adds
+        rg.remove_initializer(name)
     infer_shapes(rg, reset=True)
     _check_shapes(g, rg, a, rank)
     return rg
@@ -732,8 +731,10 @@ def partition(graph: Graph, tp: int, *, on_unmatched: OnUnmatched = "error") -> 
     >>> from opstrata.graph import from_onnx
     >>> from opstrata.graph.testing import mlp_model
     >>> ranks = partition(from_onnx(mlp_model(hidden=32)), tp=2)
-    >>> [r.initializers[r.node("Gemm_3").inputs[1]].shape for r in ranks]
-    [(16, 16), (16, 16)]
+    >>> [[r.initializers[n.inputs[1]].shape for n in r.nodes if n.op_type == "Gemm"] for r in ranks]
+    [[(16, 16), (8, 16)], [(16, 16), (8, 16)]]
+    >>> ranks[0].op_counts()["ai.opstrata::AllReduce"]
+    1
     """
     if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
         raise GraphError(
