@@ -480,3 +480,21 @@ def test_row_parallel_bias_lives_on_rank_zero_only() -> None:
     np.testing.assert_array_equal(r0.initializers["l0.o.b"], g.initializers["l0.o.b"])  # whole, not sliced
     assert r1.initializers["l0.q.b"].shape == (16,)  # column-parallel bias: rank 1's half
     np.testing.assert_array_equal(r1.initializers["l0.q.b"], g.initializers["l0.q.b"][16:])
+
+
+def test_row_parallel_epilogue_activation_moves_after_the_reduce() -> None:
+    """A fused ``Linear(activation=...)`` (level-2 bias+activation fusion) must activate the sum, not each part."""
+    g = fused_llama(layers=1)
+    g.node("l0.down").attrs["activation"] = "gelu_tanh"
+    r1 = og.partition(g, 2)[1]
+    down = r1.node("l0.down")
+    assert "activation" not in down.attrs
+    after = r1.nodes[r1.nodes.index(down) + 1 : r1.nodes.index(down) + 3]
+    assert [(n.op_type, n.attrs) for n in after] == [
+        ("AllReduce", {"op": "sum", "group_size": 2}),
+        ("Gelu", {"approximate": "tanh"}),
+    ]
+    assert after[1].outputs == ["l0.down"]  # consumers still read the activated, reduced value
+    g.node("l0.down").attrs["activation"] = "softplus"
+    with pytest.raises(GraphError, match=r"l0\.down.*epilogue activation 'softplus'"):
+        og.partition(g, 2)

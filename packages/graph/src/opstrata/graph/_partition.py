@@ -40,7 +40,16 @@ OnUnmatched = Literal["error", "replicate"]
 _ELEMENTWISE = frozenset(
     "Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
     "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split()
+    + [f"{OPSTRATA_DOMAIN}::FusedElementwise"]  # a generated elementwise chain (broadcasting inputs)
 )
+#: A fused Linear's epilogue ``activation`` -> the op that applies it after a row-parallel reduce.
+_EPILOGUE = {
+    "relu": ("Relu", {}),
+    "gelu": ("Gelu", {}),
+    "gelu_tanh": ("Gelu", {"approximate": "tanh"}),
+    "sigmoid": ("Sigmoid", {}),
+    "tanh": ("Tanh", {}),
+}
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,14 @@ class _Analysis:
                 f"row-parallel {lin.label} needs its input '{x}' split along the feature (last) axis in one "
                 f"block, got axis {s.axis} in blocks {list(s.segments)}",
                 "merge the heads back to (..., features) before the linear layer",
+            )
+        elif (n.attrs.get("activation") or "") not in ("", *_EPILOGUE):
+            self.fail(
+                n,
+                {region},
+                f"row-parallel {lin.label} has epilogue activation {n.attrs['activation']!r}, which partition "
+                f"cannot move after the reduce (known: {sorted(_EPILOGUE)})",
+                "",
             )
         else:
             self.rows[n.name] = lin
@@ -665,15 +682,21 @@ def _rank_graph(g: Graph, a: _Analysis, rank: int) -> Graph:
         partial = rg.fresh_name(f"{y}_partial")
         n.outputs[0] = partial
         rg.values[partial] = Value(partial)
+        act = n.attrs.pop("activation", "") or ""  # a fused epilogue applies to the sum, not to each part
+        reduced = rg.fresh_name(f"{y}_reduced") if act else y
+        at = rg.nodes.index(n) + 1
         rg.add_node(
             ALL_REDUCE,
             [partial],
-            [y],
+            [reduced],
             {"op": "sum", "group_size": a.tp},
             name=f"{name}/allreduce",
             domain=OPSTRATA_DOMAIN,
-            index=rg.nodes.index(n) + 1,
+            index=at,
         )
+        if act:
+            op, attrs = _EPILOGUE[act]
+            rg.add_node(op, [reduced], [y], attrs, name=f"{name}/{act}", index=at + 1)
     used = {x for n in rg.nodes for x in n.inputs}
     for name in set(uses) - used - set(rg.outputs):  # replaced by a shard, or a bias rank 0 adds
         rg.remove_initializer(name)
