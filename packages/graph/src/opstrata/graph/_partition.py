@@ -38,9 +38,11 @@ __all__ = ["partition"]
 OnUnmatched = Literal["error", "replicate"]
 
 _ELEMENTWISE = frozenset(
-    "Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
-    "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split()
-    + [f"{OPSTRATA_DOMAIN}::FusedElementwise"]  # a generated elementwise chain (broadcasting inputs)
+    [
+        *"Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
+        "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split(),
+        f"{OPSTRATA_DOMAIN}::FusedElementwise",  # a generated elementwise chain (broadcasting inputs)
+    ]
 )
 #: A fused Linear's epilogue ``activation`` -> the op that applies it after a row-parallel reduce.
 _EPILOGUE = {
