@@ -181,7 +181,8 @@ class _Analysis:
                 {region},
                 f"it reads '{x}', which is split along axis {s.axis} by column-parallel "
                 f"'{self.head_of(region)}', and partition has no rule to split {n.qualified_type}",
-                f"rewrite the op between the linear layers with ops partition follows ({', '.join(sorted(_RULES))}, elementwise ops)",
+                "between the linear layers, use ops partition follows: elementwise ops, "
+                + ", ".join(sorted(k for k in _RULES if k != "elementwise")),
             )
             return
         rule(self, n, sharded, region)
@@ -399,8 +400,9 @@ def _reshape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], regi
     full = outs[j]
     assert isinstance(full, int)  # _map_axis checked
     if full % a.tp:
-        what = "splits its features into" if len(outs) > len(ins) else "gives axis of"
-        raise a.heads_error(n, region, f"reshape of '{x}' {list(ins)} -> {list(outs)} {what}", full)
+        raise a.heads_error(
+            n, region, f"reshape of '{x}' {list(ins)} -> {list(outs)} splits its features into", full
+        )
     identity = j == s.axis and dims_equal(ins[s.axis], full)
     if _rewrite_entry(a, n, 1, j, full, identity, region):
         a.layout[n.outputs[0]] = _Shard(j, (full,), region)
@@ -411,11 +413,13 @@ def _expand(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], regio
     outs = a.shape(n.outputs[0])
     j = s.axis + len(outs) - len(a.shape(x))
     target = a.shape(n.inputs[1])
-    e = j - (len(outs) - int(target[0])) if target and isinstance(target[0], int) else -1
-    if i != 0 or e < -len(outs):
-        a.fail(n, {region}, "its target shape is unknown or split", "")
+    if i != 0 or len(target) != 1 or not isinstance(target[0], int):
+        a.fail(
+            n, {region}, f"its target shape '{n.inputs[1]}' has unknown length", "use a 1-D constant shape"
+        )
         return
-    if e >= 0 and not _rewrite_entry(a, n, 1, e, s.segments[0], True, region, keep_one=True):
+    e = j - (len(outs) - target[0])  # the split axis' entry in the target shape (< 0: not named there)
+    if e >= 0 and not _rewrite_entry(a, n, 1, e, sum(s.segments), True, region, keep_one=True):
         return
     a.layout[n.outputs[0]] = _Shard(j, s.segments, region)
 
