@@ -91,7 +91,14 @@ def gpt_gqa_model(
 
 
 def fused_llama(
-    *, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, ffn: int = 48, seed: int = 0
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    ffn: int = 48,
+    fused_qkv: bool = False,
+    seed: int = 0,
 ) -> Graph:
     """The fused form the passes produce: RMSNorm, ai.opstrata::Linear (W (out, in)), fused GQA Attention
     (causal) behind Reshape/Transpose, SwiGLU MLP; built directly in the IR. Input ``x`` (batch, seq, hidden)."""
@@ -119,9 +126,17 @@ def fused_llama(
     for i in range(layers):
         p = f"l{i}"
         h = node("RMSNorm", [x, w(f"{p}.norm1", hidden)], f"{p}.norm1_out", epsilon=1e-6)
-        qkv = []
-        for nm, nh in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-            t = linear(h, f"{p}.{nm}", hidden, nh * d)
+        qkv, parts = [], [("q", heads), ("k", kv_heads), ("v", kv_heads)]
+        if fused_qkv:  # one projection, then Split into unequal (GQA) parts
+            both = linear(h, f"{p}.qkv", hidden, (heads + 2 * kv_heads) * d)
+            g.add_node(
+                "Split",
+                [both],
+                [f"{p}.{nm}" for nm, _ in parts],
+                {"axis": 2, "split": [nh * d for _, nh in parts]},
+            )
+        for nm, nh in parts:
+            t = f"{p}.{nm}" if fused_qkv else linear(h, f"{p}.{nm}", hidden, nh * d)
             g.add_initializer(f"{p}.{nm}_shape", np.array([0, 0, nh, d], np.int64))
             r = node("Reshape", [t, f"{p}.{nm}_shape"], f"{p}.{nm}_heads")
             qkv.append(node("Transpose", [r], f"{p}.{nm}_bhsd", perm=[0, 2, 1, 3]))
@@ -505,3 +520,35 @@ def test_simulator_collective_times_out_instead_of_hanging() -> None:
 
     with pytest.raises(GraphError, match=r"collective 'AllReduce_0' was abandoned.*within 0.2 s"):
         _Group(2, timeout=0.2).exchange(0, "AllReduce_0", np.zeros(1))  # rank 1 never arrives
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fused_qkv_with_unequal_gqa_split(tp: int) -> None:
+    g = fused_llama(layers=1, heads=8, kv_heads=4, fused_qkv=True)
+    ranks = _check(g, tp, random_feeds(g, DIMS))
+    _sharded_weights(g, ranks, tp)
+    split = ranks[1].nodes[[n.op_type for n in ranks[1].nodes].index("Split")]
+    assert split.attrs["split"] == [32 // tp, 16 // tp, 16 // tp]
+    w, w1 = g.initializers["l0.qkv.w"], ranks[1].initializers["l0.qkv.w"]  # (64, 32) = [q 32 | k 16 | v 16]
+    q, k = 32 // tp, 16 // tp
+    np.testing.assert_array_equal(
+        w1, np.concatenate([w[q : 2 * q], w[32 + k : 32 + 2 * k], w[48 + k : 48 + 2 * k]])
+    )
+
+
+@pytest.mark.parametrize("opset", [14, 18])
+def test_gpt_block_other_opsets(opset: int) -> None:
+    """Opset 14: decomposed LayerNorm (ReduceMean over the replicated residual); 18: Split num_outputs."""
+    g = og.from_onnx(gpt_block_model(opset=opset))
+    _check(g, 2, random_feeds(g, DIMS), on_unmatched="replicate")
+
+
+def test_simulator_outputs_and_device() -> None:
+    g = fused_llama(layers=1)
+    feeds = random_feeds(g, DIMS)
+    want = og.run_graph(g, feeds, outputs=["l0.attn_bshd"])["l0.attn_bshd"]
+    outs = og.simulate_tensor_parallel(og.partition(g, 2), feeds, "ref", outputs=["l0.attn_bshd", "l0.res2"])
+    assert [o["l0.attn_bshd"].shape[2] for o in outs] == [2, 2]  # each rank computes its own 2 of 4 heads
+    np.testing.assert_allclose(
+        np.concatenate([o["l0.attn_bshd"] for o in outs], axis=2), want, rtol=RTOL, atol=ATOL
+    )
