@@ -552,3 +552,21 @@ def test_simulator_outputs_and_device() -> None:
     np.testing.assert_allclose(
         np.concatenate([o["l0.attn_bshd"] for o in outs], axis=2), want, rtol=RTOL, atol=ATOL
     )
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    kv=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2]),
+    head_dim=st.sampled_from([2, 4]),
+    tp=st.sampled_from([2, 4]),
+)
+def test_onnx_gqa_property_matches_whole_model(kv: int, group: int, head_dim: int, tp: int) -> None:
+    heads = kv * group
+    g = og.from_onnx(gpt_gqa_model(layers=1, hidden=heads * head_dim, heads=heads, kv_heads=kv))
+    if kv % tp:  # the first head split (Q: H, then K: Hkv) that tp cannot divide is named
+        first = heads if heads % tp else kv
+        with pytest.raises(GraphError, match=rf"into {first} heads across tp={tp}"):
+            og.partition(g, tp)
+        return
+    _check(g, tp, random_feeds(g, {"batch": 1, "seq": 3}))
