@@ -570,3 +570,18 @@ def test_onnx_gqa_property_matches_whole_model(kv: int, group: int, head_dim: in
             og.partition(g, tp)
         return
     _check(g, tp, random_feeds(g, {"batch": 1, "seq": 3}))
+
+
+def test_weight_behind_its_own_transpose() -> None:
+    """``x @ W.T`` exported without constant folding: Transpose(W (out, in)) feeding the MatMul."""
+    b = ModelBuilder("wt", 17)
+    x = b.input("x", ["batch", 8])
+    h = b.op("Relu", [b.op("MatMul", [x, b.op("Transpose", [b.weight([16, 8])], perm=[1, 0])])])
+    b.nodes.append(
+        onnx.helper.make_node("MatMul", [h, b.op("Transpose", [b.weight([8, 16])])], ["y"], name="fc2")
+    )
+    b.output("y")
+    g = og.from_onnx(b.build())
+    ranks = _check(g, 2, random_feeds(g, DIMS))
+    assert [ranks[1].initializers[n].shape for n in ("w_1", "w_8")] == [(8, 8), (8, 8)]
+    assert len(_allreduces(ranks[0])) == 1

@@ -74,6 +74,12 @@ class _Linear:
     w_out: int  # axis of w holding output features
     bias: int | None  # input index of a Gemm C / Linear b
     problem: str | None = None
+    reader: tuple[Node, int] | None = None  # (node, input) reading w, when not ``node`` input 1
+
+    @property
+    def weight_reader(self) -> tuple[Node, int]:
+        """The (node, input index) where the weight initializer is read (and sliced)."""
+        return self.reader or (self.node, 1)
 
     @property
     def label(self) -> str:
@@ -102,12 +108,17 @@ class _Analysis:
     rows: dict[str, _Linear] = field(default_factory=dict)
     init_edits: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (node, input) -> edit key
     split_edits: dict[str, list[int]] = field(default_factory=dict)
+    weight_views: set[str] = field(default_factory=set)  # Transpose(W) outputs: sliced with W
     failures: list[_Failure] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.consumers = self.graph.consumers()
         self.producers = self.graph.producers()
-        self.linears = {n.name: lin for n in self.graph.nodes if (lin := _linear_of(self.graph, n))}
+        self.linears = {
+            n.name: lin
+            for n in self.graph.nodes
+            if (lin := _linear_of(self.graph, n, self.producers, self.consumers))
+        }
 
     # ------------------------------------------------------------------ helpers
 
@@ -201,7 +212,8 @@ class _Analysis:
             out = n.outputs[0]
             segs = self.segments(lin, int(w.shape[lin.w_out]))
             self.cols[n.name] = (lin, segs)
-            self.edit_init(n, 1, ("slice", lin.w_out, segs))
+            self.edit_init(*lin.weight_reader, ("slice", lin.w_out, segs))
+            self.weight_views.update(lin.reader[0].outputs if lin.reader else ())
             if lin.bias is not None:
                 rank = len(self.shape(out))
                 if not self.broadcast_operand(n, lin.bias, rank - 1, rank, segs, {region}):
@@ -231,7 +243,8 @@ class _Analysis:
             )
         else:
             self.rows[n.name] = lin
-            self.edit_init(n, 1, ("slice", lin.w_in, s.segments))
+            self.edit_init(*lin.weight_reader, ("slice", lin.w_in, s.segments))
+            self.weight_views.update(lin.reader[0].outputs if lin.reader else ())
 
     def segments(self, lin: _Linear, full: int) -> tuple[int, ...]:
         """The output blocks of a column-parallel layer: a fused QKV's ``Split`` sizes, else one block."""
@@ -525,13 +538,23 @@ def _split_sizes(n: Node, dim: int) -> list[int]:
     return [c] * (len(n.outputs) - 1) + [dim - c * (len(n.outputs) - 1)]
 
 
-def _linear_of(g: Graph, n: Node) -> _Linear | None:
-    """``n`` as a linear layer (MatMul with a 2-D weight initializer, Gemm, ai.opstrata::Linear), else None."""
-    if len(n.inputs) < 2 or n.inputs[1] not in g.initializers or n.inputs[0] in g.initializers:
-        return None
-    if np.ndim(g.initializers[n.inputs[1]]) != 2:
+def _linear_of(
+    g: Graph, n: Node, producers: dict[str, Node], consumers: dict[str, list[Node]]
+) -> _Linear | None:
+    """``n`` as a linear layer (MatMul with a 2-D weight initializer, possibly behind its own Transpose;
+    Gemm; ai.opstrata::Linear), else None."""
+    if len(n.inputs) < 2 or n.inputs[0] in g.initializers:
         return None
     x, w = n.inputs[0], n.inputs[1]
+    t = producers.get(w)
+    if (
+        n.domain == "" and n.op_type == "MatMul" and t is not None and t.op_type == "Transpose"
+        and t.inputs[0] in g.initializers and np.ndim(g.initializers[t.inputs[0]]) == 2
+        and list(t.attrs.get("perm") or [1, 0]) == [1, 0] and len(consumers.get(w, [])) == 1
+    ):  # fmt: skip
+        return _Linear(n, x, t.inputs[0], 1, 0, None, reader=(t, 0))  # x @ W^T with W (out, in)
+    if w not in g.initializers or np.ndim(g.initializers[w]) != 2:
+        return None
     if n.domain == "" and n.op_type == "MatMul":
         return _Linear(n, x, w, 0, 1, None)
     bias = 2 if len(n.inputs) > 2 and n.inputs[2] else None
@@ -715,7 +738,13 @@ def _check_shapes(g: Graph, rg: Graph, a: _Analysis, rank: int) -> None:
     """Every value of the rank graph has the whole model's shape, divided by tp along its split axis."""
     for name, v in g.values.items():
         got = rg.values.get(name)
-        if name in g.initializers or got is None or got.shape is None or v.shape is None:
+        if (
+            name in g.initializers
+            or name in a.weight_views
+            or got is None
+            or got.shape is None
+            or v.shape is None
+        ):
             continue
         want = list(v.shape)
         s = a.layout.get(name)
