@@ -13,7 +13,7 @@ cannot be followed to a row-parallel layer (an LM head, a norm over the split ax
 *unmatched*: an error naming it (``on_unmatched="error"``, the default) or kept whole on every rank
 (``on_unmatched="replicate"``).
 
-The analysis is a forward propagation of a per-value layout (which axis is split, in which
+Per-op rules are in ``_partition_rules.py``. The analysis is a forward propagation of a per-value layout (which axis is split, in which
 blocks) over the schedule; every rank graph is then re-inferred and its shapes checked against the
 layout, so a head count the rewrite missed is an error here rather than a wrong result later.
 """
@@ -21,7 +21,7 @@ layout, so a head count the rewrite missed is an error here rather than a wrong 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,20 +30,14 @@ import numpy as np
 from ._collective import ALL_REDUCE
 from ._errors import GraphError
 from ._ir import OPSTRATA_DOMAIN, Graph, Node, Value
+from ._partition_rules import ELEMENTWISE, RULES, Shard, divisors, split_sizes
 from ._shape_infer import infer_shapes
-from ._symbolic import Dim, Shape, dim_div, dim_mul, dim_prod, dims_equal
+from ._symbolic import Shape, dim_div, dims_equal
 
 __all__ = ["partition"]
 
 OnUnmatched = Literal["error", "replicate"]
 
-_ELEMENTWISE = frozenset(
-    [
-        *"Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
-        "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split(),
-        f"{OPSTRATA_DOMAIN}::FusedElementwise",  # a generated elementwise chain (broadcasting inputs)
-    ]
-)
 #: A fused Linear's epilogue ``activation`` -> the op that applies it after a row-parallel reduce.
 _EPILOGUE = {
     "relu": ("Relu", {}),
@@ -52,15 +46,6 @@ _EPILOGUE = {
     "sigmoid": ("Sigmoid", {}),
     "tanh": ("Tanh", {}),
 }
-
-
-@dataclass(frozen=True)
-class _Shard:
-    """A value split across ranks along ``axis``: each block of ``segments`` (full sizes) is cut in k."""
-
-    axis: int
-    segments: tuple[int, ...]
-    region: int
 
 
 @dataclass(frozen=True)
@@ -101,7 +86,7 @@ class _Analysis:
     graph: Graph
     tp: int
     disabled: set[str]
-    layout: dict[str, _Shard] = field(default_factory=dict)
+    layout: dict[str, Shard] = field(default_factory=dict)
     parent: list[int] = field(default_factory=list)
     heads: list[str] = field(default_factory=list)  # region -> its first column-parallel layer
     cols: dict[str, tuple[_Linear, tuple[int, ...]]] = field(default_factory=dict)
@@ -123,18 +108,21 @@ class _Analysis:
     # ------------------------------------------------------------------ helpers
 
     def find(self, r: int) -> int:
+        """The root of region ``r`` (regions merge where split values meet, e.g. Q and K at QK^T)."""
         while self.parent[r] != r:
             self.parent[r] = self.parent[self.parent[r]]
             r = self.parent[r]
         return r
 
     def union(self, regions: set[int]) -> int:
+        """Merge ``regions``; returns the root."""
         roots = sorted({self.find(r) for r in regions})
         for r in roots[1:]:
             self.parent[r] = roots[0]
         return roots[0]
 
     def shape(self, name: str) -> Shape:
+        """The inferred shape of ``name`` (GraphError when unknown)."""
         v = self.graph.values.get(name)
         if v is None or v.shape is None:
             raise GraphError(
@@ -143,12 +131,15 @@ class _Analysis:
         return v.shape
 
     def fail(self, node: Node, regions: set[int], problem: str, fix: str) -> None:
+        """Record that the split of ``regions`` cannot be followed through ``node``."""
         self.failures.append(_Failure(node, set(regions), problem, fix))
 
     def edit_init(self, node: Node, idx: int, key: tuple) -> None:
+        """Slice (``("slice", axis, blocks)``) or set entries of the initializer ``node`` reads at ``idx``."""
         self.init_edits[(node.name, idx)] = key
 
     def head_of(self, region: int) -> str:
+        """The column-parallel layer that started ``region``."""
         return self.heads[region]
 
     def failed_heads(self, f: _Failure) -> list[str]:
@@ -184,7 +175,7 @@ class _Analysis:
             return
         region = self.union({s.region for _, _, s in sharded})
         key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        rule = _RULES.get("elementwise" if key in _ELEMENTWISE else key)
+        rule = RULES.get("elementwise" if key in ELEMENTWISE else key)
         if rule is None:
             x, s = sharded[0][1], sharded[0][2]
             self.fail(
@@ -193,12 +184,12 @@ class _Analysis:
                 f"it reads '{x}', which is split along axis {s.axis} by column-parallel "
                 f"'{self.head_of(region)}', and partition has no rule to split {n.qualified_type}",
                 "between the linear layers, use ops partition follows: elementwise ops, "
-                + ", ".join(sorted(k for k in _RULES if k != "elementwise")),
+                + ", ".join(sorted(k for k in RULES if k != "elementwise")),
             )
             return
         rule(self, n, sharded, region)
 
-    def visit_linear(self, n: Node, lin: _Linear, sharded: list[tuple[int, str, _Shard]]) -> None:
+    def visit_linear(self, n: Node, lin: _Linear, sharded: list[tuple[int, str, Shard]]) -> None:
         w = self.graph.initializers[lin.w]
         if not sharded:
             if n.name in self.disabled:
@@ -218,7 +209,7 @@ class _Analysis:
                 rank = len(self.shape(out))
                 if not self.broadcast_operand(n, lin.bias, rank - 1, rank, segs, {region}):
                     return
-            self.layout[out] = _Shard(len(self.shape(out)) - 1, segs, region)
+            self.layout[out] = Shard(len(self.shape(out)) - 1, segs, region)
             return
         region = self.union({s.region for _, _, s in sharded})
         i, x, s = sharded[0]
@@ -254,7 +245,7 @@ class _Analysis:
             rank = len(self.shape(v))
             for c in cons:
                 if c.op_type == "Split" and c.domain == "" and c.attrs.get("axis", 0) % rank == rank - 1:
-                    sizes = _split_sizes(c, full)
+                    sizes = split_sizes(c, full)
                     if sum(sizes) == full and len(sizes) > 1:
                         return tuple(sizes)
             if len(cons) == 1 and cons[0].op_type in ("Add", "Sub", "Mul", "Div") and cons[0].domain == "":
@@ -292,250 +283,11 @@ class _Analysis:
             f"node '{n.name}' ({n.qualified_type})",
             f"{what} {count} heads across tp={self.tp} ranks after column-parallel '{self.head_of(region)}', "
             f"but {count} is not divisible by {self.tp}",
-            f"choose tp dividing the head count {count} ({_divisors(count)})",
+            f"choose tp dividing the head count {count} ({divisors(count)})",
         )
-
-
-# --------------------------------------------------------------------------- propagation rules
-
-
-Rule = Callable[[_Analysis, Node, list[tuple[int, str, _Shard]], int], None]
-
-
-def _elementwise(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    out_rank = len(a.shape(n.outputs[0]))
-    axes = {s.axis + out_rank - len(a.shape(x)) for _, x, s in sharded}
-    segs = {s.segments for _, _, s in sharded}
-    if len(axes) > 1 or len(segs) > 1:
-        a.fail(n, {region}, "its inputs are split along different axes or in different blocks", "")
-        return
-    ax, seg = axes.pop(), segs.pop()
-    for i, x in enumerate(n.inputs):
-        if x and x not in a.layout and not a.broadcast_operand(n, i, ax, out_rank, seg, {region}):
-            return
-    a.layout[n.outputs[0]] = _Shard(ax, seg, region)
-
-
-def _transpose(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s = sharded[0][2]
-    perm = n.attrs.get("perm") or list(reversed(range(len(a.shape(n.inputs[0])))))
-    a.layout[n.outputs[0]] = _Shard(list(perm).index(s.axis), s.segments, region)
-
-
-def _unsqueeze(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s, r = sharded[0][2], len(a.shape(n.outputs[0]))
-    new = sorted(x % r for x in n.attrs["axes"])
-    kept = [i for i in range(r) if i not in new]
-    a.layout[n.outputs[0]] = _Shard(kept[s.axis], s.segments, region)
-
-
-def _squeeze(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s, shp = sharded[0][2], a.shape(n.inputs[0])
-    axes = n.attrs.get("axes")
-    gone = {x % len(shp) for x in axes} if axes is not None else {i for i, d in enumerate(shp) if d == 1}
-    if s.axis in gone:
-        a.fail(n, {region}, f"it squeezes the split axis {s.axis}", "")
-        return
-    a.layout[n.outputs[0]] = _Shard(s.axis - sum(1 for g in gone if g < s.axis), s.segments, region)
-
-
-def _softmax(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
-    if n.attrs.get("axis", -1) % rank == s.axis:
-        a.fail(n, {region}, f"it normalises over the split axis {s.axis}", "")
-        return
-    a.layout[n.outputs[0]] = s
-
-
-def _norm(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    i, _, s = sharded[0]
-    rank = len(a.shape(n.inputs[0]))
-    if i != 0 or s.axis >= n.attrs.get("axis", -1) % rank:
-        a.fail(
-            n,
-            {region},
-            f"it normalises over axes that include the split axis {s.axis} (each rank would see a part)",
-            "",
-        )
-        return
-    a.layout[n.outputs[0]] = s
-
-
-def _reduce(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
-    axes = n.attrs.get("axes")
-    axes = list(range(rank)) if axes is None else [x % rank for x in axes]
-    if s.axis in axes:
-        a.fail(n, {region}, f"it reduces over the split axis {s.axis} (a partial sum)", "")
-        return
-    keep = n.attrs.get("keepdims", 1)
-    a.layout[n.outputs[0]] = _Shard(
-        s.axis - (0 if keep else sum(x < s.axis for x in axes)), s.segments, region
-    )
-
-
-def _split(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    s, shp = sharded[0][2], a.shape(n.inputs[0])
-    axis = n.attrs.get("axis", 0) % len(shp)
-    if axis != s.axis:
-        for out in n.outputs:
-            a.layout[out] = s
-        return
-    sizes = _split_sizes(n, sum(s.segments))
-    if tuple(sizes) != s.segments:
-        a.fail(
-            n,
-            {region},
-            f"it splits axis {axis} into {sizes}, but column-parallel '{a.head_of(region)}' split it in blocks "
-            f"{list(s.segments)}",
-            "split a fused projection right after its linear layer (and bias)",
-        )
-        return
-    if n.attrs.get("split") is not None:
-        a.split_edits[n.name] = [x // a.tp for x in sizes]
-    for out, size in zip(n.outputs, sizes, strict=True):
-        a.layout[out] = _Shard(axis, (size,), region)
-
-
-def _reshape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    i, x, s = sharded[0]
-    ins, outs = a.shape(x), a.shape(n.outputs[0])
-    j = _map_axis(ins, outs, s.axis) if i == 0 and len(s.segments) == 1 else None
-    if j is None:
-        a.fail(
-            n,
-            {region},
-            f"it reshapes '{x}' {list(ins)} (split along axis {s.axis}) to {list(outs)} in a way that does "
-            "not keep the split axis the outermost of its group (static sizes are needed there)",
-            "split/merge heads as (..., H*D) <-> (..., H, D)",
-        )
-        return
-    full = outs[j]
-    assert isinstance(full, int)  # _map_axis checked
-    if full % a.tp:
-        raise a.heads_error(
-            n, region, f"reshape of '{x}' {list(ins)} -> {list(outs)} splits its features into", full
-        )
-    identity = j == s.axis and dims_equal(ins[s.axis], full)
-    if _rewrite_entry(a, n, 1, j, full, identity, region):
-        a.layout[n.outputs[0]] = _Shard(j, (full,), region)
-
-
-def _expand(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    i, x, s = sharded[0]
-    outs = a.shape(n.outputs[0])
-    j = s.axis + len(outs) - len(a.shape(x))
-    target = a.shape(n.inputs[1])
-    if i != 0 or len(target) != 1 or not isinstance(target[0], int):
-        a.fail(
-            n, {region}, f"its target shape '{n.inputs[1]}' has unknown length", "use a 1-D constant shape"
-        )
-        return
-    e = j - (len(outs) - target[0])  # the split axis' entry in the target shape (< 0: not named there)
-    if e >= 0 and not _rewrite_entry(a, n, 1, e, sum(s.segments), True, region, keep_one=True):
-        return
-    a.layout[n.outputs[0]] = _Shard(j, s.segments, region)
-
-
-def _matmul(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    """Activation @ activation (attention scores and context): split along a batch (head) axis, or
-    along A's rows / B's columns; a split contraction axis would be a partial sum."""
-    r_out = len(a.shape(n.outputs[0]))
-    roles = {}
-    for i, x, s in sharded:
-        r = len(a.shape(x))
-        if r < 2 or s.axis == (r - 1 if i == 0 else r - 2):
-            a.fail(
-                n,
-                {region},
-                f"it contracts over the split axis of '{x}' (a partial sum); only linear layers are row-parallel",
-                "",
-            )
-            return
-        roles[i] = (s.axis + r_out - r, s.segments)
-    outs = set(roles.values())
-    if len(outs) > 1:
-        a.fail(n, {region}, f"its operands are split along different axes {sorted(outs)}", "")
-        return
-    ax, segs = outs.pop()
-    if len(roles) == 1 and ax < r_out - 2:  # a head (batch) axis: the other operand must broadcast there
-        if not a.broadcast_operand(n, 1 - next(iter(roles)), ax, r_out, segs, {region}):
-            return
-    a.layout[n.outputs[0]] = _Shard(ax, segs, region)
-
-
-def _attention(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    split = {i: s for i, _, s in sharded}
-    if set(split) - {0, 1, 2} or any(i not in split or split[i].axis != 1 for i in (0, 1, 2)):
-        a.fail(
-            n,
-            {region},
-            "fused Attention needs q, k and v all split along the head axis 1 "
-            f"(got inputs {sorted(split)} split along {[s.axis for s in split.values()]})",
-            "make Q, K and V all column-parallel",
-        )
-        return
-    if len(n.inputs) > 3 and n.inputs[3] and not a.broadcast_operand(n, 3, 1, 4, split[0].segments, {region}):
-        return
-    a.layout[n.outputs[0]] = _Shard(1, (int(a.shape(n.outputs[0])[1]),), region)
-
-
-def _shape(a: _Analysis, n: Node, sharded: list[tuple[int, str, _Shard]], region: int) -> None:
-    """Shape of a split value reports local sizes: allowed when only other dims are gathered from it."""
-    s, rank = sharded[0][2], len(a.shape(n.inputs[0]))
-    start, end = n.attrs.get("start", 0), n.attrs.get("end", rank)
-    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
-    if not start <= s.axis < end:
-        return
-    pos = s.axis - start
-    for c in a.consumers.get(n.outputs[0], []):
-        idx = a.graph.initializers.get(c.inputs[1]) if c.op_type == "Gather" and len(c.inputs) > 1 else None
-        if idx is None or pos in {int(v) % (end - start) for v in np.ravel(idx)}:
-            a.fail(
-                c,
-                {region},
-                f"it reads the split dim {s.axis} of '{n.inputs[0]}' through Shape '{n.name}' (each rank "
-                "sees its local size there)",
-                "build shapes from the other dims, or from constants partition rewrites",
-            )
-            return
-
-
-_RULES: dict[str, Rule] = {
-    "elementwise": _elementwise,
-    "Transpose": _transpose,
-    "Unsqueeze": _unsqueeze,
-    "Squeeze": _squeeze,
-    "Softmax": _softmax,
-    "LogSoftmax": _softmax,
-    "LayerNormalization": _norm,
-    f"{OPSTRATA_DOMAIN}::RMSNorm": _norm,
-    "ReduceSum": _reduce,
-    "ReduceMean": _reduce,
-    "ReduceMax": _reduce,
-    "ReduceMin": _reduce,
-    "Split": _split,
-    "Reshape": _reshape,
-    "Expand": _expand,
-    "MatMul": _matmul,
-    f"{OPSTRATA_DOMAIN}::Attention": _attention,
-    "Shape": _shape,
-}
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def _split_sizes(n: Node, dim: int) -> list[int]:
-    sizes = n.attrs.get("split")
-    if sizes is not None:
-        return [int(x) for x in sizes]
-    c = -(-dim // len(n.outputs))
-    return [c] * (len(n.outputs) - 1) + [dim - c * (len(n.outputs) - 1)]
 
 
 def _linear_of(
@@ -564,99 +316,6 @@ def _linear_of(
         return _Linear(n, x, w, 1 if tb else 0, 0 if tb else 1, bias, problem)
     if n.domain == OPSTRATA_DOMAIN and n.op_type == "Linear":
         return _Linear(n, x, w, 1, 0, bias)
-    return None
-
-
-def _map_axis(ins: Shape, outs: Shape, i: int) -> int | None:
-    """The output axis that a Reshape maps input axis ``i`` to, when ``i`` stays the outer factor."""
-    pre = dim_prod(ins[:i])
-    j = next((j for j in range(len(outs) + 1) if dims_equal(dim_prod(outs[:j]), pre)), None)
-    if j is None:
-        return None
-    if j >= len(outs) or not isinstance(ins[i], int) or not isinstance(outs[j], int):
-        return None
-    d, o = ins[i], outs[j]
-    if d == o:
-        return j
-    seq, target = (outs[j:], d) if d % o == 0 else (ins[i:], o) if o % d == 0 else ((), 0)
-    p: Dim = 1
-    for t in seq:
-        p = dim_mul(p, t)
-        if p == target:
-            return j
-        if not isinstance(p, int) or p > target:
-            return None
-    return None
-
-
-def _rewrite_entry(
-    a: _Analysis,
-    n: Node,
-    idx: int,
-    entry: int,
-    full: int,
-    identity: bool,
-    region: int,
-    *,
-    keep_one: bool = False,
-) -> bool:
-    """Make entry ``entry`` of shape input ``idx`` of ``n`` say ``full // tp``; False (and a failure) if
-    the entry is computed in a way partition cannot rewrite."""
-    found = _trace_entry(a, n, idx, entry)
-    if found is None:
-        a.fail(
-            n,
-            {region},
-            f"entry {entry} of its target shape '{n.inputs[idx]}' (the split axis, {full} in the whole model) "
-            "is computed at run time in a way partition cannot rewrite",
-            "build the target shape from constants (or 0 / -1)",
-        )
-        return False
-    node, i, flat, value = found
-    if value == -1 and n.op_type == "Reshape":
-        return True
-    if (value == 0 and identity and n.op_type == "Reshape") or (value == 1 and keep_one):
-        return True
-    if value != full:
-        a.fail(
-            n,
-            {region},
-            f"entry {entry} of its target shape is {value}, expected {full} (the whole split axis), 0 or -1",
-            "check the model's shapes",
-        )
-        return False
-    prev = a.init_edits.get((node.name, i), ("set",))
-    if (flat, full // a.tp) not in prev:
-        a.edit_init(node, i, (*prev, (flat, full // a.tp)))
-    return True
-
-
-def _trace_entry(a: _Analysis, n: Node, idx: int, entry: int) -> tuple | None:
-    """Where entry ``entry`` of int input ``idx`` of ``n`` comes from: ``(node, input, flat, value)`` of
-    the initializer holding it (through Concat / Unsqueeze / Cast), else None."""
-    name = n.inputs[idx]
-    init = a.graph.initializers.get(name)
-    if init is not None:
-        flat = np.ravel(init)
-        return (n, idx, entry, int(flat[entry])) if 0 <= entry < flat.size else None
-    p = a.producers.get(name)
-    if p is None:
-        return None
-    if p.op_type in ("Cast", "Identity"):
-        return _trace_entry(a, p, 0, entry)
-    if p.op_type == "Unsqueeze" and len(a.shape(p.inputs[0])) == 0:
-        return _trace_entry(a, p, 0, 0) if entry == 0 else None
-    if p.op_type == "Concat":
-        off = 0
-        for k, x in enumerate(p.inputs):
-            shp = a.shape(x)
-            length = 1 if len(shp) == 0 else shp[0]
-            if not isinstance(length, int):
-                return None
-            if entry < off + length:
-                return _trace_entry(a, p, k, entry - off)
-            off += length
-        return None
     return None
 
 
@@ -840,7 +499,7 @@ def _check_attention_heads(g: Graph, tp: int) -> None:
                     raise GraphError(
                         f"node '{n.name}' ({n.qualified_type})",
                         f"attention has {what}={h}, which tp={tp} does not divide (each rank holds H/tp heads)",
-                        f"choose tp dividing {h} ({_divisors(h)})",
+                        f"choose tp dividing {h} ({divisors(h)})",
                     )
 
 
@@ -855,5 +514,5 @@ def _check_divisible(g: Graph, a: _Analysis) -> None:
             raise GraphError(
                 f"node '{lin.node.name}' ({lin.node.qualified_type})",
                 f"{lin.label} has {what} features {list(segs)}; {bad[0]} is not divisible by tp={a.tp}",
-                f"choose tp dividing {math.gcd(*segs)} ({_divisors(math.gcd(*segs))})",
+                f"choose tp dividing {math.gcd(*segs)} ({divisors(math.gcd(*segs))})",
             )
