@@ -585,3 +585,34 @@ def test_weight_behind_its_own_transpose() -> None:
     ranks = _check(g, 2, random_feeds(g, DIMS))
     assert [ranks[1].initializers[n].shape for n in ("w_1", "w_8")] == [(8, 8), (8, 8)]
     assert len(_allreduces(ranks[0])) == 1
+
+
+def test_shape_constant_shared_by_split_and_replicated_reshapes() -> None:
+    """A head-count constant read by both a split and a replicated Reshape is copied, not edited in place."""
+    rng = np.random.default_rng(0)
+    g = Graph("shared", opset_imports={"": 17, OPSTRATA_DOMAIN: 1})
+    g.add_input("x", np.float32, ("batch", "seq", 32))
+    for name in ("q", "o"):
+        g.add_initializer(f"{name}.w", rng.standard_normal((32, 32)).astype(np.float32) / 6)
+    g.add_initializer("heads", np.array([0, 0, 4, 8], np.int64))
+    g.add_initializer("merge", np.array([0, 0, 32], np.int64))
+    g.add_node("Linear", ["x", "q.w"], ["q"], domain=OPSTRATA_DOMAIN)
+    g.add_node("Reshape", ["q", "heads"], ["q4"])
+    g.add_node("Tanh", ["q4"], ["t4"])
+    g.add_node("Reshape", ["t4", "merge"], ["t"])
+    g.add_node("Linear", ["t", "o.w"], ["o"], domain=OPSTRATA_DOMAIN)
+    g.add_node("Reshape", ["x", "heads"], ["x4"])  # replicated: must keep 4 heads
+    g.add_node("Reshape", ["x4", "merge"], ["x2"])
+    g.add_node("Add", ["o", "x2"], ["y"])
+    g.outputs.append("y")
+    og.infer_shapes(g)
+    ranks = _check(g, 2, random_feeds(g, DIMS))
+    r1 = ranks[1]
+    assert r1.initializers["heads"].tolist() == [0, 0, 4, 8] and r1.initializers["merge"].tolist() == [
+        0,
+        0,
+        32,
+    ]
+    split_heads = r1.initializers[r1.producer("q4").inputs[1]]
+    assert split_heads.tolist() == [0, 0, 2, 8]
+    assert r1.initializers[r1.producer("t").inputs[1]].tolist() == [0, 0, 16]
