@@ -1,4 +1,4 @@
-"""opstrata.graph — IR, ONNX import/export, shape inference, optimisation passes, memory planning, execution plans."""
+"""opstrata.graph — IR, ONNX import/export, shape inference, optimisation passes, memory planning, tensor-parallel partitioning, execution plans."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ __version__: str = _check_compatible("opstrata-graph")
 # --- IR ---
 # --- optimisation passes (levels 0-3) and the pass report ---
 from . import _fused_ops as _fused_ops  # registers shape rules and exporters of the fused ops
+from ._collective import Collectives as Collectives, use_collectives as use_collectives
 from ._cse import eliminate_common_subexpressions as eliminate_common_subexpressions
 from ._dce import eliminate_dead_code as eliminate_dead_code
 from ._errors import GraphError as GraphError, UnsupportedOpError as UnsupportedOpError
@@ -41,6 +42,10 @@ from ._onnx_export import (
 
 # --- ONNX front end and back end (need the [onnx] extra at call time) ---
 from ._onnx_import import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
+
+# --- tensor-parallel partitioning (Megatron-LM): rank graphs, their collective, the simulator ---
+from ._partition import partition as partition
+from ._partition_sim import simulate_tensor_parallel as simulate_tensor_parallel
 from ._pipeline import (
     LEVELS as LEVELS,
     PassReport as PassReport,
@@ -73,6 +78,7 @@ __all__ = [
     "HOST_OPS",
     "LEVELS",
     "OPSTRATA_DOMAIN",
+    "Collectives",
     "Dim",
     "ExportContext",
     "Graph",
@@ -110,13 +116,16 @@ __all__ = [
     "is_static",
     "kernels_of",
     "optimize",
+    "partition",
     "passes_for_level",
     "plan_memory",
     "register_export",
     "remove_identities",
     "run_graph",
+    "simulate_tensor_parallel",
     "supported_onnx_ops",
     "supported_ops",
     "to_onnx",
+    "use_collectives",
     "validate",
 ]
