@@ -616,3 +616,18 @@ def test_shape_constant_shared_by_split_and_replicated_reshapes() -> None:
     split_heads = r1.initializers[r1.producer("q4").inputs[1]]
     assert split_heads.tolist() == [0, 0, 2, 8]
     assert r1.initializers[r1.producer("t").inputs[1]].tolist() == [0, 0, 16]
+
+
+def test_compiled_rank_graphs_bind_allreduce_as_collective_and_match_whole_model() -> None:
+    g = og.from_onnx(mlp_model())
+    feeds = random_feeds(g, {"batch": 3})
+    want = og.run_graph(g, feeds)
+    plans = [og.compile(rg, level=2) for rg in og.partition(g, tp=2)]
+    for plan in plans:
+        coll = [b for b in plan.bindings if b.op_type == f"{OPSTRATA_DOMAIN}::AllReduce"]
+        assert coll and all(b.path == "collective" and not b.is_fallback for b in coll)
+        assert not plan.fallbacks
+    got = og.simulate_tensor_parallel([p.graph for p in plans], feeds)
+    for rank_out in got:
+        for name, value in want.items():
+            np.testing.assert_allclose(rank_out[name], value, rtol=1e-4, atol=1e-5)

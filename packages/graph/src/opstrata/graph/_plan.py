@@ -32,6 +32,7 @@ FORMAT = "opstrata-plan"
 FORMAT_VERSION = 1
 
 _HOST = "host"
+_COLLECTIVE = "collective"  # runs through the collectives backend (comm), not an ops kernel
 # IR op -> the opstrata.ops kernels its executor function calls ("" = none: metadata only)
 _OPS: dict[str, str] = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Sqrt": "sqrt", "Exp": "exp",
@@ -50,14 +51,14 @@ _OPS: dict[str, str] = {
     "Not": _HOST, "And": _HOST, "Or": _HOST, "Xor": _HOST,
     "ai.opstrata::Linear": "linear", "ai.opstrata::RMSNorm": "rms_norm",
     "ai.opstrata::Attention": "attention", "ai.opstrata::SkipLayerNorm": "add layer_norm",
-    "ai.opstrata::SkipRMSNorm": "add rms_norm",
+    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": _COLLECTIVE,
 }  # fmt: skip
 _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sigmoid", "tanh": "tanh"}
 
 
 @dataclass(frozen=True)
 class KernelBinding:
-    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host."""
+    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host / collective."""
 
     node: str
     op_type: str
@@ -67,7 +68,7 @@ class KernelBinding:
 
     @property
     def is_fallback(self) -> bool:
-        return self.path not in ("native", _HOST)
+        return self.path not in ("native", _HOST, _COLLECTIVE)
 
 
 def _key(r: Any) -> tuple:
@@ -108,6 +109,9 @@ def _bind(g: Graph, device: str) -> list[KernelBinding]:
             )  # fmt: skip
         dt = _primary_dtype(g, n)
         for k in kernels_of(n):
+            if k == _COLLECTIVE:
+                out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _COLLECTIVE))
+                continue
             if k == _HOST or (n.op_type == "Div" and dt is not None and dt.kind in "iu"):
                 out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _HOST))
                 continue
