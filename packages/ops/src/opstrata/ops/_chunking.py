@@ -1,0 +1,69 @@
+"""Cache-sized blocking shared by the fused and generated kernels: 2-D row views and tile sizes.
+
+The speed of a chain of numpy ufuncs on a large array is set by memory traffic: every step streams
+the whole array through DRAM. Running the whole chain on one block that fits in L2, then the next,
+keeps each step's operands in cache (the loop tiling / operator fusion lesson of Halide and
+TVM, Ragan-Kelley et al. 2013). The helpers here turn broadcast operands into ``(rows, cols)`` views
+without copying where numpy's strides allow, and pick block sizes in elements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+#: Elements per block (per scratch buffer), read at call time so benchmarks can sweep it. Measured on
+#: the 2-core bench machine (1 MiB L2/core, 32 MiB L3): 16 Ki elements pays too much per-ufunc Python
+#: overhead (~0.7 us a call), 64 Ki float32 (256 KiB a buffer, ~1-1.5 MiB working set) was fastest for
+#: bias_act, add_layer_norm and adamw_step; 128 Ki and up no better.
+BLOCK_ELEMS: int = 64 * 1024
+
+
+def as_rows(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` broadcast to ``shape`` and viewed as ``(prod(shape[:-1]), shape[-1])``, copying only if needed.
+
+    A bias of shape ``(N,)`` or a residual of ``x``'s shape become zero-copy views; a broadcast that
+    strides cannot express (e.g. ``(B, 1, N)`` against ``(B, S, N)``) is materialized once.
+    """
+    b = np.broadcast_to(a, shape)
+    rows = math.prod(shape[:-1]) if shape else 1
+    cols = shape[-1] if shape else 1
+    try:
+        return np.reshape(b, (rows, cols), copy=False)
+    except ValueError:
+        return np.ascontiguousarray(b).reshape(rows, cols)
+
+
+def row_block(cols: int, block_elems: int | None = None) -> int:
+    """Rows per block so that one block holds about ``block_elems`` elements (at least one row)."""
+    return max(1, (block_elems or BLOCK_ELEMS) // max(cols, 1))
+
+
+def tiles(rows: int, cols: int, block_elems: int | None = None) -> Iterator[tuple[slice, slice]]:
+    """(row slice, col slice) tiles of about ``block_elems`` elements covering a ``(rows, cols)`` array."""
+    block_elems = block_elems or BLOCK_ELEMS
+    cb = min(cols, block_elems) if cols else 1
+    rb = row_block(cb, block_elems)
+    for r0 in range(0, rows, rb):
+        for c0 in range(0, cols, cb):
+            yield slice(r0, r0 + rb), slice(c0, c0 + cb)
+
+
+def tile_shape(rows: int, cols: int, block_elems: int | None = None) -> tuple[int, int]:
+    """The full-tile shape :func:`tiles` uses (scratch buffers are allocated at this size once)."""
+    block_elems = block_elems or BLOCK_ELEMS
+    cb = min(cols, block_elems) if cols else 1
+    return min(rows, row_block(cb, block_elems)), cb
+
+
+def scratch(shape: tuple[int, int], dtype: Any, n: int) -> list[np.ndarray]:
+    """``n`` reusable scratch buffers of ``shape``; callers slice ``buf[:r, :c]`` for edge tiles."""
+    return [np.empty(shape, dtype) for _ in range(n)]
+
+
+def fit(buf: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """The leading ``like.shape`` corner of a scratch buffer (the whole buffer for a full tile)."""
+    return buf if buf.shape == like.shape else buf[: like.shape[0], : like.shape[1]]
