@@ -59,6 +59,10 @@ from ._elementwise import (
     where as where,
 )
 from ._erf import erf as erf
+from ._fused import bias_act as bias_act, scale_mask_softmax as scale_mask_softmax
+from ._fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_rms_norm
+from ._optim import adamw_step as adamw_step
+from . import codegen as codegen
 from ._errors import (
     DevicePluginError as DevicePluginError,
     FallbackError as FallbackError,
@@ -131,17 +135,22 @@ __all__ = [
     "__version__",
     "abs",
     "accumulation_dtype",
+    "adamw_step",
     "add",
+    "add_layer_norm",
+    "add_rms_norm",
     "argmax",
     "as_dtype",
     "attention",
     "avg_pool2d",
     "batch_norm",
     "bfloat16",
+    "bias_act",
     "bool_",
     "call",
     "cast",
     "clip",
+    "codegen",
     "compute_dtype",
     "concat",
     "conv2d",
@@ -200,6 +209,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "rsqrt",
+    "scale_mask_softmax",
     "set_default_device",
     "set_fallback_chain",
     "set_fallback_policy",
