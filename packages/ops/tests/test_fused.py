@@ -48,7 +48,12 @@ def decomposed(op: str, *args: Any, **kw: Any) -> Any:
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize(
     ("xs", "bs", "rs"),
-    [((7, 33), (33,), (7, 33)), ((3, 5, 17), (17,), (5, 17)), ((301,), None, None), ((4, 50), (1, 50), (4, 1))],
+    [
+        ((7, 33), (33,), (7, 33)),
+        ((3, 5, 17), (17,), (5, 17)),
+        ((301,), None, None),
+        ((4, 50), (1, 50), (4, 1)),
+    ],
 )
 def test_bias_act_cpu_ref_decomposition(dtype: Any, act: str, xs: Any, bs: Any, rs: Any) -> None:
     x = rnd(xs, dtype)
@@ -79,7 +84,9 @@ def test_bias_act_errors() -> None:
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OpError, match="bias_act: argument 'act' expected one of"):
         ops.bias_act(x, act="tanh")
-    with pytest.raises(OpError, match="argument 'bias' expected a shape broadcastable to x's shape \\(2, 3\\)"):
+    with pytest.raises(
+        OpError, match="argument 'bias' expected a shape broadcastable to x's shape \\(2, 3\\)"
+    ):
         ops.bias_act(x, np.zeros(4, np.float32))
     with pytest.raises(OpError, match="argument 'residual'"):
         ops.bias_act(x, None, np.zeros((4, 2, 3), np.float32))  # would enlarge x
@@ -122,7 +129,9 @@ def test_add_rms_norm(dtype: Any, affine: bool) -> None:
     close(s, ops.add(x, r), dtype)
     close(decomposed("add_rms_norm", x, r, w), y_ref, dtype, loose=8.0)
     s64 = x.astype(np.float64) + r.astype(np.float64)
-    want = s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + 1e-6) * (1 if w is None else w.astype(np.float64))
+    want = (
+        s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + 1e-6) * (1 if w is None else w.astype(np.float64))
+    )
     close(y_ref, want.astype(dtype), dtype, loose=2.0)
 
 
@@ -173,7 +182,7 @@ def test_scale_mask_softmax_errors() -> None:
 # --------------------------------------------------------------------------- adamw
 
 
-def textbook_adamw(p, g, m, v, *, lr, beta1, beta2, eps, wd, step):  # noqa: ANN001, ANN201
+def textbook_adamw(p, g, m, v, *, lr, beta1, beta2, eps, wd, step):
     """Loshchilov & Hutter's AdamW as torch implements it, in float64 numpy, returning new arrays."""
     p = p * (1 - lr * wd)
     m = beta1 * m + (1 - beta1) * g
@@ -215,7 +224,7 @@ def test_adamw_errors() -> None:
         ops.adamw_step(p.astype(bfloat16), g, m, v, lr=0.1, step=1)
     with pytest.raises(OpError, match="argument 'param' expected a C-contiguous"):
         ops.adamw_step(np.zeros((4, 2), np.float32)[:, 0], g, m, v, lr=0.1, step=1)
-    with pytest.raises(OpError, match="argument 'beta1' expected a finite number in \\[0.0, 1.0\\)"):
+    with pytest.raises(OpError, match=r"argument 'beta1' expected a finite number in \[0.0, 1.0\)"):
         ops.adamw_step(p, g, m, v, lr=0.1, beta1=1.0, step=1)
     with pytest.raises(OpError, match="argument 'grad' expected param's shape"):
         ops.adamw_step(p, np.zeros(3, np.float32), m, v, lr=0.1, step=1)

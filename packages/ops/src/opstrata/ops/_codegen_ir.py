@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CodegenError", "Expr", "OPS", "apply", "const", "simplify", "var"]
+__all__ = ["OPS", "CodegenError", "Expr", "apply", "const", "simplify", "var"]
 
 
 class CodegenError(ValueError):
@@ -194,7 +194,9 @@ def const(value: Any) -> Expr:
         return value
     if isinstance(value, (bool, int, float, np.integer, np.floating)):
         return Expr("const", (), float(value).hex())
-    raise CodegenError(f"const: argument 'value' expected a real scalar, got {type(value).__name__} {value!r}")
+    raise CodegenError(
+        f"const: argument 'value' expected a real scalar, got {type(value).__name__} {value!r}"
+    )
 
 
 def apply(op: str, *args: Any) -> Expr:
@@ -256,7 +258,7 @@ def _fold(op: str, args: tuple[Expr, ...]) -> Expr | None:
 
 def _rewrite(op: str, args: tuple[Expr, ...]) -> Expr:
     """Algebraic rewrites of one node whose children are already simplified."""
-    a, b = (args + (None, None))[:2]
+    a, b = (*args, None, None)[:2]
     cb = _c(b) if b is not None else None
     if op == "pow" and cb is not None:
         if math.isfinite(cb) and cb == int(cb) and 1 <= abs(cb) <= 16:

@@ -99,7 +99,9 @@ def bias_act_ref(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
 
 
 @register_decomposition("bias_act", dtypes=FLOATS)
-def bias_act_decomposition(x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu") -> np.ndarray:
+def bias_act_decomposition(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu"
+) -> np.ndarray:
     """bias_act = add(act(add(x, bias)), residual), with bias/residual cast to x's dtype."""
     _check_act("bias_act", act)
     x = nd(x)
@@ -204,7 +206,11 @@ def scale_mask_softmax(
     x = checked("scale_mask_softmax", "x", x, FLOATS)
     normalize_axis("scale_mask_softmax", x, axis)
     mask = operand_like("scale_mask_softmax", "mask", mask, x.shape, allow_bool=True)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float, np.floating))
+        or not math.isfinite(scale)
+    ):
         raise OpError("scale_mask_softmax", "scale", "a finite number", repr(scale))
     return call("scale_mask_softmax", x, mask, scale=float(scale), axis=axis, device=device)
 

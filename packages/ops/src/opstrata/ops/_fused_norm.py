@@ -37,7 +37,9 @@ def _validate(op: str, x: Any, residual: Any, params: dict[str, Any]) -> tuple[n
     if x.ndim == 0:
         raise OpError(op, "x", "an array with at least 1 dim (normalized over the last)", "a 0-d array")
     if residual is None:
-        raise OpError(op, "residual", "an array broadcastable to x (use layer_norm/rms_norm without one)", "None")
+        raise OpError(
+            op, "residual", "an array broadcastable to x (use layer_norm/rms_norm without one)", "None"
+        )
     residual = operand_like(op, "residual", residual, x.shape)
     n = x.shape[-1]
     out = []
@@ -110,7 +112,13 @@ def _ref_sum(x: Any, residual: Any) -> np.ndarray:
 @register("add_layer_norm", device="ref", dtypes=FLOATS)
 @ieee
 def add_layer_norm_ref(
-    x: Any, residual: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-5, return_sum: bool = False
+    x: Any,
+    residual: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    eps: float = 1e-5,
+    return_sum: bool = False,
 ) -> Result:
     s = _ref_sum(x, residual)
     return _finish(layer_norm_ref(s, weight, bias, axis=-1, eps=eps), s, nd(x).dtype, return_sum)
@@ -127,7 +135,13 @@ def add_rms_norm_ref(
 
 @register_decomposition("add_layer_norm", dtypes=FLOATS)
 def add_layer_norm_decomposition(
-    x: Any, residual: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-5, return_sum: bool = False
+    x: Any,
+    residual: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    eps: float = 1e-5,
+    return_sum: bool = False,
 ) -> Result:
     """add_layer_norm = layer_norm(add(x, residual)) (the sum rounded to x's dtype first)."""
     x = nd(x)
@@ -187,7 +201,9 @@ def _add_norm_cpu(
         np.sqrt(ms, out=ms)
         np.reciprocal(ms, out=ms)
         y = o2[rs] if direct else t  # the last step writes straight into the result
-        steps = [(ufunc, p) for ufunc, p in ((np.multiply, ms), (np.multiply, w), (np.add, b)) if p is not None]
+        steps = [
+            (ufunc, p) for ufunc, p in ((np.multiply, ms), (np.multiply, w), (np.add, b)) if p is not None
+        ]
         for i, (ufunc, p) in enumerate(steps):
             ufunc(t, p, out=y if i == len(steps) - 1 else t)
         if not direct:
@@ -198,7 +214,13 @@ def _add_norm_cpu(
 @register("add_layer_norm", device="cpu", dtypes=FLOATS)
 @ieee
 def add_layer_norm_cpu(
-    x: Any, residual: Any, weight: Any = None, bias: Any = None, *, eps: float = 1e-5, return_sum: bool = False
+    x: Any,
+    residual: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    eps: float = 1e-5,
+    return_sum: bool = False,
 ) -> Result:
     return _add_norm_cpu(nd(x), residual, weight, bias, eps, return_sum, center=True)
 

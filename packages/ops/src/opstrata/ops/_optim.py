@@ -37,7 +37,9 @@ def _check_state(name: str, a: Any, like: np.ndarray | None) -> np.ndarray:
     if a.dtype not in MASTER_DTYPES:
         raise OpError("adamw_step", name, "float32 or float64 (fp32 master state)", str(a.dtype))
     if not a.flags.c_contiguous or not a.flags.writeable:
-        raise OpError("adamw_step", name, "a C-contiguous writeable array", "a non-contiguous or read-only view")
+        raise OpError(
+            "adamw_step", name, "a C-contiguous writeable array", "a non-contiguous or read-only view"
+        )
     if like is not None and (a.shape != like.shape or a.dtype != like.dtype):
         got = f"shape {a.shape}, dtype {a.dtype}"
         raise OpError("adamw_step", name, f"param's shape {like.shape} and dtype {like.dtype}", got)
@@ -88,7 +90,9 @@ def adamw_step(
         raise OpError("adamw_step", "grad", f"param's shape {param.shape}", str(grad.shape))
     _check_hparams(lr, beta1, beta2, eps, weight_decay, step)
     if len({id(param), id(exp_avg), id(exp_avg_sq)}) < 3 or np.shares_memory(exp_avg, exp_avg_sq):
-        raise OpError("adamw_step", "exp_avg", "three distinct arrays (param, exp_avg, exp_avg_sq)", "aliases")
+        raise OpError(
+            "adamw_step", "exp_avg", "three distinct arrays (param, exp_avg, exp_avg_sq)", "aliases"
+        )
     hp = {"lr": float(lr), "beta1": float(beta1), "beta2": float(beta2), "eps": float(eps)}
     call("adamw_step", param, grad, exp_avg, exp_avg_sq, **hp, weight_decay=float(weight_decay),
          step=int(step), device=device)  # fmt: skip
@@ -128,7 +132,11 @@ def adamw_step_decomposition(
     m = call("add", call("mul", exp_avg, c(beta1)), call("mul", g, c(1.0 - beta1)))
     v = call("add", call("mul", exp_avg_sq, c(beta2)), call("mul", call("mul", g, g), c(1.0 - beta2)))
     denom = call("add", call("mul", call("sqrt", v), c(inv_bc2)), c(eps))
-    p = call("sub", call("mul", param, c(1.0 - lr * weight_decay)), call("mul", call("div", m, denom), c(step_size)))
+    p = call(
+        "sub",
+        call("mul", param, c(1.0 - lr * weight_decay)),
+        call("mul", call("div", m, denom), c(step_size)),
+    )
     np.copyto(exp_avg, m)
     np.copyto(exp_avg_sq, v)
     np.copyto(param, p)

@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-def _unary(op: str):  # noqa: ANN202 - builders are one-liners over apply
+def _unary(op: str):
     def f(x: Any) -> Expr:
         return apply(op, x)
 
@@ -79,7 +79,7 @@ def _unary(op: str):  # noqa: ANN202 - builders are one-liners over apply
     return f
 
 
-def _binary(op: str):  # noqa: ANN202
+def _binary(op: str):
     def f(a: Any, b: Any) -> Expr:
         return apply(op, a, b)
 
