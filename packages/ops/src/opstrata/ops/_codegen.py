@@ -42,6 +42,8 @@ _UFUNC = {
 
 def _steps(op: str, o: str, a: list[str]) -> list[str]:
     """Source lines computing ``op(*a)`` into buffer ``o`` (ufuncs with ``out=``, in place where possible)."""
+    if op in ("maximum", "minimum"):  # numpy has no SIMD loop for max/min with a scalar: use a tile
+        a = [f"@{v}" if not v.isidentifier() or v.startswith("_") else v for v in a]
     if op in _UFUNC:
         return [f"np.{_UFUNC[op]}({', '.join(a)}, out={o})"]
     x = a[0]
@@ -50,7 +52,7 @@ def _steps(op: str, o: str, a: list[str]) -> list[str]:
         "erf": [f"_erf({x}, out={o})"],
         "sigmoid": [f"np.negative({x}, out={o})", f"np.exp({o}, out={o})", f"np.add({o}, 1.0, out={o})",
                     f"np.reciprocal({o}, out={o})"],
-        "relu": [f"np.maximum({x}, 0.0, out={o})"],
+        "relu": [f"np.maximum({x}, @0.0, out={o})"],  # @: a constant the emitter expands to a tile
         "silu": [f"np.negative({x}, out={o})", f"np.exp({o}, out={o})", f"np.add({o}, 1.0, out={o})",
                  f"np.true_divide({x}, {o}, out={o})"],
         "gelu": [f"np.multiply({x}, {1 / math.sqrt(2.0)!r}, out={o})", f"_erf({o}, out={o})",
@@ -108,6 +110,16 @@ class _Emitter:
         self.free: dict[str, list[str]] = {"f": [], "b": []}
         self.count: dict[str, int] = {"f": 0, "b": 0}
         self.body: list[str] = []
+        self.tiles: dict[str, str] = {}  # literal -> name of a constant tile (for max/min)
+
+    def _expand(self, line: str) -> str:
+        """Replace ``@<literal>`` operands by constant tiles ``q<j>`` filled once per call."""
+        parts = line.split("@")
+        for i in range(1, len(parts)):
+            lit, sep, rest = parts[i].partition(",")
+            name = self.tiles.setdefault(lit, f"q{len(self.tiles)}")
+            parts[i] = name + sep + rest
+        return "".join(parts)
 
     def operand(self, e: Expr) -> str:
         if e.op == "var":
@@ -138,7 +150,7 @@ class _Emitter:
             dying = [a for a in dict.fromkeys(n.args) if a in self.reg and self.last[a] == k]
             ops = [self.operand(a) for a in n.args]
             self.reg[n] = self._target(k, n, dying)
-            self.body += _steps(n.op, self.reg[n], ops)
+            self.body += [self._expand(line) for line in _steps(n.op, self.reg[n], ops)]
             for a in dying:
                 self.free[kind(a)].append(self.reg[a])
         return self.reg[self.nodes[-1]] if self.nodes else ""
@@ -185,6 +197,7 @@ def generate(expr: Expr, dtype: np.dtype) -> tuple[str, list[str], Expr]:
     src += [f"    _cv{i} = np.empty((rb, cb), _cdt) if k{i} else None" for i in range(len(names))]
     src += [f"    _f{i} = np.empty((rb, cb), _cdt)" for i in range(em.count["f"])]
     src += [f"    _b{i} = np.empty((rb, cb), np.bool_)" for i in range(em.count["b"])]
+    src += [f"    _{c} = np.full((rb, cb), {lit}, _cdt)" for lit, c in em.tiles.items()]
     src += ["    with np.errstate(all='ignore'):", "        for r0 in range(0, R, rb):",
             "            rs = slice(r0, r0 + rb)", "            nr = min(rb, R - r0)",
             "            for c0 in range(0, C, cb):", "                cs = slice(c0, c0 + cb)",
@@ -195,6 +208,8 @@ def generate(expr: Expr, dtype: np.dtype) -> tuple[str, list[str], Expr]:
         src.append(f"{ind}f{i} = _f{i} if full else _f{i}[:nr, :nc]")
     for i in range(em.count["b"]):
         src.append(f"{ind}b{i} = _b{i} if full else _b{i}[:nr, :nc]")
+    for c in em.tiles.values():
+        src.append(f"{ind}{c} = _{c} if full else _{c}[:nr, :nc]")
     for i in range(len(names)):
         src.append(f"{ind}x{i} = i{i}[rs, cs]")
         src.append(f"{ind}if k{i}:")

@@ -145,7 +145,9 @@ def _silu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
 
 
 def _relu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
-    np.maximum(h, 0.0, out=o)
+    """o = max(h, 0); against a zero tile, since numpy's maximum has no SIMD loop for a scalar operand."""
+    t[...] = 0.0
+    np.maximum(h, t, out=o)
 
 
 _ACT_BLOCKS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
@@ -247,23 +249,17 @@ def scale_mask_softmax_decomposition(
 
 
 def _softmax_rows(x2: np.ndarray, m2: np.ndarray | None, o2: np.ndarray, scale: float) -> None:
-    """Row-wise scale + mask + softmax of (R, M) views into o2, one block of rows at a time."""
+    """Row-wise scale + additive mask + softmax of (R, M) views into o2, one block of rows at a time."""
     cdt = compute_dtype(x2.dtype)
     rb = min(x2.shape[0], row_block(x2.shape[1]))
     (t_buf,) = scratch((rb, x2.shape[1]), cdt, 1)
-    keep = np.empty((rb, x2.shape[1]), bool_) if m2 is not None and m2.dtype == bool_ else None
     direct = cdt == o2.dtype
     for r0 in range(0, x2.shape[0], rb):
         rs = slice(r0, r0 + rb)
-        xs = x2[rs]
-        t = fit(t_buf, xs)
-        np.multiply(xs, scale, out=t, dtype=cdt)
-        if keep is not None:
-            k = fit(keep, xs)
-            np.logical_not(m2[rs], out=k)
-            np.copyto(t, -np.inf, where=k)
-        elif m2 is not None:
-            np.add(t, m2[rs], out=t, dtype=cdt)
+        t = fit(t_buf, x2[rs])
+        np.multiply(x2[rs], scale, out=t, dtype=cdt)
+        if m2 is not None:
+            np.add(t, m2[rs], out=t)
         mx = t.max(axis=1, keepdims=True)
         mx[mx == -np.inf] = 0  # fully masked row: no shift, exp gives zeros
         t -= mx
@@ -275,20 +271,32 @@ def _softmax_rows(x2: np.ndarray, m2: np.ndarray | None, o2: np.ndarray, scale: 
             np.copyto(o2[rs], t, casting="unsafe")
 
 
+def _additive(mask: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    """A bool mask as 0 / -inf in the compute dtype, at the mask's own (unbroadcast) shape."""
+    if mask.dtype == bool_:
+        return np.where(mask, cdt.type(0), cdt.type(-np.inf))
+    return mask.astype(cdt, copy=False)
+
+
 @register("scale_mask_softmax", device="cpu", dtypes=FLOATS)
 @ieee
 def scale_mask_softmax_cpu(x: Any, mask: Any = None, *, scale: float = 1.0, axis: int = -1) -> np.ndarray:
     x = nd(x)
     ax = normalize_axis("scale_mask_softmax", x, axis)
-    mask = None if mask is None else np.broadcast_to(nd(mask), x.shape)
     if x.size == 0:
         return np.empty(x.shape, x.dtype)
     if ax != x.ndim - 1:  # rows must be the softmax axis: work on a transposed contiguous copy
         xt = np.ascontiguousarray(np.moveaxis(x, ax, -1))
-        mt = None if mask is None else np.moveaxis(mask, ax, -1)
+        mt = None if mask is None else np.moveaxis(np.broadcast_to(nd(mask), x.shape), ax, -1)
         return np.ascontiguousarray(np.moveaxis(scale_mask_softmax_cpu(xt, mt, scale=scale), -1, ax))
     out = np.empty(x.shape, x.dtype)
-    shape = x.shape
-    m2 = None if mask is None else as_rows(mask, shape)
-    _softmax_rows(as_rows(x, shape), m2, out.reshape(-1, shape[-1]), scale)
+    n = x.shape[-1]
+    m = None if mask is None else np.broadcast_to(_additive(nd(mask), compute_dtype(x.dtype)), x.shape)
+    try:  # the mask flattens to rows with x (same shape, (M,), (N, M) over a 2-D x, ...)
+        m2 = None if m is None else np.reshape(m, (-1, n), copy=False)
+    except ValueError:  # e.g. an (N, M) mask over (B, H, N, M): one (N, M) matrix at a time
+        for idx in np.ndindex(x.shape[:-2]):
+            _softmax_rows(x[idx], m[idx], out[idx], scale)
+        return out
+    _softmax_rows(x.reshape(-1, n), m2, out.reshape(-1, n), scale)
     return out
