@@ -292,3 +292,12 @@ def test_errors() -> None:
         compile_expr(cg.reduce_sum(x, axis=3))(x=np.zeros((2, 2)))
     with pytest.raises(CodegenError, match="reduce_max: expected a non-empty reduction"):
         compile_expr(cg.reduce_max(x, axis=0))(x=np.zeros((0, 2)))
+
+
+def test_generated_source_is_the_same_in_every_process(run_python) -> None:  # noqa: ANN001 - fixture
+    code = (
+        "from opstrata.ops import codegen as cg; x, y = cg.var('x'), cg.var('y');"
+        "print(cg.compile_expr(cg.tanh(x + y) * (y * x) + cg.maximum(x, y)).source)"
+    )
+    outs = {run_python(code, env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1 and "def kernel(" in outs.pop()

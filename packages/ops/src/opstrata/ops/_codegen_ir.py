@@ -12,6 +12,7 @@ division by a constant to multiplication by its reciprocal, and the identities `
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,11 +100,15 @@ class Expr:
     ``<``/``<=``/``>``/``>=`` operators build nodes.
     """
 
-    __slots__ = ("_hash", "args", "attr", "op")
+    __slots__ = ("_hash", "args", "attr", "digest", "op")
 
     def __init__(self, op: str, args: tuple[Expr, ...] = (), attr: Any = None) -> None:
         self.op, self.args, self.attr = op, args, attr
-        self._hash = hash((op, attr, args))
+        # A content digest, stable across processes (str hashes are salted): it orders commutative
+        # operands, so the generated source is the same in every run.
+        text = "|".join([op, repr(attr), *(a.digest for a in args)])
+        self.digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+        self._hash = hash(self.digest)
 
     def __hash__(self) -> int:
         return self._hash
@@ -111,9 +116,7 @@ class Expr:
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if not isinstance(other, Expr) or self._hash != other._hash:
-            return False
-        return self.op == other.op and self.attr == other.attr and self.args == other.args
+        return isinstance(other, Expr) and self.digest == other.digest
 
     def __bool__(self) -> bool:
         raise TypeError("an Expr has no truth value (did you mean where(cond, a, b)?)")
@@ -279,7 +282,7 @@ def _rewrite(op: str, args: tuple[Expr, ...]) -> Expr:
         return _rewrite("neg", (a,))
     if op == "neg" and a.op == "neg":
         return a.args[0]
-    if op in COMMUTATIVE and cb is None and hash(a) > hash(b):
+    if op in COMMUTATIVE and cb is None and a.digest > b.digest:
         args = (b, a)  # canonical order, so x*y and y*x are one subexpression
     return Expr(op, args)
 
