@@ -294,7 +294,7 @@ def test_errors() -> None:
         compile_expr(cg.reduce_max(x, axis=0))(x=np.zeros((0, 2)))
 
 
-def test_generated_source_is_the_same_in_every_process(run_python) -> None:  # noqa: ANN001 - fixture
+def test_generated_source_is_the_same_in_every_process(run_python) -> None:
     code = (
         "from opstrata.ops import codegen as cg; x, y = cg.var('x'), cg.var('y');"
         "print(cg.compile_expr(cg.tanh(x + y) * (y * x) + cg.maximum(x, y)).source)"
