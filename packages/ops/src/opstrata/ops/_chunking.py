@@ -67,3 +67,15 @@ def scratch(shape: tuple[int, int], dtype: Any, n: int) -> list[np.ndarray]:
 def fit(buf: np.ndarray, like: np.ndarray) -> np.ndarray:
     """The leading ``like.shape`` corner of a scratch buffer (the whole buffer for a full tile)."""
     return buf if buf.shape == like.shape else buf[: like.shape[0], : like.shape[1]]
+
+
+def row_tile(a2: np.ndarray, rb: int, cb: int, dtype: Any) -> np.ndarray | None:
+    """A contiguous ``(rb, cols)`` copy of a row-broadcast ``(rows, cols)`` view (a bias), else None.
+
+    numpy's inner loop over a zero-stride row operand runs ~2x slower than over a contiguous one, so
+    an operand repeated on every row is laid out once as a full tile (only when tiles span all
+    columns) and sliced ``[:nr]`` per block.
+    """
+    if a2.shape[0] <= 1 or a2.strides[0] != 0 or cb != a2.shape[1]:
+        return None
+    return np.ascontiguousarray(np.broadcast_to(a2[:1], (rb, a2.shape[1])), dtype=dtype)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._activation import gelu_ref, relu_ref, silu_ref
-from ._chunking import as_rows, fit, row_block, scratch, tile_shape, tiles
+from ._chunking import as_rows, fit, row_block, row_tile, scratch, tile_shape, tiles
 from ._dtypes import bool_, compute_dtype
 from ._elementwise import FLOATS, cast_back, checked, const, ieee, nd, upcast
 from ._errors import OpError
@@ -171,7 +171,9 @@ def bias_act_cpu(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
     x2, o2 = as_rows(x, shape), out.reshape(math.prod(shape[:-1]), shape[-1])
     b2 = None if bias is None else as_rows(nd(bias), shape)
     r2 = None if residual is None else as_rows(nd(residual), shape)
-    h_buf, t_buf, y_buf = scratch(tile_shape(*x2.shape), cdt, 3)
+    tile = tile_shape(*x2.shape)
+    h_buf, t_buf, y_buf = scratch(tile, cdt, 3)
+    b_tile = None if b2 is None else row_tile(b2, *tile, cdt)
     block, direct = _ACT_BLOCKS[act], cdt == x.dtype
     for rs, cs in tiles(*x2.shape):
         xs = x2[rs, cs]
@@ -179,7 +181,7 @@ def bias_act_cpu(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
         if b2 is None:
             np.copyto(h, xs)
         else:
-            np.add(xs, b2[rs, cs], out=h, dtype=cdt)
+            np.add(xs, b2[rs, cs] if b_tile is None else fit(b_tile, xs), out=h, dtype=cdt)
         y = o2[rs, cs] if direct else fit(y_buf, xs)  # write straight into the result when dtypes agree
         block(h, t, y)
         if r2 is not None:
