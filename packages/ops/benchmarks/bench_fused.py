@@ -94,7 +94,7 @@ def cases(quick: bool) -> list[Case]:
 def sweep(quick: bool, repeats: int) -> str:
     """Median ms of each fused kernel at several block sizes (elements per scratch buffer)."""
     sizes = (16 * 1024, 32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024)
-    rows = []
+    default, rows = _chunking.BLOCK_ELEMS, []
     for name, _, _, _, fused, _ in cases(quick):
 
         def at(size: int, fn: Callable[[], object] = fused) -> Callable[[], object]:
@@ -107,7 +107,7 @@ def sweep(quick: bool, repeats: int) -> str:
         t = compare({str(s): at(s) for s in sizes}, repeats=repeats)
         best = min(t, key=lambda k: t[k].median)
         rows.append([name, *(f"{t[str(s)].median * 1e3:.1f}" for s in sizes), best])
-    _chunking.BLOCK_ELEMS = 64 * 1024
+    _chunking.BLOCK_ELEMS = default
     return format_table(["kernel", *(f"{s // 1024} Ki" for s in sizes), "best"], rows)
 
 

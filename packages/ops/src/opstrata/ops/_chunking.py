@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 #: Elements per block (per scratch buffer), read at call time so benchmarks can sweep it. Measured on
-#: the 2-core bench machine (1 MiB L2/core, 32 MiB L3): 16 Ki elements pays too much per-ufunc Python
-#: overhead (~0.7 us a call), 64 Ki float32 (256 KiB a buffer, ~1-1.5 MiB working set) was fastest for
-#: bias_act, add_layer_norm and adamw_step; 128 Ki and up no better.
-BLOCK_ELEMS: int = 64 * 1024
+#: the shared 2-core bench machine (1 MiB L2/core, 32 MiB L3) with ``bench_fused.py --sweep``: at
+#: 16-32 Ki elements the ~0.7 us Python cost of each ufunc call dominates; 128 Ki (512 KiB of float32
+#: a buffer; the working set spills L2 into L3 but stays off DRAM) was fastest or tied for bias_act,
+#: add_layer_norm/add_rms_norm, scale_mask_softmax, adamw_step and the generated chains.
+BLOCK_ELEMS: int = 128 * 1024
 
 
 def as_rows(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
