@@ -301,3 +301,17 @@ def test_generated_source_is_the_same_in_every_process(run_python) -> None:
     )
     outs = {run_python(code, env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outs) == 1 and "def kernel(" in outs.pop()
+
+
+def test_long_chains_compile_without_recursion_limits() -> None:
+    x, y = var("x"), var("y")
+    e = x
+    for i in range(3000):  # a chain far deeper than Python's recursion limit
+        e = cg.tanh(e) * 0.5 + y if i % 2 else e * 0.999 - 0.001
+    k = compile_expr(e, "float64")
+    assert "<" in k.source.splitlines()[1]  # summarized, not a 3000-level repr
+    xa, ya = np.linspace(-1, 1, 50), np.float64(0.1)
+    want = xa
+    for i in range(3000):
+        want = np.tanh(want) * 0.5 + ya if i % 2 else want * 0.999 - 0.001
+    np.testing.assert_allclose(k(x=xa, y=ya), want, rtol=1e-12)

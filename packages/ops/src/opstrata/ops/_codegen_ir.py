@@ -122,12 +122,25 @@ class Expr:
         raise TypeError("an Expr has no truth value (did you mean where(cond, a, b)?)")
 
     def __repr__(self) -> str:
+        text: dict[Expr, str] = {}
+        stack: list[tuple[Expr, bool]] = [(self, False)]
+        while stack:  # iterative post-order: deep chains print without hitting the recursion limit
+            n, ready = stack.pop()
+            if n in text:
+                continue
+            if not ready and n.args:
+                stack.append((n, True))
+                stack.extend((a, False) for a in n.args)
+                continue
+            text[n] = n._label(tuple(text[a] for a in n.args))
+        return text[self]
+
+    def _label(self, args: tuple[str, ...]) -> str:
         if self.op == "var":
             return str(self.attr)
         if self.op == "const":
             return repr(self.value)
-        inner = ", ".join(repr(a) for a in self.args)
-        return f"{self.op}({inner}{'' if self.attr is None else f', axis={self.attr}'})"
+        return f"{self.op}({', '.join(args)}{'' if self.attr is None else f', axis={self.attr}'})"
 
     @property
     def value(self) -> float:
@@ -287,26 +300,31 @@ def _rewrite(op: str, args: tuple[Expr, ...]) -> Expr:
     return Expr(op, args)
 
 
-def simplify(e: Expr, memo: dict[Expr, Expr] | None = None) -> Expr:
-    """The simplified equivalent of ``e`` (bottom-up; shared subtrees simplified once)."""
-    memo = {} if memo is None else memo
-    hit = memo.get(e)
-    if hit is not None:
-        return hit
+def _simplify_node(e: Expr, args: tuple[Expr, ...]) -> Expr:
     if e.op in ("var", "const"):
-        out = e
-    else:
-        args = tuple(simplify(a, memo) for a in e.args)
-        if e.op.startswith("reduce_"):
-            out = Expr(e.op, args, e.attr)
-        elif e.op not in ("where", "to_float") and kind(e) == "f" and any(kind(a) == "b" for a in args):
-            args = tuple(Expr("to_float", (a,)) if kind(a) == "b" else a for a in args)
-            out = _rewrite(e.op, args)
-        else:
-            folded = _fold(e.op, args)
-            out = folded if folded is not None else _rewrite(e.op, args)
-    memo[e] = out
-    return out
+        return e
+    if e.op.startswith("reduce_"):
+        return Expr(e.op, args, e.attr)
+    if e.op not in ("where", "to_float") and kind(e) == "f" and any(kind(a) == "b" for a in args):
+        return _rewrite(e.op, tuple(Expr("to_float", (a,)) if kind(a) == "b" else a for a in args))
+    folded = _fold(e.op, args)
+    return folded if folded is not None else _rewrite(e.op, args)
+
+
+def simplify(e: Expr) -> Expr:
+    """The simplified equivalent of ``e``: bottom-up, shared subtrees once, iterative (no depth limit)."""
+    memo: dict[Expr, Expr] = {}
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        n, ready = stack.pop()
+        if n in memo:
+            continue
+        if not ready and n.args:
+            stack.append((n, True))
+            stack.extend((a, False) for a in n.args if a not in memo)
+            continue
+        memo[n] = _simplify_node(n, tuple(memo[a] for a in n.args))
+    return memo[e]
 
 
 def variables(e: Expr) -> list[str]:
