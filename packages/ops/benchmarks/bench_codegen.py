@@ -113,12 +113,18 @@ def main(argv: list[str] | None = None) -> None:
             "numpy": baseline,
         }
         if numexpr is not None and ne_src is not None:
-            cands["numexpr"] = lambda s=ne_src, f=feeds: numexpr.evaluate(s, local_dict=f)
+            try:  # check numexpr agrees before timing it
+                ok = np.allclose(numexpr.evaluate(ne_src, local_dict=feeds), baseline(), rtol=1e-4, atol=1e-4)
+            except Exception as exc:  # an unsupported expression in this numexpr version
+                print(f"numexpr skipped for {name}: {type(exc).__name__}: {exc}")
+                ok = False
+            if ok:
+                cands["numexpr"] = lambda s=ne_src, f=feeds: numexpr.evaluate(s, local_dict=f)
         t = compare(cands, repeats=repeats)
         gen = t["generated"].median
         vs_ne = f"{t['numexpr'].median / gen:.2f}x" if "numexpr" in t else "n/a (numexpr not installed)"
-        if ne_src is None and numexpr is not None:
-            vs_ne = "n/a (no numexpr form)"
+        if numexpr is not None and "numexpr" not in t:
+            vs_ne = "n/a (no numexpr form)" if ne_src is None else "n/a (numexpr failed or disagreed)"
         rows.append([name, shape, f"{compile_ms:.1f}", f"{t['numpy'].median * 1e3:.1f}", f"{gen * 1e3:.1f}",
                      f"{t['numpy'].median / gen:.2f}x", vs_ne])  # fmt: skip
     print(

@@ -174,6 +174,7 @@ def bias_act_cpu(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
     tile = tile_shape(*x2.shape)
     h_buf, t_buf, y_buf = scratch(tile, cdt, 3)
     b_tile = None if b2 is None else row_tile(b2, *tile, cdt)
+    r_tile = None if r2 is None else row_tile(r2, *tile, cdt)
     block, direct = _ACT_BLOCKS[act], cdt == x.dtype
     for rs, cs in tiles(*x2.shape):
         xs = x2[rs, cs]
@@ -185,7 +186,7 @@ def bias_act_cpu(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
         y = o2[rs, cs] if direct else fit(y_buf, xs)  # write straight into the result when dtypes agree
         block(h, t, y)
         if r2 is not None:
-            np.add(y, r2[rs, cs], out=y, dtype=cdt)
+            np.add(y, r2[rs, cs] if r_tile is None else fit(r_tile, xs), out=y, dtype=cdt)
         if not direct:
             np.copyto(o2[rs, cs], y, casting="unsafe")
     return out
