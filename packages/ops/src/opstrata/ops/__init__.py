@@ -6,6 +6,7 @@ from .compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-ops")
 
+from . import codegen as codegen
 from ._activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
 from ._attention import attention as attention
 from ._conv import conv2d as conv2d
@@ -77,10 +78,13 @@ from ._fallback import (
     reset_fallback_report as reset_fallback_report,
     set_fallback_policy as set_fallback_policy,
 )
+from ._fused import bias_act as bias_act, scale_mask_softmax as scale_mask_softmax
+from ._fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_rms_norm
 from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
 from ._loss import cross_entropy as cross_entropy
 from ._matmul import gemm as gemm, linear as linear, matmul as matmul
 from ._normalization import batch_norm as batch_norm, layer_norm as layer_norm, rms_norm as rms_norm
+from ._optim import adamw_step as adamw_step
 from ._pool import avg_pool2d as avg_pool2d, global_avg_pool as global_avg_pool, max_pool2d as max_pool2d
 from ._reduce import (
     argmax as argmax,
@@ -131,17 +135,22 @@ __all__ = [
     "__version__",
     "abs",
     "accumulation_dtype",
+    "adamw_step",
     "add",
+    "add_layer_norm",
+    "add_rms_norm",
     "argmax",
     "as_dtype",
     "attention",
     "avg_pool2d",
     "batch_norm",
     "bfloat16",
+    "bias_act",
     "bool_",
     "call",
     "cast",
     "clip",
+    "codegen",
     "compute_dtype",
     "concat",
     "conv2d",
@@ -200,6 +209,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "rsqrt",
+    "scale_mask_softmax",
     "set_default_device",
     "set_fallback_chain",
     "set_fallback_policy",
