@@ -86,7 +86,9 @@ class CachingAllocator:
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         if limit_bytes is not None and (not isinstance(limit_bytes, int) or limit_bytes <= 0):
-            raise InvalidArgument("CachingAllocator", f"limit_bytes must be a positive int, got {limit_bytes!r}")
+            raise InvalidArgument(
+                "CachingAllocator", f"limit_bytes must be a positive int, got {limit_bytes!r}"
+            )
         self.limit_bytes = limit_bytes
         self._free: dict[str, list[tuple[int, int, int]]] = {"small": [], "large": []}  # sorted keys
         self._free_blocks: dict[tuple[int, int, int], Block] = {}
@@ -162,7 +164,9 @@ class CachingAllocator:
         else:
             block = x
         if not isinstance(block, Block) or not block.allocated or block.segment.id not in self._segments:
-            raise InvalidArgument("CachingAllocator.free", f"{block!r} is not an allocated block of this allocator")
+            raise InvalidArgument(
+                "CachingAllocator.free", f"{block!r} is not an allocated block of this allocator"
+            )
         c = self._c
         c["allocated_bytes"] -= block.size
         c["requested_bytes"] -= block.requested

@@ -32,7 +32,7 @@ _OUT_KERNELS: dict[str, Callable[..., np.ndarray]] = {
 class _Step:
     """One node: its kernel, input/output slot indices, and the binary ``out=`` kernel when usable."""
 
-    __slots__ = ("fn", "frees", "ins", "kernels", "fallback", "node", "out_fn", "outs", "where")
+    __slots__ = ("fallback", "fn", "frees", "ins", "kernels", "node", "out_fn", "outs", "where")
 
     def __init__(self, node: Node, fn: Callable[..., list[Any]], ins: list[int], outs: list[int]) -> None:
         self.node, self.fn, self.ins, self.outs = node, fn, ins, outs
@@ -68,7 +68,12 @@ class Schedule:
                     f"node '{n.name}' ({n.qualified_type})", "the executor has no kernel for this op type",
                     "lower it to supported ops or recompile the plan",
                 )  # fmt: skip
-            st = _Step(n, fn, [self.slot[x] if x else -1 for x in n.inputs], [self.slot[o] if o else -1 for o in n.outputs])
+            st = _Step(
+                n,
+                fn,
+                [self.slot[x] if x else -1 for x in n.inputs],
+                [self.slot[o] if o else -1 for o in n.outputs],
+            )
             st.out_fn = self._out_kernel(n)
             bs = by_node.get(n.name, [])
             st.kernels = tuple(b.kernel for b in bs if b.kernel) or ("host",)
@@ -188,7 +193,9 @@ class Schedule:
             for arr in held.values():  # an error mid-run: give every block back
                 alloc.free(arr)
 
-    def _record(self, prof: Profiler, st: _Step, args: list[Any], vals: list[Any], t0: int, run_id: int) -> None:
+    def _record(
+        self, prof: Profiler, st: _Step, args: list[Any], vals: list[Any], t0: int, run_id: int
+    ) -> None:
         dur = time.perf_counter_ns() - t0
         outs = [vals[s] if s >= 0 else None for s in st.outs]
         ins_s = tuple(None if a is None else tuple(np.shape(a)) for a in args)

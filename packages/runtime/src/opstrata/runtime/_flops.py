@@ -20,7 +20,9 @@ _MOVE = frozenset(
     "Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice Gather Expand Identity Shape Size "
     "Range ConstantOfShape Cast".split()
 )
-_PER_ELEM5 = frozenset("LayerNormalization BatchNormalization Softmax LogSoftmax RMSNorm SkipLayerNorm SkipRMSNorm".split())
+_PER_ELEM5 = frozenset(
+    "LayerNormalization BatchNormalization Softmax LogSoftmax RMSNorm SkipLayerNorm SkipRMSNorm".split()
+)
 
 
 def _numel(s: Shape | None) -> int:
@@ -39,7 +41,11 @@ def node_flops(node: Node, ins: Sequence[Shape | None], outs: Sequence[Shape | N
         k = ins[0][0] if node.attrs.get("transA", 0) else ins[0][-1]
         return 2 * out * k + (out if len(ins) > 2 else 0)
     if op == "Linear" and ins[1]:
-        return 2 * out * ins[1][1] + (out if len(ins) > 2 and ins[2] else 0) + (out if node.attrs.get("activation") else 0)
+        return (
+            2 * out * ins[1][1]
+            + (out if len(ins) > 2 and ins[2] else 0)
+            + (out if node.attrs.get("activation") else 0)
+        )
     if op == "Conv" and ins[1]:
         return 2 * out * math.prod(ins[1][1:]) + (out if len(ins) > 2 and ins[2] else 0)
     if op == "Attention" and ins[0] and ins[1]:

@@ -46,7 +46,11 @@ class NodeArg:
 
 
 def _type_str(dt: np.dtype | None) -> str:
-    return f"tensor({_ONNX_TYPES.get(np.dtype(dt).name, np.dtype(dt).name)})" if dt is not None else "tensor(undefined)"
+    return (
+        f"tensor({_ONNX_TYPES.get(np.dtype(dt).name, np.dtype(dt).name)})"
+        if dt is not None
+        else "tensor(undefined)"
+    )
 
 
 def _load(model: Any, level: int, device: str) -> og.Plan:
@@ -66,7 +70,11 @@ def _load(model: Any, level: int, device: str) -> og.Plan:
                 f.write_bytes(bytes(model))
                 plan = og.Plan.load(f)
         elif isinstance(model, (bytes, bytearray, og.Graph)) or hasattr(model, "graph"):
-            g = model if isinstance(model, og.Graph) else og.from_onnx(bytes(model) if isinstance(model, bytearray) else model)
+            g = (
+                model
+                if isinstance(model, og.Graph)
+                else og.from_onnx(bytes(model) if isinstance(model, bytearray) else model)
+            )
             plan = og.compile(g, level, device)
         else:
             raise InvalidModel(
@@ -74,7 +82,9 @@ def _load(model: Any, level: int, device: str) -> og.Plan:
                 "pass a model file path or onnx.load(path)",
             )  # fmt: skip
     except og.GraphError as exc:
-        raise InvalidModel(where, str(exc), "check the model file (onnx.checker.check_model) or recompile the plan") from exc
+        raise InvalidModel(
+            where, str(exc), "check the model file (onnx.checker.check_model) or recompile the plan"
+        ) from exc
     if plan.device != device:
         raise InvalidModel(
             where, f"the plan was compiled for device '{plan.device}', the session runs on '{device}'",
@@ -92,13 +102,19 @@ class InferenceSession:
     [(3, 8)]
     """
 
-    def __init__(self, model: Any, sess_options: SessionOptions | None = None, *, device: str = "cpu") -> None:
+    def __init__(
+        self, model: Any, sess_options: SessionOptions | None = None, *, device: str = "cpu"
+    ) -> None:
         opts = sess_options if sess_options is not None else SessionOptions()
         if not isinstance(opts, SessionOptions):
-            raise InvalidArgument("InferenceSession", f"sess_options must be SessionOptions, got {type(opts).__name__}")
+            raise InvalidArgument(
+                "InferenceSession", f"sess_options must be SessionOptions, got {type(opts).__name__}"
+            )
         self.options = opts.validate()
         if not isinstance(device, str) or device not in ops.list_devices():
-            raise InvalidArgument("InferenceSession", f"unknown device {device!r}", f"use one of {ops.list_devices()}")
+            raise InvalidArgument(
+                "InferenceSession", f"unknown device {device!r}", f"use one of {ops.list_devices()}"
+            )
         self.device = device
         with self._policy():
             self.plan = _load(model, opts.graph_optimization_level, device)
@@ -145,7 +161,9 @@ class InferenceSession:
     def _check_feeds(self, feeds: Any) -> list[np.ndarray]:
         where = f"InferenceSession.run('{self.graph.name}')"
         if not isinstance(feeds, Mapping):
-            raise InvalidArgument(where, f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
+            raise InvalidArgument(
+                where, f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}"
+            )
         names = [a.name for a in self._inputs]
         unknown = [k for k in feeds if k not in names]
         if unknown:
@@ -203,7 +221,9 @@ class InferenceSession:
         prog = self._programs[key] = (arena, vals)
         return prog
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list[np.ndarray]:
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
         """Outputs named by ``output_names`` (None: all, in graph order) for ``input_feed`` {name: array}."""
         feeds = self._check_feeds(input_feed)
         slots = self._output_slots(output_names)
@@ -247,4 +267,3 @@ class InferenceSession:
         if prof is None:
             raise InvalidArgument("InferenceSession.profile_summary", "profiling is off", "create the session with SessionOptions(enable_profiling=True)")  # fmt: skip
         return prof.summary(top)
-
