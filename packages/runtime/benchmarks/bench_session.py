@@ -59,10 +59,10 @@ def bench_sessions(quick: bool, threads: int) -> str:
         cands: dict[str, Callable[[], object]] = {}
         for lvl in (2, 3):
             sess = InferenceSession(model, SessionOptions(graph_optimization_level=lvl))
-            cands[f"opstrata L{lvl}"] = lambda s=sess: s.run(None, feeds)
+            cands[f"opstrata L{lvl}"] = lambda s=sess, f=feeds: s.run(None, f)
         ort_run = _ort_session(model, threads)
         if ort_run is not None:
-            cands["onnxruntime"] = lambda r=ort_run: r(feeds)
+            cands["onnxruntime"] = lambda r=ort_run, f=feeds: r(f)
         t = compare(cands, repeats=repeats, number=number, warmup=2)
         base = t["onnxruntime"].median if "onnxruntime" in t else None
         for cand, tm in t.items():
