@@ -112,3 +112,50 @@ def test_outputs_do_not_alias_the_arena(models) -> None:
     np.testing.assert_array_equal(first, keep)
     arena = next(iter(sess.arenas.values()))
     assert not np.shares_memory(first, arena.buffer)
+
+
+def _reuse_model(shape_back: bool = True):
+    """x -> Relu -> Reshape (view) ... Neg(x) may land in Relu's freed bytes while the view is live."""
+    onnx = pytest.importorskip("onnx")
+    h = onnx.helper
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"], name="relu"),
+        h.make_node("Reshape", ["r", "flat"], ["v"], name="view"),
+        h.make_node("Neg", ["x2"], ["n"], name="neg"),
+        h.make_node("Reshape", ["n", "flat"], ["nf"], name="nflat"),
+        h.make_node("Add", ["v", "nf"], ["y"], name="add"),
+    ]
+    g = h.make_graph(
+        nodes, "reuse",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8]),
+         h.make_tensor_value_info("x2", onnx.TensorProto.FLOAT, [4, 8])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [32])],
+        [onnx.numpy_helper.from_array(np.array([32], np.int64), "flat")],
+    )  # fmt: skip
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_view_kept_only_when_its_bytes_are_not_reused() -> None:
+    import opstrata.graph as og
+    from opstrata.runtime._arena import view_aliases
+
+    model = _reuse_model()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((4, 8), dtype=np.float32),
+        "x2": rng.standard_normal((4, 8), dtype=np.float32),
+    }
+    (y,) = sess.run(None, feeds)
+    np.testing.assert_array_equal(y, np.maximum(feeds["x"], 0).reshape(32) - feeds["x2"].reshape(32))
+    mp = sess.plan.memory_for({"x": (4, 8), "x2": (4, 8)})
+    aliases = view_aliases(sess.graph, mp)
+    r, n = (
+        (mp.offsets["r"], mp.offsets["r"] + mp.sizes["r"]),
+        (mp.offsets["n"], mp.offsets["n"] + mp.sizes["n"]),
+    )
+    overlap = r[0] < n[1] and n[0] < r[1]
+    assert ("v" in aliases) == (not overlap)  # Neg writes into Relu's freed bytes -> the view is copied
+    assert "nf" in aliases  # nothing is written after it: kept as a view
+    g = og.from_onnx(model)
+    np.testing.assert_array_equal(y, og.run_graph(g, feeds)["y"])

@@ -131,8 +131,16 @@ class Schedule:
 
     # ------------------------------------------------------------------ runs
 
+    def alias_slots(self, arena: Arena) -> frozenset[int]:
+        """Slots of the arena's view aliases (cached on the arena)."""
+        got = arena._alias_slots
+        if got is None:
+            got = arena._alias_slots = frozenset(self.slot[v] for v in arena.aliases)
+        return got
+
     def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:
         """Execute every step; intermediates are the arena views already in ``vals``."""
+        alias = self.alias_slots(arena)
         for st in self.steps:
             args = [vals[i] if i >= 0 else None for i in st.ins]
             while args and args[-1] is None:
@@ -147,7 +155,13 @@ class Schedule:
             else:
                 res = self._compute(st, args)
                 for k, s in enumerate(st.outs):
-                    if s >= 0 and k < len(res):
+                    if s in alias:  # a checked view of its input's bytes (see view_aliases)
+                        dst = vals[s]
+                        r = res[k]
+                        if r.shape != dst.shape or r.dtype != dst.dtype:
+                            self._store(st, k, dst, r, arena)  # raises the shape/dtype error
+                        vals[s] = r
+                    elif s >= 0 and k < len(res):
                         self._store(st, k, vals[s], res[k], arena)
             if prof is not None:
                 self._record(prof, st, args, vals, t0, run_id)

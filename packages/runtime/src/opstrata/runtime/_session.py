@@ -20,7 +20,7 @@ import opstrata.graph as og
 import opstrata.ops as ops
 
 from ._allocator import CachingAllocator
-from ._arena import Arena
+from ._arena import Arena, view_aliases
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
 from ._options import SessionOptions
@@ -211,7 +211,7 @@ class InferenceSession:
         if self.options.enable_mem_arena:
             try:
                 mp = self.plan.memory_for(dict(zip(self.graph.inputs, key, strict=True)))
-                arena = Arena(mp, self._dtypes)
+                arena = Arena(mp, self._dtypes, view_aliases(self.graph, mp))
             except og.GraphError:  # a value without a concrete shape: run on the caching allocator
                 arena = None
         vals = list(self._schedule.template)
