@@ -225,6 +225,8 @@ class InferenceSession:
         self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
     ) -> list[np.ndarray]:
         """Outputs named by ``output_names`` (None: all, in graph order) for ``input_feed`` {name: array}."""
+        if run_options is not None:
+            raise InvalidArgument("InferenceSession.run", "run_options is not supported yet", "pass None")
         feeds = self._check_feeds(input_feed)
         slots = self._output_slots(output_names)
         key = tuple(f.shape for f in feeds)
