@@ -159,3 +159,31 @@ def test_view_kept_only_when_its_bytes_are_not_reused() -> None:
     assert "nf" in aliases  # nothing is written after it: kept as a view
     g = og.from_onnx(model)
     np.testing.assert_array_equal(y, og.run_graph(g, feeds)["y"])
+
+
+def test_unplannable_shape_runs_on_the_allocator(monkeypatch, models) -> None:
+    import opstrata.graph as og
+
+    model, dims = models["gpt"]
+    sess = InferenceSession(model)
+    feeds = random_feeds(model, dims)
+    want = InferenceSession(model).run(None, feeds)[0]
+
+    def unplannable(shapes):
+        raise og.GraphError("graph 'gpt_block': value 'x'", "needs a concrete shape")
+
+    monkeypatch.setattr(sess.plan, "memory_for", unplannable)
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
+    assert list(sess.arenas.values()) == [None]
+    st = sess.allocator.stats()
+    assert st["num_alloc"] > 0 and st["allocated_bytes"] == 0
+
+
+def test_session_memory_limit_raises_out_of_memory(models) -> None:
+    from opstrata.runtime import OutOfMemoryError
+
+    model, dims = models["bert"]
+    sess = InferenceSession(model, SessionOptions(enable_mem_arena=False, memory_limit_bytes=4096))
+    with pytest.raises(OutOfMemoryError, match=r"limit 4096 B.*tried to allocate .*empty_cache\(\)"):
+        sess.run(None, random_feeds(model, dims))
+    assert sess.allocator.stats()["allocated_bytes"] == 0  # blocks given back after the failure
