@@ -125,6 +125,7 @@ class InferenceSession:
         self._programs: dict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = {}
         self._dtypes = {k: v.dtype for k, v in self.graph.values.items()}
         self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
+        self._last_profiler: Profiler | None = None  # kept by end_profiling for profile_summary
         self._lock = threading.Lock()  # one arena per shape: concurrent runs take turns
         self._inputs = [self._arg(x) for x in self.graph.inputs]
         self._outputs = [self._arg(x) for x in self.graph.outputs]
@@ -265,7 +266,7 @@ class InferenceSession:
 
     def profile_summary(self, top: int = 10) -> str:
         """Hottest nodes and the share of time per op type, from the current (or last ended) profile."""
-        prof = self._profiler or getattr(self, "_last_profiler", None)
+        prof = self._profiler or self._last_profiler
         if prof is None:
             raise InvalidArgument("InferenceSession.profile_summary", "profiling is off", "create the session with SessionOptions(enable_profiling=True)")  # fmt: skip
         return prof.summary(top)
