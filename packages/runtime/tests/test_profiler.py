@@ -67,3 +67,33 @@ def test_flop_formulas() -> None:
     add = og.Node("Add", ["a", "b"], ["y"], name="add")
     assert node_flops(add, [(3, 4), (4,)], [(3, 4)]) == 12
     assert node_flops(og.Node("Transpose", ["a"], ["y"], name="t"), [(3, 4)], [(4, 3)]) == 0
+
+
+@pytest.fixture
+def softmax_without_cpu_kernel():
+    """Take the cpu softmax kernel away for one test (it falls back), then put it back."""
+    import opstrata.ops as ops
+
+    saved = [e for e in ops.kernels("softmax") if e.device == "cpu"]
+    ops.unregister("softmax", device="cpu")
+    try:
+        yield
+    finally:
+        for e in reversed(saved):
+            ops.register(
+                "softmax", device="cpu", dtypes=e.dtypes, priority=e.priority, dtype_arg=e.dtype_arg
+            )(e.fn)
+
+
+def test_fallback_nodes_are_flagged_and_policy_error_refuses(models, softmax_without_cpu_kernel) -> None:
+    from opstrata.runtime import InvalidModel
+
+    model, dims = models["mlp"]
+    with pytest.raises(InvalidModel, match=r"node 'softmax' \(Softmax\): softmax float32 -> "):
+        InferenceSession(model, SessionOptions(fallback_policy="error"))
+    sess = InferenceSession(model, SessionOptions(fallback_policy="allow", enable_profiling=True))
+    assert [b.node for b in sess.plan.fallbacks] == ["softmax"]
+    sess.run(None, random_feeds(model, dims))
+    flags = {e.name: e.fallback for e in sess.profiler.events}
+    assert flags["softmax"] is True and not any(v for k, v in flags.items() if k != "softmax")
+    assert "FALLBACK" in sess.profile_summary()

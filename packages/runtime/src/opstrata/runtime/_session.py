@@ -264,6 +264,11 @@ class InferenceSession:
         self._last_profiler, self._profiler = self._profiler, None
         return out
 
+    @property
+    def profiler(self) -> Profiler | None:
+        """The current profile (or the last ended one); None when profiling is off."""
+        return self._profiler or self._last_profiler
+
     def profile_summary(self, top: int = 10) -> str:
         """Hottest nodes and the share of time per op type, from the current (or last ended) profile."""
         prof = self._profiler or self._last_profiler
