@@ -6,4 +6,34 @@ from opstrata.ops.compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-runtime")
 
-__all__ = ["__version__"]
+from ._allocator import Block as Block, CachingAllocator as CachingAllocator
+from ._arena import Arena as Arena
+from ._errors import (
+    ExecutionError as ExecutionError,
+    InvalidArgument as InvalidArgument,
+    InvalidModel as InvalidModel,
+    OutOfMemoryError as OutOfMemoryError,
+    RuntimeFailure as RuntimeFailure,
+)
+from ._flops import node_flops as node_flops
+from ._options import SessionOptions as SessionOptions
+from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
+from ._session import InferenceSession as InferenceSession, NodeArg as NodeArg
+
+__all__ = [
+    "Arena",
+    "Block",
+    "CachingAllocator",
+    "ExecutionError",
+    "InferenceSession",
+    "InvalidArgument",
+    "InvalidModel",
+    "NodeArg",
+    "NodeEvent",
+    "OutOfMemoryError",
+    "Profiler",
+    "RuntimeFailure",
+    "SessionOptions",
+    "__version__",
+    "node_flops",
+]

@@ -1,0 +1,223 @@
+"""Runs a compiled plan's schedule on opstrata.graph's kernel table, writing into arena views or allocator blocks.
+
+The IR-op -> opstrata.ops map is opstrata.graph's ``KERNELS`` (one place). Binary arithmetic,
+whose ops kernels take ``out=``, writes straight into its slot; every other result is copied in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import opstrata.ops as ops
+from opstrata.graph import Graph, KernelBinding, Node
+from opstrata.graph._execute import KERNELS
+
+from ._allocator import CachingAllocator
+from ._arena import Arena
+from ._errors import ExecutionError, InvalidModel
+from ._flops import node_flops
+from ._profiler import NodeEvent, Profiler
+
+__all__ = ["Schedule"]
+
+_OUT_KERNELS: dict[str, Callable[..., np.ndarray]] = {
+    "Add": ops.add, "Sub": ops.sub, "Mul": ops.mul, "Div": ops.div,
+}  # fmt: skip
+
+
+class _Step:
+    """One node: its kernel, input/output slot indices, and the binary ``out=`` kernel when usable."""
+
+    __slots__ = ("fallback", "fn", "frees", "ins", "kernels", "node", "out_fn", "outs", "where")
+
+    def __init__(self, node: Node, fn: Callable[..., list[Any]], ins: list[int], outs: list[int]) -> None:
+        self.node, self.fn, self.ins, self.outs = node, fn, ins, outs
+        self.where = f"node '{node.name}' ({node.qualified_type})"
+        self.out_fn: Callable[..., np.ndarray] | None = None
+        self.frees: list[int] = []  # slots whose last reader is this step (allocator mode)
+        self.kernels: tuple[str, ...] = ()
+        self.fallback = False
+
+
+class Schedule:
+    """The plan's nodes as slot-indexed steps; runs them in arena or allocator mode."""
+
+    def __init__(self, graph: Graph, bindings: Sequence[KernelBinding], device: str) -> None:
+        self.graph, self.device = graph, device
+        names = list(graph.inputs) + list(graph.initializers)
+        names += [o for n in graph.nodes for o in n.outputs if o and o not in names]
+        self.slot = {name: i for i, name in enumerate(names)}
+        self.template: list[Any] = [None] * len(names)
+        for name, arr in graph.initializers.items():
+            self.template[self.slot[name]] = arr
+        self.input_slots = [self.slot[x] for x in graph.inputs]
+        self.output_slots = [self.slot[x] for x in graph.outputs]
+        by_node: dict[str, list[KernelBinding]] = {}
+        for b in bindings:
+            by_node.setdefault(b.node, []).append(b)
+        last: dict[int, int] = {}
+        self.steps: list[_Step] = []
+        for i, n in enumerate(graph.nodes):
+            fn = KERNELS.get(("" if n.domain == "ai.onnx" else n.domain, n.op_type))
+            if fn is None:
+                raise InvalidModel(
+                    f"node '{n.name}' ({n.qualified_type})", "the executor has no kernel for this op type",
+                    "lower it to supported ops or recompile the plan",
+                )  # fmt: skip
+            st = _Step(
+                n,
+                fn,
+                [self.slot[x] if x else -1 for x in n.inputs],
+                [self.slot[o] if o else -1 for o in n.outputs],
+            )
+            st.out_fn = self._out_kernel(n)
+            bs = by_node.get(n.name, [])
+            st.kernels = tuple(b.kernel for b in bs if b.kernel) or ("host",)
+            st.fallback = any(b.is_fallback for b in bs)
+            for s in st.ins:
+                if s >= 0:
+                    last[s] = i
+            self.steps.append(st)
+        keep = set(self.output_slots) | set(self.input_slots) | {self.slot[x] for x in graph.initializers}
+        for s, i in last.items():
+            if s not in keep:
+                self.steps[i].frees.append(s)
+
+    def _out_kernel(self, n: Node) -> Callable[..., np.ndarray] | None:
+        fn = _OUT_KERNELS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        if fn is None or len(n.inputs) != 2:
+            return None
+        dts = {self.graph.values[x].dtype for x in (*n.inputs, n.outputs[0]) if x in self.graph.values}
+        if len(dts) != 1 or None in dts:
+            return None
+        dt = next(iter(dts))
+        return fn if dt.kind == "f" or dt in ops.LOW_PRECISION_DTYPES else None
+
+    # ------------------------------------------------------------------ one node
+
+    def _fail(self, st: _Step, args: Sequence[Any], exc: BaseException) -> ExecutionError:
+        shapes = ", ".join("None" if a is None else f"{np.dtype(a.dtype)}{list(np.shape(a))}" for a in args)
+        return ExecutionError(
+            st.where, f"kernel {'+'.join(st.kernels)} failed on inputs ({shapes}): {type(exc).__name__}: {exc}",
+            "check the feeds against get_inputs(); if they are right, report the model and these shapes",
+        )  # fmt: skip
+
+    def _compute(self, st: _Step, args: list[Any]) -> list[Any]:
+        try:
+            return st.fn(st.node, args)
+        except ExecutionError:
+            raise
+        except Exception as exc:
+            raise self._fail(st, args, exc) from exc
+
+    @staticmethod
+    def _store(st: _Step, k: int, dst: np.ndarray, r: Any, arena: Arena | None) -> None:
+        if not isinstance(r, np.ndarray):
+            r = np.asarray(r)
+        if r.shape != dst.shape or r.dtype != dst.dtype:
+            raise ExecutionError(
+                st.where, f"output {k} '{st.node.outputs[k]}' is {r.dtype}{list(r.shape)}, the plan expects "
+                f"{dst.dtype}{list(dst.shape)}", "shape inference and the kernel disagree; report the model",
+            )  # fmt: skip
+        if arena is not None and arena.owns(r):
+            ra, da = r.__array_interface__, dst.__array_interface__
+            if ra["data"] == da["data"] and ra["strides"] == da["strides"]:
+                return  # already in place (e.g. Clip without bounds on an in-place slot)
+        np.copyto(dst, r)
+
+    # ------------------------------------------------------------------ runs
+
+    def alias_slots(self, arena: Arena) -> frozenset[int]:
+        """Slots of the arena's view aliases (cached on the arena)."""
+        got = arena._alias_slots
+        if got is None:
+            got = arena._alias_slots = frozenset(self.slot[v] for v in arena.aliases)
+        return got
+
+    def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:
+        """Execute every step; intermediates are the arena views already in ``vals``."""
+        alias = self.alias_slots(arena)
+        for st in self.steps:
+            args = [vals[i] if i >= 0 else None for i in st.ins]
+            while args and args[-1] is None:
+                args.pop()
+            t0 = time.perf_counter_ns() if prof is not None else 0
+            if st.out_fn is not None and len(args) == 2:
+                dst = vals[st.outs[0]]
+                try:
+                    st.out_fn(args[0], args[1], out=dst)
+                except Exception as exc:
+                    raise self._fail(st, args, exc) from exc
+            else:
+                res = self._compute(st, args)
+                for k, s in enumerate(st.outs):
+                    if s in alias:  # a checked view of its input's bytes (see view_aliases)
+                        dst = vals[s]
+                        r = res[k]
+                        if r.shape != dst.shape or r.dtype != dst.dtype:
+                            self._store(st, k, dst, r, arena)  # raises the shape/dtype error
+                        vals[s] = r
+                    elif s >= 0 and k < len(res):
+                        self._store(st, k, vals[s], res[k], arena)
+            if prof is not None:
+                self._record(prof, st, args, vals, t0, run_id)
+
+    def run_allocator(
+        self, vals: list[Any], alloc: CachingAllocator, prof: Profiler | None, run_id: int
+    ) -> list[np.ndarray]:
+        """Execute every step with each result in an allocator block, freed after its last reader."""
+        live: list[np.ndarray] = []  # blocks still held at the end (graph outputs), freed by the caller
+        held: dict[int, np.ndarray] = {}
+        try:
+            for st in self.steps:
+                args = [vals[i] if i >= 0 else None for i in st.ins]
+                while args and args[-1] is None:
+                    args.pop()
+                t0 = time.perf_counter_ns() if prof is not None else 0
+                if st.out_fn is not None and len(args) == 2:
+                    shape = np.broadcast_shapes(np.shape(args[0]), np.shape(args[1]))
+                    dst = held[st.outs[0]] = alloc.empty(shape, args[0].dtype)
+                    try:
+                        st.out_fn(args[0], args[1], out=dst)
+                    except Exception as exc:
+                        raise self._fail(st, args, exc) from exc
+                    vals[st.outs[0]] = dst
+                else:
+                    res = self._compute(st, args)
+                    for k, s in enumerate(st.outs):
+                        if s >= 0 and k < len(res):
+                            r = np.asarray(res[k])
+                            dst = held[s] = alloc.empty(r.shape, r.dtype)
+                            np.copyto(dst, r)
+                            vals[s] = dst
+                if prof is not None:
+                    self._record(prof, st, args, vals, t0, run_id)
+                for s in st.frees:
+                    if s in held:
+                        alloc.free(held.pop(s))
+                        vals[s] = None
+            live = list(held.values())
+            held.clear()
+            return live
+        finally:
+            for arr in held.values():  # an error mid-run: give every block back
+                alloc.free(arr)
+
+    def _record(
+        self, prof: Profiler, st: _Step, args: list[Any], vals: list[Any], t0: int, run_id: int
+    ) -> None:
+        dur = time.perf_counter_ns() - t0
+        outs = [vals[s] if s >= 0 else None for s in st.outs]
+        ins_s = tuple(None if a is None else tuple(np.shape(a)) for a in args)
+        outs_s = tuple(None if o is None else tuple(np.shape(o)) for o in outs)
+        moved = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *outs) if a is not None)
+        prof.events.append(
+            NodeEvent(
+                st.node.name, st.node.op_type, st.kernels, self.device, st.fallback, t0, dur,
+                ins_s, outs_s, moved, node_flops(st.node, ins_s, outs_s), run_id,
+            )
+        )  # fmt: skip

@@ -1,0 +1,47 @@
+"""Session options: the knobs of an InferenceSession (ONNX Runtime's SessionOptions, the real ones only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import InvalidArgument
+
+__all__ = ["SessionOptions"]
+
+_POLICIES = ("allow", "warn", "error")
+
+
+@dataclass
+class SessionOptions:
+    """Options of an InferenceSession; checked when the session is created.
+
+    >>> opts = SessionOptions(graph_optimization_level=2, enable_profiling=True)
+    >>> opts.fallback_policy is None
+    True
+    """
+
+    graph_optimization_level: int = 3  # 0 none, 1 basic, 2 extended, 3 all (ORT's ORT_ENABLE_ALL)
+    enable_profiling: bool = False  # record per-node events; write them with sess.end_profiling()
+    profile_file_prefix: str = "opstrata_profile"  # end_profiling writes <prefix>_<timestamp>.json
+    fallback_policy: str | None = None  # "allow" | "warn" | "error"; None = the ops layer's current policy
+    enable_mem_arena: bool = True  # intermediates in one planned arena; False = caching-allocator blocks
+    memory_limit_bytes: int | None = None  # caching allocator capacity (simulated device memory)
+
+    def validate(self) -> SessionOptions:
+        """Raise InvalidArgument naming the first bad option; return self."""
+        where = "SessionOptions"
+        lvl = self.graph_optimization_level
+        if isinstance(lvl, bool) or not isinstance(lvl, int) or not 0 <= lvl <= 3:
+            raise InvalidArgument(
+                where, f"graph_optimization_level must be an int 0-3, got {lvl!r}", "use 0, 1, 2 or 3"
+            )
+        if self.fallback_policy is not None and self.fallback_policy not in _POLICIES:
+            raise InvalidArgument(
+                where, f"fallback_policy must be one of {_POLICIES} or None, got {self.fallback_policy!r}"
+            )
+        lim = self.memory_limit_bytes
+        if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int) or lim <= 0):
+            raise InvalidArgument(where, f"memory_limit_bytes must be a positive int or None, got {lim!r}")
+        if not isinstance(self.profile_file_prefix, str) or not self.profile_file_prefix:
+            raise InvalidArgument(where, "profile_file_prefix must be a non-empty string")
+        return self

@@ -1,0 +1,277 @@
+"""InferenceSession: ONNX Runtime's call shape over a compiled opstrata plan, arena-backed runs."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import opstrata.graph as og
+import opstrata.ops as ops
+
+from ._allocator import CachingAllocator
+from ._arena import Arena, view_aliases
+from ._errors import InvalidArgument, InvalidModel
+from ._executor import Schedule
+from ._options import SessionOptions
+from ._profiler import Profiler
+
+__all__ = ["InferenceSession", "NodeArg"]
+
+_ONNX_TYPES = {
+    "float32": "float", "float64": "double", "float16": "float16", "bfloat16": "bfloat16", "int64": "int64",
+    "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+    "uint64": "uint64", "bool": "bool", "float8_e4m3fn": "float8e4m3fn", "float8_e5m2": "float8e5m2",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output as onnxruntime describes it: ``name``, ``shape`` (symbolic dims as str), ``type``."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+    dtype: np.dtype | None = None
+
+
+def _type_str(dt: np.dtype | None) -> str:
+    return (
+        f"tensor({_ONNX_TYPES.get(np.dtype(dt).name, np.dtype(dt).name)})"
+        if dt is not None
+        else "tensor(undefined)"
+    )
+
+
+def _load(model: Any, level: int, device: str) -> og.Plan:
+    """A compiled Plan from any accepted model form (InvalidModel naming the problem otherwise)."""
+    where = "InferenceSession(model)"
+    try:
+        if isinstance(model, og.Plan):
+            plan = model
+        elif isinstance(model, (str, os.PathLike)):
+            p = Path(model)
+            if not p.is_file():
+                raise InvalidModel(where, f"no such file '{p}'", "check the path")
+            plan = og.Plan.load(p) if zipfile.is_zipfile(p) else og.compile(og.from_onnx(p), level, device)
+        elif isinstance(model, (bytes, bytearray)) and bytes(model[:4]) == b"PK\x03\x04":
+            with tempfile.TemporaryDirectory() as d:  # Plan.load reads a file
+                f = Path(d) / "model.plan"
+                f.write_bytes(bytes(model))
+                plan = og.Plan.load(f)
+        elif isinstance(model, (bytes, bytearray, og.Graph)) or hasattr(model, "graph"):
+            g = (
+                model
+                if isinstance(model, og.Graph)
+                else og.from_onnx(bytes(model) if isinstance(model, bytearray) else model)
+            )
+            plan = og.compile(g, level, device)
+        else:
+            raise InvalidModel(
+                where, f"expected a path, bytes, onnx.ModelProto, opstrata Graph or Plan, got {type(model).__name__}",
+                "pass a model file path or onnx.load(path)",
+            )  # fmt: skip
+    except og.GraphError as exc:
+        raise InvalidModel(
+            where, str(exc), "check the model file (onnx.checker.check_model) or recompile the plan"
+        ) from exc
+    if plan.device != device:
+        raise InvalidModel(
+            where, f"the plan was compiled for device '{plan.device}', the session runs on '{device}'",
+            f"pass device='{plan.device}' or recompile for '{device}'",
+        )  # fmt: skip
+    return plan
+
+
+class InferenceSession:
+    """Run a model with the onnxruntime call shape: ``sess.run(output_names | None, feeds) -> list``.
+
+    >>> from opstrata.graph.testing import mlp_model, random_feeds
+    >>> sess = InferenceSession(mlp_model())
+    >>> [o.shape for o in sess.run(None, random_feeds(mlp_model(), {"batch": 3}))]
+    [(3, 8)]
+    """
+
+    def __init__(
+        self, model: Any, sess_options: SessionOptions | None = None, *, device: str = "cpu"
+    ) -> None:
+        opts = sess_options if sess_options is not None else SessionOptions()
+        if not isinstance(opts, SessionOptions):
+            raise InvalidArgument(
+                "InferenceSession", f"sess_options must be SessionOptions, got {type(opts).__name__}"
+            )
+        self.options = opts.validate()
+        if not isinstance(device, str) or device not in ops.list_devices():
+            raise InvalidArgument(
+                "InferenceSession", f"unknown device {device!r}", f"use one of {ops.list_devices()}"
+            )
+        self.device = device
+        with self._policy():
+            self.plan = _load(model, opts.graph_optimization_level, device)
+        self.graph = self.plan.graph
+        self.allocator = CachingAllocator(opts.memory_limit_bytes)
+        self._schedule = Schedule(self.graph, self.plan.bindings, device)
+        # per input-shape signature: (arena or None = not plannable -> allocator, value template)
+        self._programs: dict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = {}
+        self._dtypes = {k: v.dtype for k, v in self.graph.values.items()}
+        self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
+        self._last_profiler: Profiler | None = None  # kept by end_profiling for profile_summary
+        self._lock = threading.Lock()  # one arena per shape: concurrent runs take turns
+        self._inputs = [self._arg(x) for x in self.graph.inputs]
+        self._outputs = [self._arg(x) for x in self.graph.outputs]
+
+    # ------------------------------------------------------------------ metadata
+
+    def _arg(self, name: str) -> NodeArg:
+        v = self.graph.values[name]
+        return NodeArg(name, list(v.shape) if v.shape is not None else [], _type_str(v.dtype), v.dtype)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """Graph inputs (name, shape with symbolic dims as strings, ``tensor(float)``-style type)."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """Graph outputs, as :meth:`get_inputs`."""
+        return list(self._outputs)
+
+    def get_providers(self) -> list[str]:
+        """The device this session runs on (onnxruntime lists execution providers here)."""
+        return [self.device]
+
+    @property
+    def arenas(self) -> dict[tuple[tuple[int, ...], ...], Arena | None]:
+        """The arena of each input-shape signature seen so far (None: ran on the caching allocator)."""
+        return {k: a for k, (a, _) in self._programs.items()}
+
+    # ------------------------------------------------------------------ run
+
+    def _policy(self) -> contextlib.AbstractContextManager[Any]:
+        p = self.options.fallback_policy
+        return ops.fallback_policy(p) if p is not None else contextlib.nullcontext()
+
+    def _check_feeds(self, feeds: Any) -> list[np.ndarray]:
+        where = f"InferenceSession.run('{self.graph.name}')"
+        if not isinstance(feeds, Mapping):
+            raise InvalidArgument(
+                where, f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}"
+            )
+        names = [a.name for a in self._inputs]
+        unknown = [k for k in feeds if k not in names]
+        if unknown:
+            hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(str(k), names, 1)) else f"'{k}'" for k in unknown]  # fmt: skip
+            raise InvalidArgument(where, f"unknown input name(s) {', '.join(hints)}; the model's inputs are {names}", "feed exactly the names of get_inputs()")  # fmt: skip
+        missing = [x for x in names if x not in feeds]
+        if missing:
+            raise InvalidArgument(where, f"missing input(s) {missing}; the model's inputs are {names}", "feed a value for every input of get_inputs()")  # fmt: skip
+        bound: dict[str, tuple[int, str]] = {}
+        out = []
+        for a in self._inputs:
+            x = feeds[a.name]
+            arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+            w = f"{where}: input '{a.name}'"
+            if a.dtype is not None and arr.dtype != a.dtype:
+                raise InvalidArgument(w, f"expected dtype {a.type} ({a.dtype}), got {arr.dtype}", f"pass x.astype(np.{a.dtype.name})")  # fmt: skip
+            if len(a.shape) != arr.ndim:
+                raise InvalidArgument(w, f"expected rank {len(a.shape)} shape {a.shape}, got shape {list(arr.shape)}", "reshape the feed to the input's rank")  # fmt: skip
+            for i, (d, got) in enumerate(zip(a.shape, arr.shape, strict=True)):
+                if isinstance(d, int) and d != got:
+                    raise InvalidArgument(w, f"dim {i} must be {d} (shape {a.shape}), got shape {list(arr.shape)}", f"feed an array of shape {a.shape}")  # fmt: skip
+                if isinstance(d, str) and d.isidentifier():
+                    prev = bound.setdefault(d, (got, a.name))
+                    if prev[0] != got:
+                        raise InvalidArgument(w, f"symbolic dim '{d}' is {got} here but {prev[0]} in input '{prev[1]}' (shape {a.shape}, got {list(arr.shape)})", f"feed inputs that agree on '{d}'")  # fmt: skip
+            out.append(arr)
+        return out
+
+    def _output_slots(self, output_names: Sequence[str] | None) -> list[int]:
+        names = [a.name for a in self._outputs]
+        if output_names is None:
+            return self._schedule.output_slots
+        if isinstance(output_names, str):
+            raise InvalidArgument("InferenceSession.run", f"output_names must be a list of names, got the string {output_names!r}", f"pass [{output_names!r}]")  # fmt: skip
+        bad = [n for n in output_names if n not in names]
+        if bad:
+            raise InvalidArgument("InferenceSession.run", f"unknown output name(s) {bad}; the model's outputs are {names}", "name outputs of get_outputs() or pass None for all")  # fmt: skip
+        return [self._schedule.slot[n] for n in output_names]
+
+    def _program(self, key: tuple[tuple[int, ...], ...]) -> tuple[Arena | None, list[Any]]:
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        arena: Arena | None = None
+        if self.options.enable_mem_arena:
+            try:
+                mp = self.plan.memory_for(dict(zip(self.graph.inputs, key, strict=True)))
+                arena = Arena(mp, self._dtypes, view_aliases(self.graph, mp))
+            except og.GraphError:  # a value without a concrete shape: run on the caching allocator
+                arena = None
+        vals = list(self._schedule.template)
+        if arena is not None:  # every planned value is its arena view, fixed for this shape
+            for name, view in arena.views.items():
+                vals[self._schedule.slot[name]] = view
+        prog = self._programs[key] = (arena, vals)
+        return prog
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
+        """Outputs named by ``output_names`` (None: all, in graph order) for ``input_feed`` {name: array}."""
+        if run_options is not None:
+            raise InvalidArgument("InferenceSession.run", "run_options is not supported yet", "pass None")
+        feeds = self._check_feeds(input_feed)
+        slots = self._output_slots(output_names)
+        key = tuple(f.shape for f in feeds)
+        sch = self._schedule
+        prof = self._profiler
+        with self._lock, self._policy(), ops.device(self.device):
+            t0 = time.perf_counter_ns()
+            run_id = len(prof.runs) if prof is not None else 0
+            arena, template = self._program(key)
+            vals = list(template)
+            for s, f in zip(sch.input_slots, feeds, strict=True):
+                vals[s] = f
+            if arena is not None:
+                sch.run_arena(vals, arena, prof, run_id)
+                result = [np.array(vals[s], copy=True) for s in slots]
+            else:
+                held = sch.run_allocator(vals, self.allocator, prof, run_id)
+                try:
+                    result = [np.array(vals[s], copy=True) for s in slots]
+                finally:
+                    for arr in held:
+                        self.allocator.free(arr)
+            if prof is not None:
+                prof.add_run(t0, time.perf_counter_ns() - t0)
+        return result
+
+    # ------------------------------------------------------------------ profiling
+
+    def end_profiling(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Write the Chrome trace (Perfetto / chrome://tracing) and return its path; profiling stops."""
+        if self._profiler is None:
+            raise InvalidArgument("InferenceSession.end_profiling", "profiling is off", "create the session with SessionOptions(enable_profiling=True)")  # fmt: skip
+        out = self._profiler.write(path)
+        self._last_profiler, self._profiler = self._profiler, None
+        return out
+
+    @property
+    def profiler(self) -> Profiler | None:
+        """The current profile (or the last ended one); None when profiling is off."""
+        return self._profiler or self._last_profiler
+
+    def profile_summary(self, top: int = 10) -> str:
+        """Hottest nodes and the share of time per op type, from the current (or last ended) profile."""
+        prof = self._profiler or self._last_profiler
+        if prof is None:
+            raise InvalidArgument("InferenceSession.profile_summary", "profiling is off", "create the session with SessionOptions(enable_profiling=True)")  # fmt: skip
+        return prof.summary(top)
