@@ -9,7 +9,7 @@ import pytest
 
 import opstrata.graph as og
 import opstrata.ops as ops
-from opstrata.graph._execute import KERNELS
+from opstrata.graph import EXECUTOR_KERNELS as KERNELS
 from opstrata.graph.testing import bert_block_model, mlp_model, random_feeds
 from opstrata.runtime import ExecutionError, InferenceSession, InvalidArgument, InvalidModel, SessionOptions
 

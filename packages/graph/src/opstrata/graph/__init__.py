@@ -13,7 +13,7 @@ from ._collective import Collectives as Collectives, use_collectives as use_coll
 from ._cse import eliminate_common_subexpressions as eliminate_common_subexpressions
 from ._dce import eliminate_dead_code as eliminate_dead_code
 from ._errors import GraphError as GraphError, UnsupportedOpError as UnsupportedOpError
-from ._execute import HOST_OPS as HOST_OPS, run_graph as run_graph
+from ._execute import HOST_OPS as HOST_OPS, KERNELS as EXECUTOR_KERNELS, run_graph as run_graph
 from ._fold import fold_constants as fold_constants
 from ._fold_shapes import fold_shapes as fold_shapes
 from ._fuse_activation import fuse_bias_activation as fuse_bias_activation
@@ -74,6 +74,7 @@ from ._validate import find_cycle as find_cycle, validate as validate
 
 __all__ = [
     "ALIGNMENT",
+    "EXECUTOR_KERNELS",
     "FORMAT_VERSION",
     "HOST_OPS",
     "LEVELS",

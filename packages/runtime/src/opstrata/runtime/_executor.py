@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 import opstrata.ops as ops
-from opstrata.graph import Graph, KernelBinding, Node
-from opstrata.graph._execute import KERNELS
+from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, KernelBinding, Node
 
 from ._allocator import CachingAllocator
 from ._arena import Arena
