@@ -77,11 +77,11 @@ def _prepare(
     return x.reshape(rows, n), None if w is None else w.reshape(n), grad.reshape(rows, n), a, saved
 
 
-def _block(block_rows: int | None, n: int, rows: int) -> int:
+def _block(op: str, block_rows: int | None, n: int, rows: int) -> int:
     if block_rows is None:
         return max(1, min(rows, CHUNK_BYTES // max(1, 4 * n)))
     if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
-        raise OpError("norm backward", "block_rows", "an int >= 1 or None", repr(block_rows))
+        raise OpError(op, "block_rows", "an int >= 1 or None", repr(block_rows))
     return block_rows
 
 
@@ -181,6 +181,7 @@ def _chunk(
 
 
 def _cpu_backward(
+    op: str,
     x2: np.ndarray,
     w: np.ndarray | None,
     g2: np.ndarray,
@@ -194,7 +195,7 @@ def _cpu_backward(
     dx = np.empty((rows, n), x2.dtype)
     acc = (np.zeros(n, cdt), np.zeros(n, cdt))
     wc = None if w is None else w.astype(cdt, copy=False)
-    step = _block(block_rows, n, rows)
+    step = _block(op, block_rows, n, rows)
     mean, rstd = st.get("mean"), st.get("rstd")
     for s in range(0, rows, step):
         sl = slice(s, min(rows, s + step))
@@ -231,7 +232,7 @@ def layer_norm_backward_cpu(
     x2, w, g2, a, st = _prepare(
         "layer_norm_backward", x, weight, grad, axis, eps, {"mean": mean, "rstd": rstd}
     )
-    dx, dw, db = _cpu_backward(x2, w, g2, eps, True, st, block_rows)
+    dx, dw, db = _cpu_backward("layer_norm_backward", x2, w, g2, eps, True, st, block_rows)
     norm = x0.shape[a:]
     return (
         dx.reshape(x0.shape),
@@ -256,7 +257,7 @@ def rms_norm_backward_cpu(
     """cpu kernel; ``block_rows`` as for :func:`layer_norm_backward_cpu`."""
     x0 = nd(x)
     x2, w, g2, a, st = _prepare("rms_norm_backward", x, weight, grad, axis, eps, {"rstd": rstd})
-    dx, dw, _ = _cpu_backward(x2, w, g2, eps, False, st, block_rows)
+    dx, dw, _ = _cpu_backward("rms_norm_backward", x2, w, g2, eps, False, st, block_rows)
     return dx.reshape(x0.shape), None if w is None else cast_back(dw.reshape(x0.shape[a:]), x0.dtype)
 
 
