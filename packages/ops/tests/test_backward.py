@@ -365,7 +365,14 @@ def test_embedding_backward_cpu_matches_ref(dtype: str) -> None:
     dt = ops.as_dtype(dtype)
     idx = RNG.integers(0, 50, size=(8, 40)).astype(np.int32)
     g = rand(8, 40, 16).astype(dt)
-    parity(ops.embedding_backward(idx, g, 64), ops.embedding_backward(idx, g, 64, device="ref"), dtype)
+    want = ops.embedding_backward(idx, g, 64, device="ref")
+    for method in (None, "auto", "bincount", "sort", "add_at"):
+        parity(ops.call("embedding_backward", idx, g, 64, method=method), want, dtype)
+    parity(
+        ops.embedding_backward(idx[:1, :3], g[:1, :3], 64),
+        ops.embedding_backward(idx[:1, :3], g[:1, :3], 64, device="ref"),
+        dtype,
+    )
     empty = ops.embedding_backward(np.zeros((0,), np.int64), np.zeros((0, 4), dt), 3)
     assert empty.shape == (3, 4) and not empty.astype(np.float32).any()
 
@@ -428,6 +435,10 @@ def test_embedding_backward_cpu_matches_ref(dtype: str) -> None:
         (lambda: ops.embedding_backward(np.array([0, 1]), np.ones((3, 4)), 5), r"'grad' expected shape"),
         (lambda: ops.embedding_backward(np.array([0.0]), np.ones((1, 4)), 5), r"'indices'"),
         (lambda: ops.embedding_backward(np.array([0]), np.ones((1, 4)), -1), r"'num_embeddings'"),
+        (
+            lambda: ops.call("embedding_backward", np.array([0]), np.ones((1, 4)), 2, method="fast"),
+            r"'method'",
+        ),
     ],
 )
 def test_backward_errors(call: Callable[[], object], match: str) -> None:

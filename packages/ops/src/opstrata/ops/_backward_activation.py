@@ -3,8 +3,8 @@
 gelu (Hendrycks & Gimpel 2016): exact ``d/dx = Phi(x) + x phi(x)``; tanh form with
 ``u = sqrt(2/pi) (x + 0.044715 x^3)``: ``0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2)``.
 silu: ``s (1 + x (1 - s))`` with ``s = sigmoid(x)``. embedding: ``dweight[i] = sum of grad rows whose
-index is i`` (a scatter-add); the cpu kernel sorts the indices once and sums runs with
-``np.add.reduceat`` instead of ``np.add.at``'s unbuffered per-element loop. Low precision computes and
+index is i`` (a scatter-add); the cpu kernel picks (autotuned ``method``) between one ``bincount``
+per column, a sort + ``np.add.reduceat`` over runs, and numpy's ``add.at``. Low precision computes and
 accumulates in float32 and returns the input dtype.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ._activation import _check_approximate, _sigmoid_cpu_buffer, _sigmoid_ref_values
+from ._activation import _check_approximate, _sigmoid_ref_values
+from ._autotune import Tunable, autotuned
 from ._backward_matmul import check_grad
 from ._dtypes import FLOAT_DTYPES, compute_dtype
 from ._elementwise import FLOATS, buffer_op, cast_back, checked, ieee, nd, upcast
@@ -107,8 +108,11 @@ def silu_backward_ref(x: Any, grad: Any) -> np.ndarray:
 @ieee
 def silu_backward_cpu(x: Any, grad: Any) -> np.ndarray:
     x, grad = _validate("silu_backward", x, grad)
-    s = _sigmoid_cpu_buffer(x)  # (1 temporary inside)
-    t = np.subtract(1.0, s, out=np.empty_like(s))  # 1 - s
+    s = buffer_op(np.negative, x)  # buffer 1 becomes s = 1 / (1 + exp(-x))
+    np.exp(s, out=s)  # overflows to inf for x < -88 (float32): s = 0 there, the right limit
+    s += 1.0
+    np.reciprocal(s, out=s)
+    t = np.subtract(1.0, s, out=np.empty_like(s))  # buffer 2: 1 - s
     t *= x
     t += 1.0
     t *= s
@@ -145,19 +149,63 @@ def embedding_backward_ref(indices: Any, grad: Any, num_embeddings: int) -> np.n
     return out.astype(g2.dtype)
 
 
-@register("embedding_backward", device="cpu", dtypes=FLOAT_DTYPES, dtype_arg=1)
-def embedding_backward_cpu(indices: Any, grad: Any, num_embeddings: int) -> np.ndarray:
-    indices, g2, n = _validate_embedding(indices, grad, num_embeddings)
-    cdt = compute_dtype(g2.dtype)
+EMBEDDING_METHODS: tuple[str, ...] = ("auto", "bincount", "sort", "add_at")
+EMBEDDING_BACKWARD = Tunable(
+    op="embedding_backward",
+    device="cpu",
+    version="1",
+    params={"method": list(EMBEDDING_METHODS)},
+    default={"method": "auto"},
+)
+
+
+def _scatter_bincount(idx: np.ndarray, g2: np.ndarray, n: int, cdt: np.dtype) -> np.ndarray:
+    """One ``bincount`` per embedding column: O(D (R + n)), no per-element scatter; float64 sums."""
+    gt = np.ascontiguousarray(g2.T)  # (D, R): contiguous columns for bincount's weights
+    out_t = np.empty((g2.shape[1], n), cdt)  # (D, n)
+    for j in range(g2.shape[1]):
+        out_t[j] = np.bincount(idx, weights=gt[j], minlength=n)
+    return np.ascontiguousarray(out_t.T)  # (n, D)
+
+
+def _scatter_sort(idx: np.ndarray, g2: np.ndarray, n: int, cdt: np.dtype) -> np.ndarray:
+    """Sort the indices once and sum each run of equal indices with ``np.add.reduceat``."""
     out = np.zeros((n, g2.shape[1]), cdt)
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])  # first row of each run
+    rows = np.take(g2, order, axis=0).astype(cdt, copy=False)  # (R, D) grouped by index
+    out[sorted_idx[starts]] = np.add.reduceat(rows, starts, axis=0)
+    return out
+
+
+def _scatter_add_at(idx: np.ndarray, g2: np.ndarray, n: int, cdt: np.dtype) -> np.ndarray:
+    out = np.zeros((n, g2.shape[1]), cdt)
+    np.add.at(out, idx, g2.astype(cdt, copy=False))  # numpy >= 1.25 has a fast path for this
+    return out
+
+
+_SCATTER = {"bincount": _scatter_bincount, "sort": _scatter_sort, "add_at": _scatter_add_at}
+
+
+@register("embedding_backward", device="cpu", dtypes=FLOAT_DTYPES, dtype_arg=1)
+@autotuned(EMBEDDING_BACKWARD)
+def embedding_backward_cpu(
+    indices: Any, grad: Any, num_embeddings: int, *, method: str | None = None
+) -> np.ndarray:
+    """cpu kernel; ``method`` is the tuning knob. ``auto``: bincount per column when the table has no
+    more rows than there are indices (its cost is D (R + n)), else numpy's add.at (cost R D)."""
+    indices, g2, n = _validate_embedding(indices, grad, num_embeddings)
+    method = "auto" if method is None else method
+    if method not in EMBEDDING_METHODS:
+        raise OpError("embedding_backward", "method", f"one of {EMBEDDING_METHODS}", repr(method))
+    cdt = compute_dtype(g2.dtype)
     idx = indices.ravel()
-    if idx.size:
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]
-        starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])  # first row of each run
-        rows = np.take(g2, order, axis=0).astype(cdt, copy=False)  # (R, D) grouped by index
-        out[sorted_idx[starts]] = np.add.reduceat(rows, starts, axis=0)  # one sum per distinct index
-    return out.astype(g2.dtype, copy=False)
+    if idx.size == 0:
+        return np.zeros((n, g2.shape[1]), g2.dtype)
+    if method == "auto":
+        method = "bincount" if n <= idx.size else "add_at"
+    return _SCATTER[method](idx, g2, n, cdt).astype(g2.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- public

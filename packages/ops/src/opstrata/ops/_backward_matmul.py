@@ -100,15 +100,17 @@ def matmul_backward_cpu(a: Any, b: Any, grad: Any) -> tuple[np.ndarray, np.ndarr
     acc = accumulation_dtype(a.dtype)
     a2, b2, g2 = _as_2d(a, b, grad)
     m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    if b2.ndim == 2:  # shared weight: fold a's batch into the rows of one GEMM
-        db = _mm(a2.reshape(-1, k).T, g2.reshape(-1, n), acc)  # (K, N)
-    else:
-        db = sum_to_shape(_mm(np.swapaxes(a2, -1, -2), g2, acc), b2.shape)
-    if a2.ndim == 2 and b2.ndim > 2:  # shared left operand: concatenate the batch along N
+    if b2.ndim == 2:  # shared weight: fold a's batch into the rows of one GEMM per gradient
+        g_rows = g2.reshape(-1, n)  # (batch*M, N); a's batch is the output's batch here
+        db = _mm(a2.reshape(-1, k).T, g_rows, acc)  # (K, N)
+        da = _mm(g_rows, b2.T, acc)  # (batch*M, K)
+    elif a2.ndim == 2:  # shared left operand: concatenate the batch along N
+        db = sum_to_shape(_mm(a2.T, g2, acc), b2.shape)  # (batch, K, N)
         gt = np.moveaxis(g2, -2, 0).reshape(m, -1)  # (M, batch*N)
         bt = np.swapaxes(np.broadcast_to(b2, (*g2.shape[:-2], k, n)), -1, -2).reshape(-1, k)  # (batch*N, K)
-        da = _mm(gt, bt, acc)
+        da = _mm(gt, bt, acc)  # (M, K)
     else:
+        db = sum_to_shape(_mm(np.swapaxes(a2, -1, -2), g2, acc), b2.shape)
         da = sum_to_shape(_mm(g2, np.swapaxes(b2, -1, -2), acc), a2.shape)
     return (
         np.asarray(da).reshape(a.shape).astype(a.dtype, copy=False),
