@@ -77,10 +77,31 @@ def run(quick: bool, repeats: int) -> str:
     return format_table(headers, rows)
 
 
+def write_pretuned_table() -> str:
+    """Tune the full-size and quick shapes and write them as ``autotune_pretuned.json``."""
+    from opstrata.ops._autotune import shape_key
+    from opstrata.ops._autotune_pretuned import write_pretuned
+
+    specs = {(t.op, t.device): t for t in ops.tunables()}
+    entries = []
+    for quick in (False, True):
+        for op, _, args, kw in cases(quick):
+            spec = specs[(op, "cpu")]
+            entries.append((shape_key(spec, args, kw), ops.tune(op, *args, **kw).params))
+    fp = ops.device_fingerprint()
+    note = f"tuned by bench_autotune.py on {fp['cpu']}, {fp['cores']} cores, BLAS {fp['blas']['vendor']}"
+    return str(write_pretuned(entries, note))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes, fewer repeats")
     p.add_argument("--cache-dir", help="autotune cache root (default: a fresh temporary directory)")
+    p.add_argument(
+        "--write-pretuned",
+        action="store_true",
+        help="store the tuned choices (full shapes) as the package's pre-tuned table",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["OPSTRATA_CACHE_DIR"] = a.cache_dir or tmp
@@ -91,6 +112,8 @@ def main() -> None:
             f"{fp['cores']} cores, BLAS {fp['blas']['vendor']} x{fp['blas']['threads']}"
         )
         print(run(a.quick, repeats=5 if a.quick else 9))
+        if a.write_pretuned:
+            print(f"wrote {write_pretuned_table()}")
 
 
 if __name__ == "__main__":

@@ -336,3 +336,56 @@ def test_real_kernels_are_tunable_and_exact(cache: Path) -> None:
     for a, b in zip(got_ln, want_ln, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     assert ops.autotune_stats().misses == 2
+
+
+def test_default_kept_unless_a_candidate_wins_by_min_gain(cache: Path) -> None:
+    spec = fake([3, 5])  # equally slow: the default stays
+    assert ops.tune("_test_tuned", np.ones(3)).params == {"block": 3}
+    assert spec.min_gain == 0.05
+
+
+def test_deterministic_mode_answers_from_the_shipped_pretuned_table(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opstrata.ops import _autotune_pretuned as pre
+
+    spec = fake([2, 4])
+    key = _autotune.shape_key(spec, (np.ones(3),), {})
+    monkeypatch.setattr(pre, "_table", lambda: {json.dumps(key, sort_keys=True): {"block": 4}})
+    pre.has_pretuned.cache_clear()
+    try:
+        with ops.autotune("deterministic"):
+            ops.call("_test_tuned", np.ones(3))  # a shipped shape: its pre-tuned choice
+            ops.call("_test_tuned", np.ones(5))  # any other shape: the declared default
+        assert CALLS == {4: 1, 2: 1} and not cache.exists()
+        assert ops.tune("_test_tuned", np.ones(3), deterministic=True).params == {"block": 4}
+    finally:
+        pre.has_pretuned.cache_clear()
+
+
+def test_damaged_pretuned_table_warns_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opstrata.ops import _autotune_pretuned as pre
+
+    bad = tmp_path / "pretuned.json"
+    bad.write_text("{oops")
+    monkeypatch.setattr(pre, "PATH", bad)
+    pre._table.cache_clear()
+    try:
+        with pytest.warns(ops.AutotuneCacheWarning, match="damaged.*reinstall"):
+            assert pre._table() == {}
+    finally:
+        pre._table.cache_clear()
+
+
+def test_shipped_pretuned_table_matches_the_declared_tunables() -> None:
+    from opstrata.ops import _autotune_pretuned as pre
+
+    pre._table.cache_clear()
+    table = pre._table()
+    assert table, "autotune_pretuned.json is missing from the package"
+    specs = {(t.op, t.device): t for t in ops.tunables()}
+    for text, params in table.items():
+        key = json.loads(text)
+        spec = specs[(key["op"], key["device"])]
+        assert key["version"] == spec.version, f"stale pre-tuned entry for {key['op']}: re-run bench_autotune"
+        assert params in spec.candidates()

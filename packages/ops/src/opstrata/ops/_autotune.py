@@ -11,7 +11,8 @@ A kernel declares its knobs beside its definition (the TVM/Triton ``autotune`` i
 
 Modes (``OPSTRATA_AUTOTUNE`` or :func:`autotune`): ``off`` (default: the kernel's own defaults, no
 look-up), ``on`` (``1``: look up the cache, time the missing candidates on the actual arguments),
-``deterministic`` (the declared defaults, never timed, never read from disk). A caller passing a
+``deterministic`` (never timed, never read from the cache: the pre-tuned parameters the package
+ships for a few common shapes, identical on every machine, else the declared defaults). A caller passing a
 tunable keyword explicitly always wins.
 
 Cache: one JSON file per key under ``$OPSTRATA_CACHE_DIR/autotune/<op>/`` (default
@@ -44,6 +45,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import benchtools
+from ._autotune_pretuned import has_pretuned, pretuned
 
 __all__ = [
     "AutotuneCacheWarning",
@@ -88,6 +90,7 @@ class Tunable:
     params: Mapping[str, Sequence[Any]]
     default: Mapping[str, Any]
     repeats: int = 5  # timed runs per candidate (interleaved medians, benchtools.compare)
+    min_gain: float = 0.05  # keep the default unless a candidate is at least this much faster (noise)
 
     def __post_init__(self) -> None:
         where = f"Tunable(op={self.op!r}, device={self.device!r})"
@@ -265,16 +268,27 @@ def _describe(v: Any) -> Any:
     return {"type": type(v).__name__}
 
 
-def cache_key(spec: Tunable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The full key of a call: op, device, version, arguments' description and device fingerprint."""
+def shape_key(spec: Tunable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The machine-independent part of a key: op, device, version, the arguments' description."""
     return {
         "op": spec.op,
         "device": spec.device,
         "version": spec.version,
         "args": [_describe(a) for a in args],
         "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items()) if k not in spec.params},
-        "fingerprint": device_fingerprint(),
     }
+
+
+def cache_key(spec: Tunable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The full key of a call: :func:`shape_key` plus the device fingerprint."""
+    return {**shape_key(spec, args, kwargs), "fingerprint": device_fingerprint()}
+
+
+def _deterministic(spec: Tunable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The package's pre-tuned parameters for this shape if it ships some, else the declared defaults."""
+    _count("deterministic")
+    found = pretuned(shape_key(spec, args, kwargs)) if has_pretuned(spec.op) else None
+    return dict(spec.default) if found is None else found
 
 
 def autotune_cache_dir() -> Path:
@@ -430,7 +444,10 @@ def _tune(
     else:
         _count("hits")
     timings = {cid: records[cid]["median_s"] for cid in cids}
-    best = min(cids, key=timings.__getitem__)  # ties: the first declared (the default goes first)
+    best = min(cids, key=timings.__getitem__)  # ties: the first declared
+    default = json.dumps(dict(spec.default), sort_keys=True)
+    if default in timings and timings[best] > timings[default] * (1 - spec.min_gain):
+        best = default  # a win within the noise is not worth leaving the default for
     params = dict(records[best]["params"])
     _STATE.memory[mem_key] = {"params": params, "timings": timings}
     return TuneResult(
@@ -458,8 +475,7 @@ def autotuned(spec: Tunable) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
             kwargs = {k: v for k, v in kwargs.items() if k not in names}
             if mode == "deterministic":
-                _count("deterministic")
-                return fn(*args, **kwargs, **spec.default)
+                return fn(*args, **kwargs, **_deterministic(spec, args, kwargs))
             return fn(*args, **kwargs, **_tune(spec, fn, args, kwargs).params)
 
         wrapper.__wrapped_tunable__ = spec  # type: ignore[attr-defined]
@@ -476,7 +492,8 @@ def tunables() -> list[Tunable]:
 def tune(op: str, *args: Any, device: str = "cpu", deterministic: bool = False, **kwargs: Any) -> TuneResult:
     """Time ``op``'s tunable candidates on these arguments (cached as in autotune mode ``on``).
 
-    Runs whatever the current mode; ``deterministic=True`` returns the defaults without timing.
+    Runs whatever the current mode; ``deterministic=True`` answers as deterministic mode (the
+    package's pre-tuned parameters for this shape, else the declared defaults) without timing.
 
     >>> import numpy as np, opstrata.ops as ops
     >>> q = np.zeros((1, 1, 8, 4), np.float32)
@@ -491,7 +508,7 @@ def tune(op: str, *args: Any, device: str = "cpu", deterministic: bool = False, 
             "Fix: declare one with @autotuned(Tunable(...)) beside the kernel"
         )
     spec, fn = found
+    kwargs = {k: v for k, v in kwargs.items() if k not in spec.params}
     if deterministic:
-        _count("deterministic")
-        return TuneResult(op, dict(spec.default), {})
-    return _tune(spec, fn, args, {k: v for k, v in kwargs.items() if k not in spec.params})
+        return TuneResult(op, _deterministic(spec, args, kwargs), {})
+    return _tune(spec, fn, args, kwargs)
