@@ -22,6 +22,8 @@ threads, numpy version), so another machine's or an older kernel's entry is neve
 keeps every candidate's median, so a newly declared candidate is the only one timed. Writes merge
 under a lock file and land by ``os.replace``; a corrupted or foreign file is ignored with an
 :class:`AutotuneCacheWarning` and rebuilt.
+Keys are exact shapes (as ``torch.backends.cudnn.benchmark``): meant for static shapes, not for a
+decode loop whose sequence length grows every step.
 """
 
 from __future__ import annotations
