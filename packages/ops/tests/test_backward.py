@@ -415,7 +415,10 @@ def test_embedding_backward_cpu_matches_ref(dtype: str) -> None:
             ),
             r"'grad' expected shape \(2,\)",
         ),
-        (lambda: ops.cross_entropy_backward(np.ones((2, 3)), np.array([0, 5])), r"class indices in \[0, 3\)"),
+        (
+            lambda: ops.cross_entropy_backward(np.ones((2, 3)), np.array([0, 5])),
+            r"cross_entropy_backward: argument 'target'.*class indices in \[0, 3\)",
+        ),
         (
             lambda: ops.layer_norm_backward(np.ones((2, 3)), np.ones(4), np.ones((2, 3))),
             r"'weight' expected shape",

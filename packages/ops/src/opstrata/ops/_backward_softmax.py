@@ -104,7 +104,7 @@ def _ce_weights(grad: Any, valid: np.ndarray, reduction: str, unbatched: bool, c
 
 
 def _ce_args(logits: Any, target: Any, grad: Any, reduction: str, ignore_index: int, eps: float) -> Any:
-    x, t, valid, unbatched = _prepare(logits, target, reduction, ignore_index, eps)
+    x, t, valid, unbatched = _prepare(logits, target, reduction, ignore_index, eps, "cross_entropy_backward")
     cdt = compute_dtype(x.dtype)
     w = _ce_weights(grad, valid, reduction, unbatched, cdt)  # (N, d1, ...)
     return x, t, w, unbatched, cdt
