@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import opstrata.ops as ops
-from opstrata.ops import _autotune
+from opstrata.ops import _autotune, _autotune_cache
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CALLS: Counter = Counter()
@@ -253,7 +253,7 @@ def test_two_processes_tuning_at_once_keep_both_entries(cache: Path) -> None:
 def test_stale_lock_is_broken_and_a_live_one_times_out(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([1, 4])
     key = _autotune.cache_key(_autotune._STATE.tunables[("_test_tuned", "cpu")][0], (np.ones(3),), {})
-    path = _autotune._entry_path(json.dumps(key, sort_keys=True), "_test_tuned")
+    path = _autotune_cache.entry_path(json.dumps(key, sort_keys=True), "_test_tuned")
     path.parent.mkdir(parents=True)
     lock = path.with_name(path.name + ".lock")
     lock.write_text("12345")
@@ -263,7 +263,7 @@ def test_stale_lock_is_broken_and_a_live_one_times_out(cache: Path, monkeypatch:
         assert ops.tune("_test_tuned", np.ones(3)).params == {"block": 4}
     assert path.exists() and not lock.exists()
     lock.write_text("12345")  # fresh: another process holds it
-    monkeypatch.setattr(_autotune, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(_autotune_cache, "LOCK_TIMEOUT_S", 0.2)
     ops.clear_autotune_cache()
     fake([1, 4, 8])
     with pytest.raises(TimeoutError, match=r"lock file .*\.lock.*delete that file"):

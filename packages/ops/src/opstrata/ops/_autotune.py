@@ -30,16 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import json
 import os
 import platform
-import re
-import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,6 +43,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import benchtools
+from ._autotune_cache import (
+    AutotuneCacheWarning,
+    autotune_cache_dir,
+    entry_path,
+    read_entry,
+    write_entry,
+)
 from ._autotune_pretuned import has_pretuned, pretuned
 
 __all__ = [
@@ -65,17 +68,10 @@ __all__ = [
     "tune",
 ]
 
-FORMAT = "opstrata-autotune/1"
 MODES = ("off", "on", "deterministic")
-ENV_MODE, ENV_DIR = "OPSTRATA_AUTOTUNE", "OPSTRATA_CACHE_DIR"
-LOCK_TIMEOUT_S = 30.0  # waiting longer than this for the lock file is an error, never a hang
-LOCK_STALE_S = 10.0  # a lock older than this was left by a crashed process: removed with a warning
+ENV_MODE = "OPSTRATA_AUTOTUNE"
 F = TypeVar("F", bound=Callable[..., Any])
 _JSON_SCALARS = (type(None), bool, int, float, str)
-
-
-class AutotuneCacheWarning(UserWarning):
-    """A cache file was unreadable, foreign or locked by a dead process; it is ignored and rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -293,107 +289,6 @@ def _deterministic(spec: Tunable, args: Sequence[Any], kwargs: Mapping[str, Any]
     return dict(spec.default) if found is None else found
 
 
-def autotune_cache_dir() -> Path:
-    """``$OPSTRATA_CACHE_DIR/autotune``, default ``$XDG_CACHE_HOME/opstrata`` or ``~/.cache/opstrata``."""
-    root = os.environ.get(ENV_DIR)
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(xdg) / "opstrata")
-    return Path(root) / "autotune"
-
-
-def _entry_path(key_text: str, op: str) -> Path:
-    digest = hashlib.sha256(key_text.encode()).hexdigest()[:32]
-    return autotune_cache_dir() / re.sub(r"[^A-Za-z0-9_.-]", "_", op) / f"{digest}.json"
-
-
-# --------------------------------------------------------------------------- the cache file
-
-
-def _read(path: Path, key: dict[str, Any], *, warn: bool = True) -> dict[str, dict[str, Any]]:
-    """Candidate timings of the entry at ``path`` (``{cid: record}``); {} if absent, corrupted or foreign."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        return _ignored(path, f"unreadable ({e})", warn)
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            return _ignored(path, f"not an {FORMAT} file", warn)
-        if data.get("key") != key:
-            return _ignored(path, "foreign: written for another key (op, version, shapes or machine)", warn)
-        out = {}
-        for rec in data["candidates"]:
-            out[json.dumps(rec["params"], sort_keys=True)] = {
-                "params": dict(rec["params"]),
-                "median_s": float(rec["median_s"]),
-                "samples_s": [float(s) for s in rec["samples_s"]],
-            }
-        return out
-    except (ValueError, KeyError, TypeError) as e:
-        return _ignored(path, f"corrupted ({type(e).__name__}: {e})", warn)
-
-
-def _ignored(path: Path, why: str, warn: bool) -> dict[str, dict[str, Any]]:
-    if warn:
-        warnings.warn(
-            f"autotune cache file {path} is {why}; ignoring it and rebuilding the entry",
-            AutotuneCacheWarning,
-            stacklevel=4,
-        )
-    return {}
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold ``<path>.lock`` (O_EXCL create; portable); a lock older than LOCK_STALE_S is broken."""
-    lock = path.with_name(path.name + ".lock")
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    while True:
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            with contextlib.suppress(OSError):
-                if time.time() - lock.stat().st_mtime > LOCK_STALE_S:
-                    warnings.warn(f"removing stale autotune lock {lock}", AutotuneCacheWarning, stacklevel=4)
-                    lock.unlink()
-                    continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"autotune: waited {LOCK_TIMEOUT_S:.0f} s for lock file {lock}. "
-                    "Fix: if no other opstrata process is tuning, delete that file"
-                ) from None
-            time.sleep(0.005)
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            lock.unlink()
-
-
-def _write(path: Path, key: dict[str, Any], new: Mapping[str, dict[str, Any]]) -> None:
-    """Merge ``new`` timings into the entry at ``path`` under its lock; atomic replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
-        records = _read(path, key, warn=False)  # the other process's candidates survive
-        records.update(new)
-        data = {"format": FORMAT, "key": key, "candidates": list(records.values())}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-
 def clear_autotune_cache(*, disk: bool = False) -> None:
     """Forget the in-memory choices; with ``disk=True`` also delete the autotune cache directory."""
     _STATE.memory.clear()
@@ -430,18 +325,18 @@ def _tune(
     key_text = json.dumps(key, sort_keys=True)
     cands = spec.candidates()
     cids = [json.dumps(c, sort_keys=True) for c in cands]
-    path = _entry_path(key_text, spec.op)
+    path = entry_path(key_text, spec.op)
     mem_key = (str(path), key_text, "|".join(cids))
     hit = _STATE.memory.get(mem_key)
     if hit is not None:
         _count("hits")
         return TuneResult(spec.op, dict(hit["params"]), hit["timings"], (), str(path))
-    records = _read(path, key)
+    records = read_entry(path, key)
     missing = [c for c, cid in zip(cands, cids, strict=True) if cid not in records]
     if missing:
         _count("misses")
         new = _time(spec, fn, args, kwargs, missing)
-        _write(path, key, new)
+        write_entry(path, key, new)
         records.update(new)
     else:
         _count("hits")

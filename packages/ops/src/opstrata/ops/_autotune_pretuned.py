@@ -37,7 +37,7 @@ def _table() -> dict[str, dict[str, Any]]:
     except FileNotFoundError:
         return {}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        from ._autotune import AutotuneCacheWarning
+        from ._autotune_cache import AutotuneCacheWarning
 
         warnings.warn(
             f"pre-tuned autotune table {PATH} is damaged ({e}); deterministic mode uses declared defaults. "
