@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ._autotune import Tunable, autotuned
 from ._dtypes import FLOAT_DTYPES, accumulation_dtype
 from ._errors import OpError, check_dtype, check_ndim
 from ._matmul import check_same_dtype
@@ -31,6 +32,15 @@ __all__ = ["attention"]
 
 #: Default budget for one block's score buffer on cpu; bounds peak memory independent of N.
 BLOCK_BYTES = 8 * 1024 * 1024
+
+#: Autotuned knob of the cpu kernel: queries per block (None: the ``BLOCK_BYTES`` heuristic).
+ATTENTION_TUNABLE = Tunable(
+    op="attention",
+    device="cpu",
+    version="1",
+    params={"block_q": [None, 32, 64, 128, 256, 512]},
+    default={"block_q": None},
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,7 @@ def _softmax_matmul(scores: np.ndarray, vb: np.ndarray) -> np.ndarray:
 
 
 @register("attention", device="cpu", dtypes=FLOAT_DTYPES)
+@autotuned(ATTENTION_TUNABLE)
 def attention_cpu(
     q: Any,
     k: Any,

@@ -55,10 +55,14 @@ def cross_entropy(
 
 
 def _prepare(
-    logits: Any, target: Any, reduction: str, ignore_index: int, label_smoothing: float
+    logits: Any,
+    target: Any,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    op: str = "cross_entropy",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Validate; return (logits (N, C, ...), safe target (N, ...), valid mask (N, ...), unbatched)."""
-    op = "cross_entropy"
     logits, target = nd(logits), nd(target)
     check_ndim(op, "logits", logits, (1, None), layout="N, C, d1, ...")
     check_dtype(op, "target", target, "integer")
