@@ -7,7 +7,7 @@ from .compat import check_compatible as _check_compatible
 __version__: str = _check_compatible("opstrata-ops")
 
 from ._activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
-from ._attention import attention as attention
+from ._attention import attention as attention, attention_backward as attention_backward
 from ._conv import conv2d as conv2d
 from ._devices import (
     device as device,
@@ -59,6 +59,7 @@ from ._elementwise import (
     where as where,
 )
 from ._erf import erf as erf
+from ._flash_attention import attention_cpu as _attention_cpu  # registers the cpu FlashAttention kernels
 from ._errors import (
     DevicePluginError as DevicePluginError,
     FallbackError as FallbackError,
@@ -135,6 +136,7 @@ __all__ = [
     "argmax",
     "as_dtype",
     "attention",
+    "attention_backward",
     "avg_pool2d",
     "batch_norm",
     "bfloat16",
