@@ -59,7 +59,6 @@ from ._elementwise import (
     where as where,
 )
 from ._erf import erf as erf
-from ._flash_attention import attention_cpu as _attention_cpu  # registers the cpu FlashAttention kernels
 from ._errors import (
     DevicePluginError as DevicePluginError,
     FallbackError as FallbackError,
@@ -78,6 +77,7 @@ from ._fallback import (
     reset_fallback_report as reset_fallback_report,
     set_fallback_policy as set_fallback_policy,
 )
+from ._flash_attention import attention_cpu as _attention_cpu  # noqa: F401  (registers the cpu kernels)
 from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
 from ._loss import cross_entropy as cross_entropy
 from ._matmul import gemm as gemm, linear as linear, matmul as matmul

@@ -96,7 +96,10 @@ def _check_backward(
     check_dtype(op, "lse", lse, FLOAT_DTYPES)
     if lse.shape != (s.b, s.h, s.n):
         raise OpError(
-            op, "lse", f"shape (B, H, N) = {(s.b, s.h, s.n)}", str(lse.shape),
+            op,
+            "lse",
+            f"shape (B, H, N) = {(s.b, s.h, s.n)}",
+            str(lse.shape),
             fix="pass the lse returned by attention(..., return_lse=True)",
         )
 
@@ -337,5 +340,15 @@ def attention_backward(
     True
     """
     return call(
-        "attention_backward", q, k, v, out, grad_out, lse, causal=causal, mask=mask, scale=scale, device=device
+        "attention_backward",
+        q,
+        k,
+        v,
+        out,
+        grad_out,
+        lse,
+        causal=causal,
+        mask=mask,
+        scale=scale,
+        device=device,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from ._attention import AttnShape, _as_arrays, _check_attention, _check_backward, _scale
 from ._dtypes import FLOAT_DTYPES, accumulation_dtype
 from ._errors import OpError
+from ._parallel import check_workers, run_tasks
 from ._registry import register
 
 __all__ = ["attention_backward_cpu", "attention_cpu"]
@@ -105,6 +107,10 @@ def _unpack(x: np.ndarray, s: AttnShape) -> np.ndarray:
     return x.reshape(s.b, s.h, s.n, *tail)
 
 
+def _rows(mask5: np.ndarray | None, b0: int, b1: int) -> np.ndarray | None:
+    return None if mask5 is None else mask5[b0:b1]
+
+
 def _mask_view(mask: np.ndarray | None, s: AttnShape) -> np.ndarray | None:
     """The mask as a read-only ``(B, Hkv, G, N, M)`` view (no copy: splitting H is always a view)."""
     if mask is None:
@@ -153,13 +159,15 @@ class _RowState:
     """Online-softmax state of one query tile: running max, running sum, unnormalised output."""
 
     m: np.ndarray  # (b, Hkv, R)
-    l: np.ndarray  # (b, Hkv, R)
+    total: np.ndarray  # (b, Hkv, R): running sum of exp(s - m)
     acc: np.ndarray  # (b, Hkv, R, Dv)
 
     @classmethod
     def empty(cls, b: int, hkv: int, r: int, dv: int, dtype: np.dtype) -> _RowState:
         return cls(
-            np.full((b, hkv, r), NEG_INF, dtype), np.zeros((b, hkv, r), dtype), np.zeros((b, hkv, r, dv), dtype)
+            np.full((b, hkv, r), NEG_INF, dtype),
+            np.zeros((b, hkv, r), dtype),
+            np.zeros((b, hkv, r, dv), dtype),
         )
 
 
@@ -170,8 +178,8 @@ def _online_step(sc: np.ndarray, vj: np.ndarray, st: _RowState, pv: np.ndarray) 
     alpha = np.exp(st.m - m_safe)  # (b, Hkv, R): rescales what was accumulated under the old max
     sc -= m_safe[..., None]
     np.exp(sc, out=sc)  # (b, Hkv, R, C) probabilities up to the 1 / l factor
-    st.l *= alpha
-    st.l += sc.sum(axis=-1)
+    st.total *= alpha
+    st.total += sc.sum(axis=-1)
     st.acc *= alpha[..., None]
     st.acc += np.matmul(sc, vj, out=pv[:, :, : sc.shape[2]])  # (b, Hkv, R, Dv)
     st.m = m_new
@@ -179,29 +187,34 @@ def _online_step(sc: np.ndarray, vj: np.ndarray, st: _RowState, pv: np.ndarray) 
 
 def _finish(st: _RowState) -> tuple[np.ndarray, np.ndarray]:
     """Normalised output ``(b, Hkv, R, Dv)`` and logsumexp ``(b, Hkv, R)``; empty rows -> 0 and -inf."""
-    empty = st.l == 0
-    l_safe = np.where(empty, 1.0, st.l)
+    empty = st.total == 0
+    l_safe = np.where(empty, 1.0, st.total)
     with np.errstate(divide="ignore"):
         lse = np.where(empty, NEG_INF, st.m + np.log(l_safe))
     st.acc /= l_safe[..., None]
     return st.acc, lse
 
 
-def _forward_chunk(
-    qt: np.ndarray, k: np.ndarray, v: np.ndarray, mask5: np.ndarray | None, t: Tiling, out: np.ndarray, lse: np.ndarray
+def _forward_tile(
+    qt: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask5: np.ndarray | None,
+    t: Tiling,
+    rows: tuple[int, int],
+    out: np.ndarray,
+    lse: np.ndarray,
 ) -> None:
-    """Forward for one batch chunk: ``qt`` ``(b, Hkv, N*G, D)`` -> ``out`` ``(b, Hkv, N*G, Dv)``, ``lse``."""
-    b, hkv, rows, _ = qt.shape
-    n, m, dv = rows // t.g, k.shape[2], v.shape[3]
-    buf = np.empty((b, hkv, t.bq * t.g, t.bk), qt.dtype)  # (b, Hkv, R, C): the one score tile
-    pv = np.empty((b, hkv, t.bq * t.g, dv), qt.dtype)  # (b, Hkv, R, Dv)
-    for i0, i1 in _tiles(n, t.bq):
-        r0, r1 = i0 * t.g, i1 * t.g
-        st = _RowState.empty(b, hkv, r1 - r0, dv, qt.dtype)
-        for j0, j1 in _tiles(_key_end(t, m, i1), t.bk):
-            sc = _scores(qt[:, :, r0:r1], k[:, :, j0:j1], buf, mask5, t, (i0, i1), (j0, j1))
-            _online_step(sc, v[:, :, j0:j1], st, pv)
-        out[:, :, r0:r1], lse[:, :, r0:r1] = _finish(st)
+    """One query tile ``[i0, i1)`` against its visible key tiles; writes rows of ``out`` and ``lse``."""
+    (i0, i1), (b, hkv) = rows, qt.shape[:2]
+    r0, r1, m, dv = i0 * t.g, i1 * t.g, k.shape[2], v.shape[3]
+    buf = np.empty((b, hkv, r1 - r0, t.bk), qt.dtype)  # (b, Hkv, R, C): the one score tile
+    pv = np.empty((b, hkv, r1 - r0, dv), qt.dtype)  # (b, Hkv, R, Dv)
+    st = _RowState.empty(b, hkv, r1 - r0, dv, qt.dtype)
+    for j0, j1 in _tiles(_key_end(t, m, i1), t.bk):
+        sc = _scores(qt[:, :, r0:r1], k[:, :, j0:j1], buf, mask5, t, (i0, i1), (j0, j1))
+        _online_step(sc, v[:, :, j0:j1], st, pv)
+    out[:, :, r0:r1], lse[:, :, r0:r1] = _finish(st)
 
 
 @register("attention", device="cpu", dtypes=FLOAT_DTYPES)
@@ -216,11 +229,14 @@ def attention_cpu(
     return_lse: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
+    workers: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """FlashAttention-2 forward; ``block_q`` (query positions per tile) and ``block_k`` (keys per tile) tune it.
 
     Defaults: ``block_q = DEFAULT_TILE_ROWS // G`` (so a tile has ~128 rows whatever the group size)
-    and ``block_k = DEFAULT_BLOCK_K``. Semantics are those of :func:`opstrata.ops.attention`.
+    and ``block_k = DEFAULT_BLOCK_K``. Query tiles run on ``workers`` threads (default: one per core
+    when threadpoolctl can pin BLAS to one thread, see ``_parallel``). Semantics are those of
+    :func:`opstrata.ops.attention`.
     """
     q, k, v, mask = _as_arrays(q, k, v, mask)
     s = _check_attention(q, k, v, mask)
@@ -231,9 +247,22 @@ def attention_cpu(
     mask5 = _mask_view(mask, s)  # (B, Hkv, G, N, M) view or None
     out = np.empty((s.b, s.hkv, s.n * t.g, s.dv), acc)  # (B, Hkv, N*G, Dv)
     lse = np.empty((s.b, s.hkv, s.n * t.g), acc)  # (B, Hkv, N*G)
-    for b0, b1 in _tiles(s.b, t.bb):
-        m5 = None if mask5 is None else mask5[b0:b1]
-        _forward_chunk(qt[b0:b1], ka[b0:b1], va[b0:b1], m5, t, out[b0:b1], lse[b0:b1])
+    tasks = [
+        partial(
+            _forward_tile,
+            qt[b0:b1],
+            ka[b0:b1],
+            va[b0:b1],
+            _rows(mask5, b0, b1),
+            t,
+            rows,
+            out[b0:b1],
+            lse[b0:b1],
+        )
+        for b0, b1 in _tiles(s.b, t.bb)
+        for rows in reversed(list(_tiles(s.n, t.bq)))  # costliest (causal: last) tiles first
+    ]
+    run_tasks(tasks, check_workers("attention", workers))
     res = _unpack(out, s).astype(q.dtype, copy=False)  # (B, H, N, Dv)
     return (res, _unpack(lse, s)) if return_lse else res
 
@@ -288,6 +317,7 @@ def _backward_chunk(
     t: Tiling,
     gr: _Grads,
 ) -> None:
+    """Backward for a chunk of (batch, kv head) pairs; ``gr`` holds views of that chunk's gradients."""
     b, hkv, rows, _ = qt.shape
     n, m = rows // t.g, k.shape[2]
     buf = np.empty((b, hkv, t.bq * t.g, t.bk), qt.dtype)  # (b, Hkv, R, C) scores, then P
@@ -317,6 +347,7 @@ def attention_backward_cpu(
     scale: float | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    workers: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FlashAttention-2 backward from the forward's ``out`` and ``lse``; tiles as :func:`attention_cpu`."""
     q, k, v, out, grad_out, lse, mask = _as_arrays(q, k, v, out, grad_out, lse, mask)
@@ -332,9 +363,16 @@ def attention_backward_cpu(
     ka, va = k.astype(acc, copy=False), v.astype(acc, copy=False)
     mask5 = _mask_view(mask, s)
     gr = _Grads(np.zeros_like(qt), np.zeros(k.shape, acc), np.zeros(v.shape, acc))
-    for b0, b1 in _tiles(s.b, t.bb):
-        sub = _Grads(gr.dq[b0:b1], gr.dk[b0:b1], gr.dv[b0:b1])  # views: the chunk writes in place
-        m5 = None if mask5 is None else mask5[b0:b1]
-        _backward_chunk(qt[b0:b1], ka[b0:b1], va[b0:b1], dot[b0:b1], lse_p[b0:b1], delta[b0:b1], m5, t, sub)
+    nw = check_workers("attention_backward", workers)
+    tasks = []
+    for b0, b1 in _tiles(s.b, t.bb):  # dk/dv sum over query tiles, so workers split kv heads instead
+        for h0, h1 in _tiles(s.hkv, -(-s.hkv // nw)):
+            at = (slice(b0, b1), slice(h0, h1))
+            sub = _Grads(gr.dq[at], gr.dk[at], gr.dv[at])  # views: the chunk writes in place
+            m5 = None if mask5 is None else mask5[at]
+            tasks.append(
+                partial(_backward_chunk, qt[at], ka[at], va[at], dot[at], lse_p[at], delta[at], m5, t, sub)
+            )
+    run_tasks(tasks, nw)
     gr.dq *= acc.type(sc)
     return _unpack(gr.dq, s).astype(q.dtype), gr.dk.astype(q.dtype), gr.dv.astype(q.dtype)
