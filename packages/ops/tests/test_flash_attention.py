@@ -311,3 +311,13 @@ def test_float8_accumulates_in_float32(dtype) -> None:
     rtol, atol = tolerances(dtype)
     assert_close(out, ref, rtol=rtol, atol=max(atol, float(ml_dtypes.finfo(dtype).smallest_subnormal)))
     lse_close(lse, ref_lse)
+
+
+def test_num_threads_env(monkeypatch) -> None:
+    from opstrata.ops._parallel import default_workers
+
+    monkeypatch.setenv("OPSTRATA_NUM_THREADS", "3")
+    assert default_workers() == 3
+    monkeypatch.setenv("OPSTRATA_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match=r"OPSTRATA_NUM_THREADS: expected an int >= 1, got 'two'"):
+        default_workers()

@@ -37,9 +37,13 @@ def _controller() -> Any:
 
 def default_workers() -> int:
     """Usable cores (``OPSTRATA_NUM_THREADS`` overrides), or 1 when BLAS cannot be pinned."""
-    env = os.environ.get("OPSTRATA_NUM_THREADS")
+    env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
     if env:
-        return max(1, int(env))
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(
+                f"OPSTRATA_NUM_THREADS: expected an int >= 1, got {env!r}. Fix: unset it or set e.g. 2"
+            )
+        return int(env)
     if _controller() is None:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
