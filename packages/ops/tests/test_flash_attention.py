@@ -321,3 +321,13 @@ def test_num_threads_env(monkeypatch) -> None:
     monkeypatch.setenv("OPSTRATA_NUM_THREADS", "two")
     with pytest.raises(ValueError, match=r"OPSTRATA_NUM_THREADS: expected an int >= 1, got 'two'"):
         default_workers()
+
+
+def test_without_threadpoolctl_tiles_run_serially(monkeypatch) -> None:
+    from opstrata.ops import _parallel
+
+    monkeypatch.delenv("OPSTRATA_NUM_THREADS", raising=False)
+    monkeypatch.setattr(_parallel, "_CONTROLLER", [None])  # as if threadpoolctl were missing
+    assert _parallel.default_workers() == 1
+    q, k, v, _ = inputs(1, 2, 1, 300, 300, 8, np.float32)
+    assert_close(attention_cpu(q, k, v, causal=True), ops.attention(q, k, v, causal=True, device="ref"))

@@ -5,8 +5,9 @@ own threads costs a synchronisation per call, and on a busy machine a wait for a
 layout CPU attention kernels use instead: one BLAS thread per worker, workers over independent
 tiles (numpy releases the GIL in matmul and ufunc loops, so Python threads run them in parallel).
 
-Pinning BLAS needs ``threadpoolctl`` (optional). Without it, ``default_workers()`` is 1 and work
-items run serially with BLAS left as configured. The pin is process-wide while a kernel runs.
+Pinning BLAS needs ``threadpoolctl`` (a dependency, tolerated missing). Without it,
+``default_workers()`` is 1 and work items run serially with BLAS left as configured. The pin is
+process-wide while a kernel runs: concurrent callers may find BLAS at one thread meanwhile.
 """
 
 from __future__ import annotations
