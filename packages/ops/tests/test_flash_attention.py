@@ -261,6 +261,7 @@ def test_public_api() -> None:
         ({"block_q": 0}, r"attention: argument 'block_q' expected an int >= 1.*got 0"),
         ({"block_k": -3}, r"attention: argument 'block_k' expected an int >= 1.*got -3"),
         ({"block_q": 2.5}, r"attention: argument 'block_q' expected an int >= 1.*got 2.5"),
+        ({"block_q": True}, r"attention: argument 'block_q' expected an int >= 1.*got True"),
         ({"workers": 0}, r"attention: argument 'workers' expected an int >= 1.*got 0"),
     ],
 )
@@ -268,6 +269,9 @@ def test_tile_and_worker_errors(kw, pattern) -> None:
     q, k, v, _ = inputs(1, 2, 1, 3, 4, 8, np.float32)
     with pytest.raises(ops.OpError, match=pattern):
         attention_cpu(q, k, v, **kw)
+    out, lse = attention_cpu(q, k, v, return_lse=True)
+    with pytest.raises(ops.OpError, match=pattern.replace("attention:", "attention_backward:")):
+        attention_backward_cpu(q, k, v, out, out, lse, **kw)
 
 
 @pytest.mark.parametrize("device", ["ref", "cpu"])

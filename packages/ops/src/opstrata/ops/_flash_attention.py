@@ -56,10 +56,11 @@ class Tiling:
     causal: bool
 
 
-def _tiling(s: AttnShape, itemsize: int, causal: bool, block_q: int | None, block_k: int | None) -> Tiling:
-    op = "attention"
+def _tiling(
+    op: str, s: AttnShape, itemsize: int, causal: bool, block_q: int | None, block_k: int | None
+) -> Tiling:
     for name, val in (("block_q", block_q), ("block_k", block_k)):
-        if val is not None and (not isinstance(val, (int, np.integer)) or val < 1):
+        if val is not None and (not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1):
             raise OpError(op, name, "an int >= 1 (or None for the measured default)", repr(val))
     g = s.h // s.hkv
     bq = int(block_q) if block_q is not None else max(1, DEFAULT_TILE_ROWS // g)
@@ -241,7 +242,7 @@ def attention_cpu(
     q, k, v, mask = _as_arrays(q, k, v, mask)
     s = _check_attention(q, k, v, mask)
     acc = accumulation_dtype(q.dtype)
-    t = _tiling(s, acc.itemsize, causal, block_q, block_k)
+    t = _tiling("attention", s, acc.itemsize, causal, block_q, block_k)
     qt = _pack(q, s, acc, _scale(scale, s.d))  # (B, Hkv, N*G, D)
     ka, va = k.astype(acc, copy=False), v.astype(acc, copy=False)  # (B, Hkv, M, D), (B, Hkv, M, Dv)
     mask5 = _mask_view(mask, s)  # (B, Hkv, G, N, M) view or None
@@ -354,7 +355,7 @@ def attention_backward_cpu(
     s = _check_attention(q, k, v, mask, op="attention_backward")
     _check_backward(q, out, grad_out, lse, s)
     acc = accumulation_dtype(q.dtype)
-    t = _tiling(s, acc.itemsize, causal, block_q, block_k)
+    t = _tiling("attention_backward", s, acc.itemsize, causal, block_q, block_k)
     sc = _scale(scale, s.d)
     qt = _pack(q, s, acc, sc)  # (B, Hkv, N*G, D)
     dot = _pack(grad_out, s, acc)  # (B, Hkv, N*G, Dv)
