@@ -5,7 +5,8 @@ Prints a markdown table: per case the median time of each candidate, the speedup
 / flash median`` from interleaved runs (``benchtools.compare``) and the peak extra memory each one
 allocates (tracemalloc; numpy reports its allocations to it). Targets (issue 4): causal B=1, H=8,
 N=4096, D=64 fp32 at least 1.5x faster than numpy with at most 1/8 of its peak memory; non-causal no
-slower. ``--sweep`` times block sizes on the causal case (how the defaults were chosen). When torch is
+slower. ``--sweep`` times block sizes on the causal case (how the defaults were chosen); ``--backward`` times
+forward + backward at N/2 against numpy keeping the probabilities. When torch is
 importable, ``F.scaled_dot_product_attention`` on the CPU is timed too.
 """
 
@@ -37,6 +38,50 @@ def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -
         scores = np.where(np.tril(np.ones((n, m), dtype=bool), m - n), scores, -np.inf)
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return (e / e.sum(axis=-1, keepdims=True)) @ v  # (B, H, N, Dv)
+
+
+def numpy_attention_train(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, go: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """Causal forward keeping the probabilities, then the backward by hand: ``(out, dq, dk, dv)``."""
+    n, m = q.shape[-2], k.shape[-2]
+    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = np.where(np.tril(np.ones((n, m), dtype=bool), m - n), q @ k.swapaxes(-1, -2) * scale, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)  # (B, H, N, M), saved for the backward
+    out = p @ v
+    dp = go @ v.swapaxes(-1, -2)  # (B, H, N, M)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * scale
+    return out, ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ go
+
+
+def flash_train(q: np.ndarray, k: np.ndarray, v: np.ndarray, go: np.ndarray) -> tuple[np.ndarray, ...]:
+    out, lse = ops.attention(q, k, v, causal=True, return_lse=True, device="cpu")
+    return (out, *ops.attention_backward(q, k, v, out, go, lse, causal=True, device="cpu"))
+
+
+def run_train_case(shape: tuple[int, int, int, int], repeats: int) -> list[list[object]]:
+    rng = np.random.default_rng(1)
+    q, k, v, go = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
+    for a, b in zip(flash_train(q, k, v, go), numpy_attention_train(q, k, v, go), strict=True):
+        assert np.allclose(a, b, atol=1e-3), "flash and numpy gradients disagree"
+    cands = {"numpy": lambda: numpy_attention_train(q, k, v, go), "flash": lambda: flash_train(q, k, v, go)}
+    times = compare(cands, repeats=repeats)
+    mem = {name: peak_extra_bytes(fn) for name, fn in cands.items()}
+    base, flash = times["numpy"].median, times["flash"].median
+    label = f"causal fwd+bwd B,H,N,D={shape}"
+    return [
+        [
+            label,
+            name,
+            f"{t.median * 1e3:.0f} ms",
+            f"{base / t.median:.2f}x",
+            f"{t.median / flash:.2f}x",
+            _mib(mem[name]),
+            f"{mem[name] / mem['flash']:.0f}x",
+        ]
+        for name, t in times.items()
+    ]
 
 
 def _torch_sdpa() -> Callable[..., Any] | None:
@@ -124,12 +169,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N=1024 and 3 repeats (development)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of block sizes")
+    ap.add_argument("--backward", action="store_true", help="also time forward + backward (training)")
     args = ap.parse_args()
     n, repeats = (1024, 3) if args.quick else (4096, 5)
     print(f"# attention, numpy {np.__version__}, {platform.machine()}, {os.cpu_count()} cpus\n")
     table: list[list[object]] = []
     for causal in (True, False):
         table += run_case((1, 8, n, 64), causal, repeats, rows=True)
+    if args.backward:
+        table += run_train_case((1, 8, n // 2, 64), repeats)
     headers = ["case", "candidate", "median", "numpy / it", "it / flash", "peak extra", "peak / flash"]
     print(format_table(headers, table))
     if args.sweep:
