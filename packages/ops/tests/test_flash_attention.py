@@ -335,3 +335,23 @@ def test_without_threadpoolctl_tiles_run_serially(monkeypatch) -> None:
     assert _parallel.default_workers() == 1
     q, k, v, _ = inputs(1, 2, 1, 300, 300, 8, np.float32)
     assert_close(attention_cpu(q, k, v, causal=True), ops.attention(q, k, v, causal=True, device="ref"))
+
+
+def test_backward_splits_query_tiles_when_kv_heads_are_fewer_than_workers() -> None:
+    from opstrata.ops._attention import AttnShape
+    from opstrata.ops._flash_attention import Tiling, _backward_units
+
+    q, k, v, mask = inputs(1, 4, 1, 70, 50, 8, np.float64, mask_kind="bool", seed=10)  # MQA: one kv head
+    s_units = _backward_units(AttnShape(1, 4, 1, 70, 50, 8, 8), Tiling(4, 8, 16, 1, -20, True), nw=3)
+    assert len(s_units) == 3 and sorted(t for _, _, ts in s_units for t in ts) == [
+        (i, min(i + 8, 70)) for i in range(0, 70, 8)
+    ]
+    out, lse = attention_cpu(q, k, v, causal=True, mask=mask, return_lse=True)
+    go = np.random.default_rng(11).standard_normal(out.shape)
+    expected = ops.attention_backward(q, k, v, out, go, lse, causal=True, mask=mask, device="ref")
+    for workers in (1, 3):
+        got = attention_backward_cpu(
+            q, k, v, out, go, lse, causal=True, mask=mask, block_q=2, workers=workers
+        )
+        for g, e in zip(got, expected, strict=True):
+            close_low(g, e, 1e-10)

@@ -317,14 +317,15 @@ def _backward_chunk(
     mask5: np.ndarray | None,
     t: Tiling,
     gr: _Grads,
+    q_tiles: list[tuple[int, int]],
 ) -> None:
-    """Backward for a chunk of (batch, kv head) pairs; ``gr`` holds views of that chunk's gradients."""
-    b, hkv, rows, _ = qt.shape
-    n, m = rows // t.g, k.shape[2]
+    """Backward of ``q_tiles`` for a chunk of (batch, kv head) pairs; ``gr`` holds that chunk's gradients."""
+    b, hkv = qt.shape[:2]
+    m = k.shape[2]
     buf = np.empty((b, hkv, t.bq * t.g, t.bk), qt.dtype)  # (b, Hkv, R, C) scores, then P
     dp_buf = np.empty_like(buf)  # (b, Hkv, R, C) dP, then dS
     lse_safe = np.where(lse == NEG_INF, np.inf, lse)  # an empty row: exp(s - inf) = 0, no NaN
-    for i0, i1 in _tiles(n, t.bq):
+    for i0, i1 in q_tiles:
         r0, r1 = i0 * t.g, i1 * t.g
         qi, doi = qt[:, :, r0:r1], dot[:, :, r0:r1]
         for j0, j1 in _tiles(_key_end(t, m, i1), t.bk):
@@ -332,6 +333,51 @@ def _backward_chunk(
             _backward_tile(
                 sc, qi, doi, (r0, r1), (j0, j1), k, v, lse_safe[:, :, r0:r1], delta[:, :, r0:r1], gr, dp_buf
             )
+
+
+def _backward_units(s: AttnShape, t: Tiling, nw: int) -> list[tuple[slice, slice, list[tuple[int, int]]]]:
+    """Work units ``(batch slice, kv-head slice, query tiles)``: kv heads split first; when there are
+    fewer (batch, head) chunks than workers, the query tiles are dealt round-robin (balances causal)."""
+    q_tiles = list(_tiles(s.n, t.bq))
+    chunks = [
+        (slice(b0, b1), slice(h0, h1))
+        for b0, b1 in _tiles(s.b, t.bb)
+        for h0, h1 in _tiles(s.hkv, -(-s.hkv // nw))
+    ]
+    if len(chunks) >= nw or len(q_tiles) < 2:
+        return [(bs, hs, q_tiles) for bs, hs in chunks]
+    return [(bs, hs, q_tiles[w::nw]) for bs, hs in chunks for w in range(nw) if q_tiles[w::nw]]
+
+
+def _run_backward(
+    units: list[tuple[slice, slice, list[tuple[int, int]]]],
+    nw: int,
+    qt: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    dot: np.ndarray,
+    lse: np.ndarray,
+    delta: np.ndarray,
+    mask5: np.ndarray | None,
+    t: Tiling,
+    gr: _Grads,
+) -> None:
+    """Run the units; units sharing a (batch, head) chunk get private dk/dv, summed afterwards."""
+    shared = len({(bs.start, hs.start) for bs, hs, _ in units}) < len(units)
+    tasks, private = [], []
+    for bs, hs, q_tiles in units:
+        at = (bs, hs)
+        dk, dv = (np.zeros_like(g[at]) for g in (gr.dk, gr.dv)) if shared else (gr.dk[at], gr.dv[at])
+        private.append((at, dk, dv))
+        sub = _Grads(gr.dq[at], dk, dv)  # dq rows of distinct query tiles never overlap
+        m5 = None if mask5 is None else mask5[at]
+        args = (qt[at], k[at], v[at], dot[at], lse[at], delta[at], m5, t, sub, q_tiles)
+        tasks.append(partial(_backward_chunk, *args))
+    run_tasks(tasks, nw)
+    if shared:
+        for at, dk, dv in private:
+            gr.dk[at] += dk
+            gr.dv[at] += dv
 
 
 @register("attention_backward", device="cpu", dtypes=FLOAT_DTYPES)
@@ -365,15 +411,6 @@ def attention_backward_cpu(
     mask5 = _mask_view(mask, s)
     gr = _Grads(np.zeros_like(qt), np.zeros(k.shape, acc), np.zeros(v.shape, acc))
     nw = check_workers("attention_backward", workers)
-    tasks = []
-    for b0, b1 in _tiles(s.b, t.bb):  # dk/dv sum over query tiles, so workers split kv heads instead
-        for h0, h1 in _tiles(s.hkv, -(-s.hkv // nw)):
-            at = (slice(b0, b1), slice(h0, h1))
-            sub = _Grads(gr.dq[at], gr.dk[at], gr.dv[at])  # views: the chunk writes in place
-            m5 = None if mask5 is None else mask5[at]
-            tasks.append(
-                partial(_backward_chunk, qt[at], ka[at], va[at], dot[at], lse_p[at], delta[at], m5, t, sub)
-            )
-    run_tasks(tasks, nw)
+    _run_backward(_backward_units(s, t, nw), nw, qt, ka, va, dot, lse_p, delta, mask5, t, gr)
     gr.dq *= acc.type(sc)
     return _unpack(gr.dq, s).astype(q.dtype), gr.dk.astype(q.dtype), gr.dv.astype(q.dtype)
