@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
-from opstrata.ops._attention import attention_cpu
 from opstrata.ops._dtypes import FLOAT_DTYPES
+from opstrata.ops._flash_attention import attention_cpu
 from opstrata.ops.testing import assert_close, tolerances
 
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _info
+from . import _demo, _info
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -33,6 +33,12 @@ COMMANDS: tuple[Command, ...] = (
         "installed opstrata versions and their ranges, versions.lock, Python/numpy/BLAS, cache directory",
         _info.add_arguments,
         _info.run,
+    ),
+    Command(
+        "demo",
+        "the end-to-end job on a GPT-style model built in code: export, compile, run, check, profile",
+        _demo.add_arguments,
+        _demo.run,
     ),
 )
 

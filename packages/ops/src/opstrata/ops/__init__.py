@@ -8,7 +8,7 @@ __version__: str = _check_compatible("opstrata-ops")
 
 from . import codegen as codegen
 from ._activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
-from ._attention import attention as attention
+from ._attention import attention as attention, attention_backward as attention_backward
 from ._autotune import (
     AutotuneCacheWarning as AutotuneCacheWarning,
     AutotuneStats as AutotuneStats,
@@ -105,6 +105,7 @@ from ._fallback import (
     reset_fallback_report as reset_fallback_report,
     set_fallback_policy as set_fallback_policy,
 )
+from ._flash_attention import attention_cpu as _attention_cpu  # noqa: F401  (registers the cpu kernels)
 from ._fused import bias_act as bias_act, scale_mask_softmax as scale_mask_softmax
 from ._fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_rms_norm
 from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
@@ -173,6 +174,7 @@ __all__ = [
     "argmax",
     "as_dtype",
     "attention",
+    "attention_backward",
     "autotune",
     "autotune_cache_dir",
     "autotune_stats",
