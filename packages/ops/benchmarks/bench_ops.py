@@ -53,6 +53,8 @@ def cases(quick: bool) -> list[tuple[str, str, dict]]:
     ln = _randn(1024 // s, 1024)
     w, b = _randn(1024), _randn(1024)
     a, bm = _randn(512 // s, 512), _randn(512, 512)
+    n3 = 512 if quick else 1024
+    a3, b3 = _randn(n3, n3), _randn(n3, n3)
     xl, wl, bl = _randn(256 // s, 1024), _randn(1024, 1024), _randn(1024)
     img, ker = _randn(2, 16, 28 // s, 28 // s), _randn(32, 16, 3, 3)
     q, k, v = (_randn(1, 4, 256 // s, 64) for _ in range(3))
@@ -103,6 +105,11 @@ def cases(quick: bool) -> list[tuple[str, str, dict]]:
             },
         ),
         (
+            "matmul",
+            f"{a3.shape}@{b3.shape}",
+            {"cpu": lambda: ops.matmul(a3, b3), "numpy": lambda: a3 @ b3},
+        ),
+        (
             "linear",
             f"{xl.shape}x{wl.shape}",
             {
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         t = compare(cands, repeats=repeats)
         cpu = t["cpu"].median
         vs_np = f"{t['numpy'].median / cpu:.2f}x" if "numpy" in t else "n/a (no numpy op)"
-        rows.append([op, shape, f"{cpu * 1e3:.3f}", vs_np, f"{t['ref'].median / cpu:.2f}x"])
+        vs_ref = f"{t['ref'].median / cpu:.2f}x" if "ref" in t else "n/a (ref too slow at this size)"
+        rows.append([op, shape, f"{cpu * 1e3:.3f}", vs_np, vs_ref])
     print(
         f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, numpy {np.__version__}, "
         f"repeats={repeats} (median, interleaved)"

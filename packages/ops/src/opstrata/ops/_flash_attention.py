@@ -275,9 +275,22 @@ def attention_cpu(
         for b0, b1 in _tiles(s.b, t.bb)
         for rows in reversed(list(_tiles(s.n, t.bq)))  # costliest (causal: last) tiles first
     ]
-    run_tasks(tasks, check_workers("attention", workers))
+    run_tasks(tasks, _workers_for("attention", workers, s, causal))
     res = _unpack(out, s).astype(q.dtype, copy=False)  # (B, H, N, Dv)
     return (res, _unpack(lse, s)) if return_lse else res
+
+
+#: Below this many multiply-adds a call runs on one thread: a thread pool and re-pinning BLAS cost
+#: ~0.1-1 ms, more than small (decode-sized) attention takes (measured with bench_ops.py).
+PARALLEL_MIN_MACS = 1 << 26
+
+
+def _workers_for(op: str, workers: int | None, s: AttnShape, causal: bool, passes: float = 1.0) -> int:
+    """Explicit ``workers``, else one per core for large problems and 1 for small ones."""
+    if workers is not None:
+        return check_workers(op, workers)
+    macs = passes * s.b * s.h * s.n * s.m * (s.d + s.dv) / (2 if causal else 1)
+    return check_workers(op, None) if macs >= PARALLEL_MIN_MACS else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +435,7 @@ def attention_backward_cpu(
     ka, va = k.astype(acc, copy=False), v.astype(acc, copy=False)
     mask5 = _mask_view(mask, s)
     gr = _Grads(np.zeros_like(qt), np.zeros(k.shape, acc), np.zeros(v.shape, acc))
-    nw = check_workers("attention_backward", workers)
+    nw = _workers_for("attention_backward", workers, s, causal, passes=2.5)
     _run_backward(_backward_units(s, t, nw), nw, qt, ka, va, dot, lse_p, delta, mask5, t, gr)
     gr.dq *= acc.type(sc)
     return _unpack(gr.dq, s).astype(q.dtype), gr.dk.astype(q.dtype), gr.dv.astype(q.dtype)
