@@ -84,13 +84,16 @@ class Transport:
     def _idle(self, ops: list[Op], spins: int) -> None:
         time.sleep(0 if spins < 16 else min(1e-3, 2e-5 * 2 ** min(spins - 16, 6)))
 
-    def _read_abort(self) -> tuple[int, int, int] | None:
+    def _read_abort(self, force: bool = False) -> tuple[int, int, int] | None:
         """(code, origin, reporter) when another rank aborted the group."""
         now = time.monotonic()
-        if now - self._last_store_poll < 1.0:
+        if now - self._last_store_poll < 1.0 and not force:
             return None
         self._last_store_poll = now
-        raw = self.store.try_get("abort")
+        try:
+            raw = self.store.try_get("abort")
+        except CommError:
+            return None
         if raw is None:
             return None
         code, origin, reporter = (int(v) for v in raw.split(b"|")[:3])
@@ -136,14 +139,17 @@ class Transport:
                     "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
                 )
 
-    def check_health(self, what: str, waiting_on: Sequence[int]) -> None:
+    def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
         """Raise when another rank aborted the group or a local peer process vanished."""
-        got = self._read_abort()
+        got = self._read_abort(force)
         if got is not None:
             code, origin, reporter = got
             cls = ABORT_CODES.get(code, CommPeerError)
             detail = ""
-            raw = self.store.try_get("abort_msg") if reporter != self.rank else None
+            try:
+                raw = self.store.try_get("abort_msg") if reporter != self.rank else None
+            except CommError:
+                raw = None
             if raw:
                 detail = ": " + raw.decode(errors="replace")
             self.aborted = cls(

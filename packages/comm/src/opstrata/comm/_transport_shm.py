@@ -151,7 +151,7 @@ class ShmTransport(Transport):
                     moved = True
         return moved
 
-    def _read_abort(self) -> tuple[int, int, int] | None:
+    def _read_abort(self, force: bool = False) -> tuple[int, int, int] | None:
         if self._own is None or int(self._hdr[1]) == 0:
             return None
         return int(self._hdr[1]), int(self._hdr[2]) - 1, int(self._hdr[3]) - 1

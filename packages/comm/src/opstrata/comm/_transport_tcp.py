@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ._errors import CommPeerError, CommTimeoutError
+from ._errors import CommError, CommPeerError, CommTimeoutError
 from ._store import Store
 from ._transport import Op, Transport
 
@@ -53,6 +53,7 @@ class TcpTransport(Transport):
     ) -> None:
         super().__init__(rank, size, store, pids=pids, hosts=hosts)
         self.socks: dict[int, socket.socket] = {}
+        self._what = "tcp"
         self._stage: dict[int, np.ndarray] = {}
         try:
             self._connect_all(gid, master_addr, timeout)
@@ -106,7 +107,12 @@ class TcpTransport(Transport):
                 time.sleep(delay)
                 delay = min(2 * delay, 0.5)
 
-    def _peer_closed(self, o: Op, e: BaseException | None = None) -> CommPeerError:
+    def _peer_closed(self, o: Op, e: BaseException | None = None) -> CommError:
+        # A peer that closed may itself have stopped because a third rank died: prefer that diagnosis.
+        try:
+            self.check_health(self._what, [o.peer], force=True)
+        except CommError as first:
+            return first
         err = CommPeerError(
             f"peer rank {o.peer} closed its connection while rank {self.rank} was "
             f"{'sending to' if o.send else 'receiving from'} it ({o.off}/{o.data.nbytes} B moved"
@@ -114,6 +120,11 @@ class TcpTransport(Transport):
         )
         self.abort(err, origin=o.peer)
         return err
+
+    def exchange(self, sends, recvs, *, what: str, deadline: float) -> None:  # noqa: ANN001
+        """Record the collective's name for error messages, then exchange."""
+        self._what = what
+        super().exchange(sends, recvs, what=what, deadline=deadline)
 
     def _progress(self, ops: list[Op]) -> bool:
         moved = False
@@ -138,9 +149,9 @@ class TcpTransport(Transport):
                     moved |= self._recv_reduce(sock, o)
             except (BlockingIOError, InterruptedError):
                 continue
-            except (ConnectionError, OSError) as e:
-                if isinstance(e, CommPeerError):
-                    raise
+            except CommError:
+                raise
+            except OSError as e:
                 raise self._peer_closed(o, e) from e
         return moved
 
