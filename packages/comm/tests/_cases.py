@@ -39,7 +39,11 @@ def all_cases(rank: int, world: int) -> list[str]:
     bad: list[str] = []
 
     def check(name: str, got: np.ndarray, want: np.ndarray, exact: bool = True) -> None:
-        ok = np.array_equal(got, want) if exact else np.allclose(got.astype(np.float64), want.astype(np.float64), atol=1e-2)
+        ok = (
+            np.array_equal(got, want)
+            if exact
+            else np.allclose(got.astype(np.float64), want.astype(np.float64), atol=1e-2)
+        )
         if not ok:
             bad.append(f"rank {rank}: {name}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
 
@@ -55,7 +59,11 @@ def all_cases(rank: int, world: int) -> list[str]:
                 x = data(rank, n, dtype)
                 orig = x.copy()
                 comm.reduce(x, root, algorithm=algo)
-                check(f"reduce {algo} {dtype} n={n}", x, reference(world, n, dtype, "sum") if rank == root else orig)
+                check(
+                    f"reduce {algo} {dtype} n={n}",
+                    x,
+                    reference(world, n, dtype, "sum") if rank == root else orig,
+                )
                 y = data(rank, n, dtype, seed=5) if rank == root else np.zeros(n, dtype)
                 comm.broadcast(y, root, algorithm=algo)
                 check(f"broadcast {algo} {dtype} n={n}", y, data(root, n, dtype, seed=5))
@@ -63,17 +71,30 @@ def all_cases(rank: int, world: int) -> list[str]:
                 x = data(rank, n, dtype)
                 out = np.zeros((world, n), dtype)
                 comm.all_gather(out, x, algorithm=algo)
-                check(f"all_gather {algo} {dtype} n={n}", out, np.stack([data(r, n, dtype) for r in range(world)]))
+                check(
+                    f"all_gather {algo} {dtype} n={n}",
+                    out,
+                    np.stack([data(r, n, dtype) for r in range(world)]),
+                )
                 xs = data(rank, world * n, dtype)
                 o = np.zeros(n, dtype)
                 comm.reduce_scatter(o, xs, algorithm=algo)
-                check(f"reduce_scatter {algo} {dtype} n={n}", o, reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n])
+                check(
+                    f"reduce_scatter {algo} {dtype} n={n}",
+                    o,
+                    reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n],
+                )
     for op in ("sum", "avg", "max", "min", "prod"):
         for algo in ("direct", "ring", "tree", "halving_doubling"):
             for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
                 x = data(rank, 50, dtype, op)
                 comm.all_reduce(x, op, algorithm=algo)
-                check(f"all_reduce op={op} {algo} {dtype}", x, reference(world, 50, dtype, op), exact=op != "avg")
+                check(
+                    f"all_reduce op={op} {algo} {dtype}",
+                    x,
+                    reference(world, 50, dtype, op),
+                    exact=op != "avg",
+                )
     # lists instead of arrays
     x = data(rank, 5, DTYPES[0])
     outs = [np.zeros(5, np.float32) for _ in range(world)]
@@ -102,7 +123,9 @@ def deterministic_cases(rank: int, world: int) -> list[str]:
                 x = xs[rank].astype(dtype)
                 comm.all_reduce(x, algorithm=algo, deterministic=True)
                 if x.tobytes() != want.tobytes():
-                    bad.append(f"rank {rank}: deterministic all_reduce {algo} {np.dtype(dtype)} n={n} differs")
+                    bad.append(
+                        f"rank {rank}: deterministic all_reduce {algo} {np.dtype(dtype)} n={n} differs"
+                    )
                 for ralgo in ("direct", "ring", "tree"):
                     y = xs[rank].astype(dtype)
                     comm.reduce(y, 0, algorithm=ralgo, deterministic=True)

@@ -12,7 +12,9 @@ from opstrata.comm.testing import free_port
 
 @pytest.fixture
 def world1():
-    comm.init_process_group("shm", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}", timeout=10)
+    comm.init_process_group(
+        "shm", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}", timeout=10
+    )
     yield
     comm.destroy_process_group()
 

@@ -27,7 +27,9 @@ def test_deterministic_bit_identical_across_algorithms(backend: str, world: int)
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize(("backend", "world", "init"), [("shm", 3, "file"), ("tcp", 2, None), ("shm", 2, None)])
+@pytest.mark.parametrize(
+    ("backend", "world", "init"), [("shm", 3, "file"), ("tcp", 2, None), ("shm", 2, None)]
+)
 def test_groups_p2p_async(backend: str, world: int, init: str | None) -> None:
     res = run_ranks(groups_and_p2p, world, backend=backend, init_method=init)
     bad = [b for r in res for b in r.value]

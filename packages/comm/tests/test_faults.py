@@ -19,8 +19,14 @@ COMM_TIMEOUT = 20.0
 def test_kill_9_mid_all_reduce_raises_peer_error_on_survivors(backend: str) -> None:
     job = f"k9{backend}{os.getpid()}"
     res = run_ranks(
-        die_mid_all_reduce, 3, backend=backend, args=(1,), check=False, comm_timeout=COMM_TIMEOUT,
-        env={"OPSTRATA_COMM_JOB_ID": job}, timeout=60,
+        die_mid_all_reduce,
+        3,
+        backend=backend,
+        args=(1,),
+        check=False,
+        comm_timeout=COMM_TIMEOUT,
+        env={"OPSTRATA_COMM_JOB_ID": job},
+        timeout=60,
     )
     assert res[1].exitcode == -9
     for r in (0, 2):
@@ -77,7 +83,10 @@ def _launch(tmp_path, args: list[str], job: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPSTRATA_COMM_JOB_ID": job}
     return subprocess.run(
         [sys.executable, "-m", "opstrata.comm.launch", "--nproc", "3", "--grace", "2", str(script), *args],
-        capture_output=True, text=True, timeout=90, env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
     )
 
 
@@ -100,7 +109,9 @@ def test_launcher_success_and_prefix(tmp_path) -> None:
     )
     p = subprocess.run(
         [sys.executable, "-m", "opstrata.comm.launch", "--nproc", "2", str(script)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] result 1.0 2" in p.stdout and "[rank 1] result 1.0 2" in p.stdout

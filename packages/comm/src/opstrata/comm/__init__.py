@@ -6,8 +6,8 @@ from opstrata.ops.compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-comm")
 
-from ._algorithms import ALGORITHMS as ALGORITHMS, THRESHOLDS as THRESHOLDS  # noqa: E402
-from ._api import (  # noqa: E402
+from ._algorithms import ALGORITHMS as ALGORITHMS, THRESHOLDS as THRESHOLDS
+from ._api import (
     all_gather as all_gather,
     all_reduce as all_reduce,
     all_to_all as all_to_all,
@@ -25,15 +25,15 @@ from ._api import (  # noqa: E402
     reduce_scatter as reduce_scatter,
     send as send,
 )
-from ._errors import (  # noqa: E402
+from ._errors import (
     CommDesyncError as CommDesyncError,
     CommError as CommError,
     CommPeerError as CommPeerError,
     CommTimeoutError as CommTimeoutError,
 )
-from ._group import NON_GROUP_MEMBER as NON_GROUP_MEMBER, ProcessGroup as ProcessGroup  # noqa: E402
-from ._store import FileStore as FileStore, TCPStore as TCPStore  # noqa: E402
-from ._work import Work as Work  # noqa: E402
+from ._group import NON_GROUP_MEMBER as NON_GROUP_MEMBER, ProcessGroup as ProcessGroup
+from ._store import FileStore as FileStore, TCPStore as TCPStore
+from ._work import Work as Work
 
 __all__ = [
     "ALGORITHMS",

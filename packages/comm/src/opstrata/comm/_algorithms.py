@@ -34,10 +34,28 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 #: The selection table: first row whose byte bound holds (and whose world-size condition holds) wins.
 #: (collective, max bytes, world condition, algorithm, why)
 THRESHOLDS: tuple[tuple[str, float, str, str, str], ...] = (
-    ("all_reduce", 32 * KiB, "any", "direct", "small message: one latency-bound round beats log/linear rounds"),
-    ("all_reduce", 1 * MiB, "pow2", "halving_doubling", "medium message, power-of-two world: 2log2(n) rounds, bandwidth-optimal"),
+    (
+        "all_reduce",
+        32 * KiB,
+        "any",
+        "direct",
+        "small message: one latency-bound round beats log/linear rounds",
+    ),
+    (
+        "all_reduce",
+        1 * MiB,
+        "pow2",
+        "halving_doubling",
+        "medium message, power-of-two world: 2log2(n) rounds, bandwidth-optimal",
+    ),
     ("all_reduce", 256 * KiB, "any", "tree", "medium message, non-power-of-two world: log2(n) rounds"),
-    ("all_reduce", float("inf"), "any", "ring", "large message: bandwidth-optimal 2(n-1)/n traffic, chunks pipelined"),
+    (
+        "all_reduce",
+        float("inf"),
+        "any",
+        "ring",
+        "large message: bandwidth-optimal 2(n-1)/n traffic, chunks pipelined",
+    ),
     ("reduce", 64 * KiB, "any", "direct", "small message: one round"),
     ("reduce", 1 * MiB, "any", "tree", "medium message: binomial tree, log2(n) rounds"),
     ("reduce", float("inf"), "any", "ring", "large message: ring reduce-scatter then gather at the root"),
@@ -48,7 +66,13 @@ THRESHOLDS: tuple[tuple[str, float, str, str, str], ...] = (
     ("all_gather", 1 * MiB, "pow2", "halving_doubling", "medium message, power-of-two world: log2(n) rounds"),
     ("all_gather", float("inf"), "any", "ring", "large message: bandwidth-optimal ring"),
     ("reduce_scatter", 32 * KiB, "any", "direct", "small message: one round"),
-    ("reduce_scatter", 1 * MiB, "pow2", "halving_doubling", "medium message, power-of-two world: log2(n) rounds"),
+    (
+        "reduce_scatter",
+        1 * MiB,
+        "pow2",
+        "halving_doubling",
+        "medium message, power-of-two world: log2(n) rounds",
+    ),
     ("reduce_scatter", float("inf"), "any", "ring", "large message: bandwidth-optimal ring"),
     ("all_to_all", float("inf"), "any", "direct", "pairwise exchange is the only all_to_all"),
     ("barrier", float("inf"), "any", "direct", "barrier is a one-round exchange of tokens"),
@@ -66,7 +90,9 @@ def select(collective: str, nbytes: int, world: int, requested: str | None) -> t
         if algo is None:
             continue
         if algo not in ALGORITHMS:
-            raise ValueError(f"{collective}: unknown algorithm {algo!r} from {source}; expected one of {ALGORITHMS}")
+            raise ValueError(
+                f"{collective}: unknown algorithm {algo!r} from {source}; expected one of {ALGORITHMS}"
+            )
         if algo in SUPPORTED[collective]:
             return algo, f"requested by {source}"
         if source.startswith("per-call"):
@@ -111,7 +137,7 @@ class _Sub:
         self.t, self.members = t, members
         self.rank, self.size = members.index(t.rank), len(members)
 
-    def exchange(self, sends, recvs, *, what: str, deadline: float) -> None:  # noqa: ANN001
+    def exchange(self, sends, recvs, *, what: str, deadline: float) -> None:
         """Exchange with virtual ranks mapped to real ones."""
         m = self.members
         self.t.exchange(
@@ -202,7 +228,9 @@ def ag_doubling(c: Ctx, blocks: Blocks) -> None:
         partner = r ^ mask
         mine = r & ~(mask - 1)
         theirs = partner & ~(mask - 1)
-        c.ex([(partner, blocks.span(mine, mine + mask))], [(partner, blocks.span(theirs, theirs + mask), None)])
+        c.ex(
+            [(partner, blocks.span(mine, mine + mask))], [(partner, blocks.span(theirs, theirs + mask), None)]
+        )
         mask <<= 1
 
 

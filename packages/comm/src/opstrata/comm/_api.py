@@ -100,7 +100,9 @@ def init_process_group(
     t = _seconds(timeout)
     rank, world = _env_int("RANK", rank), _env_int("WORLD_SIZE", world_size)
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"init_process_group: need 0 <= rank < world_size, got rank={rank} world_size={world}")
+        raise ValueError(
+            f"init_process_group: need 0 <= rank < world_size, got rank={rank} world_size={world}"
+        )
     url = urlparse(init_method)
     if url.scheme == "env":
         addr = os.environ.get("MASTER_ADDR")
@@ -113,21 +115,31 @@ def init_process_group(
         store: Store = TCPStore(addr, int(port), is_master=rank == 0, timeout=t)
     elif url.scheme == "tcp":
         if not url.hostname or not url.port:
-            raise ValueError(f"init_process_group: init_method {init_method!r} must look like tcp://host:port")
+            raise ValueError(
+                f"init_process_group: init_method {init_method!r} must look like tcp://host:port"
+            )
         addr = url.hostname
         store = TCPStore(addr, url.port, is_master=rank == 0, timeout=t)
     elif url.scheme == "file":
         addr = "127.0.0.1"
         store = FileStore(url.path, timeout=t)
     else:
-        raise ValueError(f"init_process_group: init_method {init_method!r}: expected env://, tcp://host:port or file://path")
+        raise ValueError(
+            f"init_process_group: init_method {init_method!r}: expected env://, tcp://host:port or file://path"
+        )
     try:
         _rendezvous(store, rank, world, t)
         _S.master_addr, _S.backend, _S.timeout = addr, backend, t
         transport = _make_transport(backend, 0, list(range(world)), PrefixStore("g0/", store), t)
         _S.default = ProcessGroup(
-            0, list(range(world)), rank, transport, PrefixStore("g0/", store),
-            backend=backend, timeout=t, deterministic=deterministic,
+            0,
+            list(range(world)),
+            rank,
+            transport,
+            PrefixStore("g0/", store),
+            backend=backend,
+            timeout=t,
+            deterministic=deterministic,
         )
         _S.groups.append(_S.default)
     except BaseException:
@@ -147,9 +159,14 @@ def _rendezvous(store: Store, rank: int, world: int, t: float) -> None:
             raise ValueError(f"init_process_group: rank {rank} has world_size={world} but rank 0 has {have}")
     _S.job = store.get("job_id", t, what="init_process_group").decode()
     if store.add("joined", 1) > world:
-        raise ValueError(f"init_process_group: more than world_size={world} ranks joined; is RANK unique per process?")
+        raise ValueError(
+            f"init_process_group: more than world_size={world} ranks joined; is RANK unique per process?"
+        )
     store.set(f"proc/{rank}", f"{os.getpid()}|{socket.gethostname()}".encode())
-    procs = [store.get(f"proc/{j}", t, what=f"init_process_group (rank {rank} waits for rank {j})") for j in range(world)]
+    procs = [
+        store.get(f"proc/{j}", t, what=f"init_process_group (rank {rank} waits for rank {j})")
+        for j in range(world)
+    ]
     _S.pids = [int(p.split(b"|")[0]) for p in procs]
     _S.hosts = [p.split(b"|", 1)[1].decode() for p in procs]
 
@@ -158,8 +175,12 @@ def _make_transport(backend: str, gid: int, ranks: list[int], store: Store, t: f
     r = ranks.index(_S.rank)
     pids, hosts = [_S.pids[j] for j in ranks], [_S.hosts[j] for j in ranks]
     if backend == "shm":
-        return ShmTransport(r, len(ranks), store, pids=pids, hosts=hosts, prefix=f"opst_{_S.job}_g{gid}", timeout=t)
-    return TcpTransport(r, len(ranks), store, pids=pids, hosts=hosts, gid=gid, master_addr=_S.master_addr, timeout=t)
+        return ShmTransport(
+            r, len(ranks), store, pids=pids, hosts=hosts, prefix=f"opst_{_S.job}_g{gid}", timeout=t
+        )
+    return TcpTransport(
+        r, len(ranks), store, pids=pids, hosts=hosts, gid=gid, master_addr=_S.master_addr, timeout=t
+    )
 
 
 def _reset(store: Store | None) -> None:
@@ -174,7 +195,9 @@ def _reset(store: Store | None) -> None:
 
 def _default(what: str) -> ProcessGroup:
     if _S.default is None:
-        raise RuntimeError(f"{what}: the default process group is not initialised; call init_process_group() first")
+        raise RuntimeError(
+            f"{what}: the default process group is not initialised; call init_process_group() first"
+        )
     return _S.default
 
 
@@ -182,9 +205,13 @@ def _group(group: Any, what: str) -> ProcessGroup:
     if group is None:
         return _default(what)
     if group is NON_GROUP_MEMBER:
-        raise ValueError(f"{what}: this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)")
+        raise ValueError(
+            f"{what}: this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)"
+        )
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"{what}: group must be a ProcessGroup from new_group() or None, got {type(group).__name__}")
+        raise TypeError(
+            f"{what}: group must be a ProcessGroup from new_group() or None, got {type(group).__name__}"
+        )
     return group
 
 
@@ -259,7 +286,13 @@ def new_group(
     store = PrefixStore(f"g{gid}/", _S.store)
     transport = _make_transport(b, gid, members, store, t)
     g = ProcessGroup(
-        gid, members, _S.rank, transport, store, backend=b, timeout=t,
+        gid,
+        members,
+        _S.rank,
+        transport,
+        store,
+        backend=b,
+        timeout=t,
         deterministic=d.deterministic if deterministic is None else deterministic,
     )
     _S.groups.append(g)
@@ -267,8 +300,13 @@ def new_group(
 
 
 def all_reduce(
-    x: np.ndarray, op: str = "sum", *, group: ProcessGroup | None = None, algorithm: str | None = None,
-    async_op: bool = False, deterministic: bool | None = None,
+    x: np.ndarray,
+    op: str = "sum",
+    *,
+    group: ProcessGroup | None = None,
+    algorithm: str | None = None,
+    async_op: bool = False,
+    deterministic: bool | None = None,
 ) -> Work | None:
     """Reduce ``x`` across ranks in place (op: sum, avg, max, min, prod).
 
@@ -278,15 +316,25 @@ def all_reduce(
 
 
 def reduce(
-    x: np.ndarray, dst: int, op: str = "sum", *, group: ProcessGroup | None = None, algorithm: str | None = None,
-    async_op: bool = False, deterministic: bool | None = None,
+    x: np.ndarray,
+    dst: int,
+    op: str = "sum",
+    *,
+    group: ProcessGroup | None = None,
+    algorithm: str | None = None,
+    async_op: bool = False,
+    deterministic: bool | None = None,
 ) -> Work | None:
     """Reduce ``x`` into rank ``dst``'s ``x`` (other ranks' arrays are unchanged)."""
     return _group(group, "reduce").reduce(x, dst, op, algorithm, async_op, deterministic)
 
 
 def broadcast(
-    x: np.ndarray, src: int, *, group: ProcessGroup | None = None, algorithm: str | None = None,
+    x: np.ndarray,
+    src: int,
+    *,
+    group: ProcessGroup | None = None,
+    algorithm: str | None = None,
     async_op: bool = False,
 ) -> Work | None:
     """Overwrite ``x`` on every rank with rank ``src``'s ``x``."""
@@ -294,23 +342,36 @@ def broadcast(
 
 
 def all_gather(
-    out: list[np.ndarray] | np.ndarray, x: np.ndarray, *, group: ProcessGroup | None = None,
-    algorithm: str | None = None, async_op: bool = False,
+    out: list[np.ndarray] | np.ndarray,
+    x: np.ndarray,
+    *,
+    group: ProcessGroup | None = None,
+    algorithm: str | None = None,
+    async_op: bool = False,
 ) -> Work | None:
     """Fill ``out`` (list of world_size arrays, or one array of world_size * x.size) with every rank's ``x``."""
     return _group(group, "all_gather").all_gather(out, x, algorithm, async_op)
 
 
 def reduce_scatter(
-    out: np.ndarray, x: list[np.ndarray] | np.ndarray, op: str = "sum", *, group: ProcessGroup | None = None,
-    algorithm: str | None = None, async_op: bool = False, deterministic: bool | None = None,
+    out: np.ndarray,
+    x: list[np.ndarray] | np.ndarray,
+    op: str = "sum",
+    *,
+    group: ProcessGroup | None = None,
+    algorithm: str | None = None,
+    async_op: bool = False,
+    deterministic: bool | None = None,
 ) -> Work | None:
     """Reduce the world_size parts of ``x`` across ranks; rank r gets reduced part r in ``out``."""
     return _group(group, "reduce_scatter").reduce_scatter(out, x, op, algorithm, async_op, deterministic)
 
 
 def all_to_all(
-    out: list[np.ndarray] | np.ndarray, x: list[np.ndarray] | np.ndarray, *, group: ProcessGroup | None = None,
+    out: list[np.ndarray] | np.ndarray,
+    x: list[np.ndarray] | np.ndarray,
+    *,
+    group: ProcessGroup | None = None,
     async_op: bool = False,
 ) -> Work | None:
     """Send part j of ``x`` to rank j; receive rank j's part for this rank into part j of ``out``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,9 @@ def _fn(op: str) -> Callable[[np.ndarray, np.ndarray], object]:
 
 def _check_array(x: Any, what: str, name: str = "x") -> np.ndarray:
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{what}: {name} must be a numpy array (collectives work in place), got {type(x).__name__}")
+        raise TypeError(
+            f"{what}: {name} must be a numpy array (collectives work in place), got {type(x).__name__}"
+        )
     if x.dtype not in dt.ALL_DTYPES:
         raise TypeError(f"{what}: {name} has dtype {x.dtype}; expected one of {', '.join(dt.DTYPES_BY_NAME)}")
     if not x.flags.c_contiguous or not x.flags.writeable:
@@ -127,7 +129,9 @@ class ProcessGroup:
         check: bool = True,
     ) -> Work | None:
         if self._closed:
-            raise RuntimeError(f"{name}: process group {self.gid} was destroyed; call init_process_group again")
+            raise RuntimeError(
+                f"{name}: process group {self.gid} was destroyed; call init_process_group again"
+            )
         seq = self.seq
         self.seq += 1
         what = f"{name} seq={seq} (group {self.gid}, rank {self.rank})"
@@ -150,7 +154,15 @@ class ProcessGroup:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "[opstrata.comm rank %d] %s seq=%d algo=%s bytes=%d world=%d time=%.3fms why=%s%s",
-                    self.global_rank, name, seq, algo, nbytes, self.size, ms, why, f"; {note}" if note else "",
+                    self.global_rank,
+                    name,
+                    seq,
+                    algo,
+                    nbytes,
+                    self.size,
+                    ms,
+                    why,
+                    f"; {note}" if note else "",
                 )
 
         work = self._worker.submit(task, Work(what, self.timeout))
@@ -180,7 +192,9 @@ class ProcessGroup:
         return note
 
     # -- collectives -----------------------------------------------------------------------------------------
-    def all_reduce(self, x: np.ndarray, op: str, algorithm: str | None, async_op: bool, deterministic: bool | None):
+    def all_reduce(
+        self, x: np.ndarray, op: str, algorithm: str | None, async_op: bool, deterministic: bool | None
+    ):
         """In-place all-reduce."""
         _check_array(x, "all_reduce")
         _check_op(op, x.dtype, "all_reduce")
@@ -201,7 +215,15 @@ class ProcessGroup:
         desc = f"op={op} dtype={x.dtype} shape={list(x.shape)} det={det}"
         return self._run("all_reduce", desc, x.nbytes, algo, why, body, async_op)
 
-    def reduce(self, x: np.ndarray, dst: int, op: str, algorithm: str | None, async_op: bool, deterministic: bool | None):
+    def reduce(
+        self,
+        x: np.ndarray,
+        dst: int,
+        op: str,
+        algorithm: str | None,
+        async_op: bool,
+        deterministic: bool | None,
+    ):
         """Reduce into ``x`` on ``dst``; other ranks' ``x`` is left unchanged."""
         _check_array(x, "reduce")
         _check_op(op, x.dtype, "reduce")
@@ -242,9 +264,9 @@ class ProcessGroup:
         def body(c: Ctx) -> str:
             if self.size > 1:
                 buf = x.reshape(-1)
-                {"direct": alg.direct_broadcast, "tree": alg.tree_broadcast, "ring": alg.ring_broadcast}[algo](
-                    c, buf, root
-                )
+                {"direct": alg.direct_broadcast, "tree": alg.tree_broadcast, "ring": alg.ring_broadcast}[
+                    algo
+                ](c, buf, root)
             return ""
 
         desc = f"src={src} dtype={x.dtype} shape={list(x.shape)}"
@@ -278,8 +300,15 @@ class ProcessGroup:
         desc = f"dtype={x.dtype} shape={list(x.shape)}"
         return self._run("all_gather", desc, x.nbytes * n, algo, why, body, async_op)
 
-    def reduce_scatter(self, out: np.ndarray, xs: Any, op: str, algorithm: str | None, async_op: bool,
-                       deterministic: bool | None):
+    def reduce_scatter(
+        self,
+        out: np.ndarray,
+        xs: Any,
+        op: str,
+        algorithm: str | None,
+        async_op: bool,
+        deterministic: bool | None,
+    ):
         """Reduce ``xs`` (world_size parts) across ranks; rank r receives part r in ``out``."""
         _check_array(out, "reduce_scatter", "out")
         _check_op(op, out.dtype, "reduce_scatter")
@@ -324,8 +353,14 @@ class ProcessGroup:
         algo, why = alg.select("all_to_all", first.nbytes * n, n, None)
 
         def body(c: Ctx) -> str:
-            src = Blocks(ins.reshape(-1), n) if isinstance(ins, np.ndarray) else [np.ascontiguousarray(a).reshape(-1) for a in ins]
-            dst = Blocks(outs.reshape(-1), n) if isinstance(outs, np.ndarray) else [a.reshape(-1) for a in outs]
+            src = (
+                Blocks(ins.reshape(-1), n)
+                if isinstance(ins, np.ndarray)
+                else [np.ascontiguousarray(a).reshape(-1) for a in ins]
+            )
+            dst = (
+                Blocks(outs.reshape(-1), n) if isinstance(outs, np.ndarray) else [a.reshape(-1) for a in outs]
+            )
             own = np.array(src[r], copy=True)
             c.ex([(j, src[j]) for j in range(n) if j != r], [(j, dst[j], None) for j in range(n) if j != r])
             dst[r][...] = own
@@ -336,7 +371,7 @@ class ProcessGroup:
 
     def barrier(self, async_op: bool = False):
         """Block until every rank of the group reached the barrier."""
-        n, r = self.size, self.rank
+        n = self.size
 
         def body(c: Ctx) -> str:
             if n > 1:
@@ -406,4 +441,3 @@ class _NonMember:
 
 
 NON_GROUP_MEMBER: Any = _NonMember()
-_ = Sequence

@@ -31,11 +31,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="opstrata-launch",
         description="Run a script on N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set).",
     )
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, required=True, help="ranks on this node")
+    p.add_argument(
+        "--nproc", "--nproc-per-node", dest="nproc", type=int, required=True, help="ranks on this node"
+    )
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="index of this node (default 0)")
     p.add_argument("--master-addr", default="127.0.0.1", help="host of rank 0 (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=None, help="store port on rank 0 (default: a free port)")
+    p.add_argument(
+        "--master-port", type=int, default=None, help="store port on rank 0 (default: a free port)"
+    )
     p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
     p.add_argument("-m", dest="module", action="store_true", help="run the target as a module (python -m)")
     p.add_argument("script", help="script path (or module name with -m)")
@@ -55,7 +59,7 @@ def cleanup_shm(job: str) -> list[str]:
     return removed
 
 
-def _pump(rank: int, stream, tail: collections.deque, lock: threading.Lock) -> None:  # noqa: ANN001
+def _pump(rank: int, stream, tail: collections.deque, lock: threading.Lock) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
         tail.append(line)
@@ -79,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opstrata-launch: need --nproc >= 1 and 0 <= --node-rank < --nnodes, got {a}", file=sys.stderr)
         return 2
     if a.nnodes > 1 and a.master_port is None:
-        print("opstrata-launch: --master-port is required with --nnodes > 1 (same on every node)", file=sys.stderr)
+        print(
+            "opstrata-launch: --master-port is required with --nnodes > 1 (same on every node)",
+            file=sys.stderr,
+        )
         return 2
     port = a.master_port or _free_port()
     job = os.environ.get("OPSTRATA_COMM_JOB_ID") or f"{uuid.uuid4().hex[:10]}"
@@ -93,9 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         rank = a.node_rank * a.nproc + local
         env = {
             **os.environ,
-            "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(a.nproc), "GROUP_RANK": str(a.node_rank),
-            "MASTER_ADDR": a.master_addr, "MASTER_PORT": str(port), "OPSTRATA_COMM_JOB_ID": job,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(a.nproc),
+            "GROUP_RANK": str(a.node_rank),
+            "MASTER_ADDR": a.master_addr,
+            "MASTER_PORT": str(port),
+            "OPSTRATA_COMM_JOB_ID": job,
             "PYTHONUNBUFFERED": "1",
         }
         procs[rank] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -9,11 +9,10 @@ unlinked as soon as every rank has mapped them, so a killed rank leaks nothing i
 
 from __future__ import annotations
 
+import _posixshmem  # the POSIX shm_open/shm_unlink binding behind multiprocessing.shared_memory
 import contextlib
 import os
 from multiprocessing import resource_tracker, shared_memory
-
-import _posixshmem  # the POSIX shm_open/shm_unlink binding behind multiprocessing.shared_memory
 
 import numpy as np
 
@@ -95,7 +94,9 @@ class ShmTransport(Transport):
         self.store.set(f"shm/{self.rank}", name.encode())
         for j in range(self.size):
             if j != self.rank:
-                peer = self.store.get(f"shm/{j}", timeout, what=f"shm setup (rank {self.rank} waits for rank {j})")
+                peer = self.store.get(
+                    f"shm/{j}", timeout, what=f"shm setup (rank {self.rank} waits for rank {j})"
+                )
                 shm = _open(peer.decode())
                 self._maps[j] = shm
         self.store.add("shm_attached", 1)

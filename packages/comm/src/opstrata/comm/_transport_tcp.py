@@ -84,7 +84,9 @@ class TcpTransport(Transport):
                 conn.settimeout(timeout)
                 g, peer = _HELLO.unpack(conn.recv(_HELLO.size, socket.MSG_WAITALL))
                 if g != gid:
-                    raise RuntimeError(f"tcp setup: rank {peer} connected for group {g}, expected group {gid}")
+                    raise RuntimeError(
+                        f"tcp setup: rank {peer} connected for group {g}, expected group {gid}"
+                    )
                 self.socks[peer] = conn
         finally:
             lst.close()
@@ -121,7 +123,7 @@ class TcpTransport(Transport):
         self.abort(err, origin=o.peer)
         return err
 
-    def exchange(self, sends, recvs, *, what: str, deadline: float) -> None:  # noqa: ANN001
+    def exchange(self, sends, recvs, *, what: str, deadline: float) -> None:
         """Record the collective's name for error messages, then exchange."""
         self._what = what
         super().exchange(sends, recvs, what=what, deadline=deadline)

@@ -33,14 +33,25 @@ class RankResult:
     exitcode: int | None = None
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, backend: str | None, init_method: str,
-           comm_timeout: float, env: dict[str, str], q: Any, args: tuple) -> None:
+def _entry(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    backend: str | None,
+    init_method: str,
+    comm_timeout: float,
+    env: dict[str, str],
+    q: Any,
+    args: tuple,
+) -> None:
     os.environ.update(env)
     from opstrata import comm
 
     try:
         if backend is not None:
-            comm.init_process_group(backend, rank=rank, world_size=world, init_method=init_method, timeout=comm_timeout)
+            comm.init_process_group(
+                backend, rank=rank, world_size=world, init_method=init_method, timeout=comm_timeout
+            )
         value = fn(rank, world, *args)
         q.put((rank, True, value, ""))
     except BaseException as e:  # reported to the parent
@@ -77,7 +88,9 @@ def run_ranks(
         init_method = f"file://{tmp}"
     env = {"OPSTRATA_COMM_JOB_ID": f"t{os.getpid()}x{time.monotonic_ns() % 10**9}", **(env or {})}
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world, backend, init_method, comm_timeout, env, q, args), daemon=True)
+        ctx.Process(
+            target=_entry, args=(fn, r, world, backend, init_method, comm_timeout, env, q, args), daemon=True
+        )
         for r in range(world)
     ]
     for p in procs:
