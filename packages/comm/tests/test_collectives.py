@@ -12,7 +12,17 @@ SMALL_SLOTS = {"OPSTRATA_COMM_SHM_SLOT": "4096"}  # forces multi-slot chunking o
 
 @pytest.mark.parametrize(
     ("backend", "world"),
-    [("shm", 1), ("shm", 2), ("shm", 3), ("shm", 4), ("tcp", 2), ("tcp", 3), ("tcp", 4), ("shm", 8)],
+    [
+        ("shm", 1),
+        ("shm", 2),
+        ("shm", 3),
+        ("shm", 4),
+        ("tcp", 1),
+        ("tcp", 2),
+        ("tcp", 3),
+        ("tcp", 4),
+        ("shm", 8),
+    ],
 )
 def test_all_collectives_match_reference(backend: str, world: int) -> None:
     res = run_ranks(all_cases, world, backend=backend, env=SMALL_SLOTS, timeout=150)
@@ -20,7 +30,7 @@ def test_all_collectives_match_reference(backend: str, world: int) -> None:
     assert not bad, "\n".join(bad[:20])
 
 
-@pytest.mark.parametrize(("backend", "world"), [("shm", 3), ("tcp", 4)])
+@pytest.mark.parametrize(("backend", "world"), [("shm", 3), ("tcp", 4), ("tcp", 8)])
 def test_deterministic_bit_identical_across_algorithms(backend: str, world: int) -> None:
     res = run_ranks(deterministic_cases, world, backend=backend, env=SMALL_SLOTS)
     bad = [b for r in res for b in r.value]

@@ -146,8 +146,15 @@ class ProcessGroup:
                     self._check_header(c, header)
                 note = body(c)
             except CommError as e:
-                self.recorder.append(f"{header} failed: {e}")
+                self.recorder.append(f"{header} failed: {type(e).__name__}")
                 self.transport.abort(e, origin=self.rank)
+                log.error(  # the flight recorder: what this rank did just before the failure
+                    "[opstrata.comm rank %d] %s\n  last collectives of group %d:\n    %s",
+                    self.global_rank,
+                    e,
+                    self.gid,
+                    "\n    ".join(list(self.recorder)[-12:]),
+                )
                 raise
             ms = (time.perf_counter() - t0) * 1e3
             self.recorder.append(f"{header} done {ms:.3f}ms")
