@@ -161,6 +161,16 @@ def groups_and_p2p(rank: int, world: int) -> list[str]:
             comm.send(np.arange(1000, dtype=np.float64) + rank, nxt)
         if not np.array_equal(buf, np.arange(1000) + prv):
             bad.append(f"rank {rank}: recv got {buf[:3]}")
+    # multi-MiB messages on the default slot / socket chunk sizes
+    for algo in ("direct", "ring", "tree", "halving_doubling"):
+        x = data(rank, 700_001, np.dtype(np.float32), seed=3)
+        comm.all_reduce(x, algorithm=algo)
+        if not np.array_equal(x, reference(world, 700_001, np.dtype(np.float32), "sum", seed=3)):
+            bad.append(f"rank {rank}: large all_reduce {algo} wrong")
+    y = data(0, 600_000, np.dtype(np.float64), seed=4) if rank == 0 else np.zeros(600_000)
+    comm.broadcast(y, 0, algorithm="ring")
+    if not np.array_equal(y, data(0, 600_000, np.dtype(np.float64), seed=4)):
+        bad.append(f"rank {rank}: large ring broadcast wrong")
     works = []
     arrays = [np.full(20000, float(i + rank), np.float32) for i in range(4)]
     for a in arrays:

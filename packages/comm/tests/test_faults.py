@@ -15,24 +15,24 @@ from opstrata.comm.testing import run_ranks, shm_leftovers
 COMM_TIMEOUT = 20.0
 
 
-@pytest.mark.parametrize("backend", ["shm", "tcp"])
-def test_kill_9_mid_all_reduce_raises_peer_error_on_survivors(backend: str) -> None:
-    job = f"k9{backend}{os.getpid()}"
+@pytest.mark.parametrize(("backend", "victim"), [("shm", 1), ("tcp", 1), ("shm", 0), ("tcp", 0)])
+def test_kill_9_mid_all_reduce_raises_peer_error_on_survivors(backend: str, victim: int) -> None:
+    job = f"k9{backend}{victim}x{os.getpid()}"
     res = run_ranks(
         die_mid_all_reduce,
         3,
         backend=backend,
-        args=(1,),
+        args=(victim,),
         check=False,
         comm_timeout=COMM_TIMEOUT,
         env={"OPSTRATA_COMM_JOB_ID": job},
         timeout=60,
     )
-    assert res[1].exitcode == -9
-    for r in (0, 2):
+    assert res[victim].exitcode == -9
+    for r in sorted({0, 1, 2} - {victim}):
         v = res[r].value
         assert res[r].ok and v["error"] == "CommPeerError", (res[r].error, v)
-        assert "rank 1" in v["msg"]
+        assert f"rank {victim}" in v["msg"]
         assert v["after"] < COMM_TIMEOUT + 5, v
     assert shm_leftovers(job) == []
 

@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         pumps.append(th)
     failed: tuple[int, int] | None = None
     interrupted = False
+
+    def _on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM to the launcher: terminate the ranks instead of orphaning them
+
+    signal.signal(signal.SIGTERM, _on_term)
     try:
         while procs and failed is None:
             for rank, p in list(procs.items()):
