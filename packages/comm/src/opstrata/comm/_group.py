@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from opstrata.ops import _dtypes as dt
+from opstrata import ops
 
 from . import _algorithms as alg
 from ._algorithms import Blocks, Ctx
@@ -39,8 +39,10 @@ def _check_array(x: Any, what: str, name: str = "x") -> np.ndarray:
         raise TypeError(
             f"{what}: {name} must be a numpy array (collectives work in place), got {type(x).__name__}"
         )
-    if x.dtype not in dt.ALL_DTYPES:
-        raise TypeError(f"{what}: {name} has dtype {x.dtype}; expected one of {', '.join(dt.DTYPES_BY_NAME)}")
+    if x.dtype not in ops.ALL_DTYPES:
+        raise TypeError(
+            f"{what}: {name} has dtype {x.dtype}; expected one of {', '.join(str(d) for d in ops.ALL_DTYPES)}"
+        )
     if not x.flags.c_contiguous or not x.flags.writeable:
         raise ValueError(
             f"{what}: {name} must be a writeable C-contiguous array to be updated in place, got "
@@ -52,12 +54,12 @@ def _check_array(x: Any, what: str, name: str = "x") -> np.ndarray:
 def _check_op(op: str, dtype: np.dtype, what: str) -> None:
     if op not in REDUCE_OPS:
         raise ValueError(f"{what}: unknown op {op!r}; expected one of {REDUCE_OPS}")
-    if op == "avg" and dtype.kind not in "f" and dtype not in dt.LOW_PRECISION_DTYPES:
+    if op == "avg" and dtype.kind not in "f" and dtype not in ops.LOW_PRECISION_DTYPES:
         raise ValueError(f"{what}: op='avg' needs a floating dtype, got {dtype}; use op='sum' and divide")
 
 
 def _acc(dtype: np.dtype) -> np.dtype:
-    return dt.float32 if dtype in dt.LOW_PRECISION_DTYPES else dtype
+    return np.dtype(np.float32) if dtype in ops.LOW_PRECISION_DTYPES else dtype
 
 
 def _parts(xs: Any, n: int, like: np.ndarray, what: str, name: str) -> list[np.ndarray] | np.ndarray:
