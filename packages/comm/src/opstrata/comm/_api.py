@@ -160,7 +160,8 @@ def _rendezvous(store: Store, rank: int, world: int, t: float) -> None:
     _S.job = store.get("job_id", t, what="init_process_group").decode()
     if store.add("joined", 1) > world:
         raise ValueError(
-            f"init_process_group: more than world_size={world} ranks joined; is RANK unique per process?"
+            f"init_process_group: more than world_size={world} ranks joined; make RANK unique per process, "
+            "and with file:// use a fresh directory per job (this one may hold a previous job's keys)"
         )
     store.set(f"proc/{rank}", f"{os.getpid()}|{socket.gethostname()}".encode())
     procs = [
