@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from _cases import desync, die_mid_all_reduce, late_peer
 
-from opstrata.comm.testing import run_ranks, shm_leftovers
+from opstrata.comm.testing import free_port, run_ranks, shm_leftovers
 
 COMM_TIMEOUT = 20.0
 
@@ -115,3 +115,31 @@ def test_launcher_success_and_prefix(tmp_path) -> None:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] result 1.0 2" in p.stdout and "[rank 1] result 1.0 2" in p.stdout
+
+
+def test_launcher_two_nodes_on_one_host(tmp_path) -> None:
+    script = tmp_path / "mn.py"
+    script.write_text(
+        "import os, numpy as np\nfrom opstrata import comm\ncomm.init_process_group('tcp', timeout=30)\n"
+        "x = np.ones(5) * comm.get_rank()\ncomm.all_reduce(x)\n"
+        "print('rank', comm.get_rank(), 'local', os.environ['LOCAL_RANK'], 'sum', x[0])\ncomm.destroy_process_group()\n"
+    )
+    port = str(free_port())
+    cmd = [
+        sys.executable,
+        "-m",
+        "opstrata.comm.launch",
+        "--nproc",
+        "2",
+        "--nnodes",
+        "2",
+        "--master-port",
+        port,
+    ]
+    nodes = [
+        subprocess.Popen([*cmd, "--node-rank", str(k), str(script)], stdout=subprocess.PIPE, text=True)
+        for k in (1, 0)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert "[rank 3] rank 3 local 1 sum 6.0" in outs[0] and "[rank 0] rank 0 local 0 sum 6.0" in outs[1]
