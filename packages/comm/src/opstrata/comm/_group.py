@@ -177,7 +177,8 @@ class ProcessGroup:
         work = self._worker.submit(task, Work(what, self.timeout))
         if async_op:
             return work
-        work.wait()
+        # each queued collective bounds its own waits by the timeout: budget for the whole backlog
+        work.wait(self._worker.pending * self.timeout + 5.0)
         return None
 
     def _check_header(self, c: Ctx, header: str) -> None:

@@ -48,11 +48,13 @@ class Worker:
 
     def __init__(self, name: str) -> None:
         self._q: queue.Queue[tuple[Callable[[], object], Work] | None] = queue.Queue()
+        self.pending = 0  # queued or running (a caller's wait budget grows with the backlog)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], object], work: Work) -> Work:
         """Queue ``fn``; ``work`` completes when it returns or raises."""
+        self.pending += 1
         self._q.put((fn, work))
         return work
 
@@ -65,8 +67,10 @@ class Worker:
             try:
                 fn()
             except BaseException as e:  # handed to the caller through Work.wait
+                self.pending -= 1
                 work._finish(e)
             else:
+                self.pending -= 1
                 work._finish()
 
     def stop(self, timeout: float) -> None:
