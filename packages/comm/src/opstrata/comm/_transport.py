@@ -1,0 +1,180 @@
+"""The transport interface every algorithm runs on: ``exchange`` progresses sends and receives together.
+
+A transport moves raw bytes between ranks of one group, in FIFO order per (sender, receiver) pair. The
+progress loop shared here polls with a short backoff, checks peer liveness every few hundred ms, and turns
+every wait into a bounded one (``CommTimeoutError`` / ``CommPeerError``, never a silent hang).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._errors import ABORT_CODES, CODE_OF, CommError, CommPeerError, CommTimeoutError
+from ._store import Store
+
+#: ``fn(out, incoming)`` reduces ``incoming`` into ``out`` in place; None means copy.
+ReduceFn = Callable[[np.ndarray, np.ndarray], object]
+Send = tuple[int, np.ndarray]
+Recv = tuple[int, np.ndarray, "ReduceFn | None"]
+
+_HEALTH_EVERY = 0.2  # seconds between liveness checks while blocked
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (a killed child its parent has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+    except (OSError, ValueError):
+        return True
+
+
+@dataclass
+class Op:
+    """One pending send or receive of an exchange."""
+
+    peer: int
+    data: np.ndarray  # uint8 view of the bytes
+    typed: np.ndarray  # the same memory in its dtype (receives reduce through it)
+    fn: ReduceFn | None = None
+    send: bool = True
+    off: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        """All bytes moved."""
+        return self.off >= self.data.nbytes
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    if not a.flags.c_contiguous:
+        raise ValueError("transport: buffers must be C-contiguous (np.ascontiguousarray(x))")
+    return a.reshape(-1).view(np.uint8)
+
+
+class Transport:
+    """Moves bytes between the ranks ``0..size-1`` of one group."""
+
+    name = "base"
+
+    def __init__(self, rank: int, size: int, store: Store, *, pids: list[int], hosts: list[str]) -> None:
+        self.rank, self.size, self.store = rank, size, store
+        self.pids, self.hosts = pids, hosts
+        self.local = [h == hosts[rank] for h in hosts]
+        self._last_store_poll = 0.0
+        self.aborted: CommError | None = None
+
+    # -- subclass hooks -------------------------------------------------------------------------------------
+    def _progress(self, ops: list[Op]) -> bool:
+        raise NotImplementedError
+
+    def _idle(self, ops: list[Op], spins: int) -> None:
+        time.sleep(0 if spins < 16 else min(1e-3, 2e-5 * 2 ** min(spins - 16, 6)))
+
+    def _read_abort(self, force: bool = False) -> tuple[int, int, int] | None:
+        """(code, origin, reporter) when another rank aborted the group."""
+        now = time.monotonic()
+        if now - self._last_store_poll < 1.0 and not force:
+            return None
+        self._last_store_poll = now
+        try:
+            raw = self.store.try_get("abort")
+        except CommError:
+            return None
+        if raw is None:
+            return None
+        code, origin, reporter = (int(v) for v in raw.split(b"|")[:3])
+        return code, origin, reporter
+
+    def _write_abort(self, code: int, origin: int) -> None:
+        return None
+
+    def close(self) -> None:
+        """Release sockets / shared memory."""
+
+    # -- shared machinery -----------------------------------------------------------------------------------
+    def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], *, what: str, deadline: float) -> None:
+        """Send and receive concurrently; each receive copies (fn None) or reduces into its buffer."""
+        if self.aborted is not None:
+            raise type(self.aborted)(f"{what}: the group was aborted earlier: {self.aborted}")
+        ops = [Op(p, _as_bytes(a), a.reshape(-1), None, True) for p, a in sends]
+        ops += [Op(p, _as_bytes(a), a.reshape(-1), fn, False) for p, a, fn in recvs]
+        spins = 0
+        last_check = time.monotonic()
+        while True:
+            if self._progress(ops):
+                spins = 0
+                if all(o.done for o in ops):
+                    return
+                continue
+            if all(o.done for o in ops):
+                return
+            spins += 1
+            self._idle(ops, spins)
+            now = time.monotonic()
+            if now - last_check >= _HEALTH_EVERY:
+                last_check = now
+                self.check_health(what, [o.peer for o in ops if not o.done])
+            if now > deadline:
+                pend = [o for o in ops if not o.done]
+                o = pend[0]
+                direction = f"sending {o.data.nbytes} B to" if o.send else f"receiving {o.data.nbytes} B from"
+                raise CommTimeoutError(
+                    f"{what}: rank {self.rank} timed out {direction} peer rank {o.peer} "
+                    f"({o.off}/{o.data.nbytes} B moved; pending peers {sorted({p.peer for p in pend})}); "
+                    "the peer is slow, stuck in other code or calling a different collective. "
+                    "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
+                )
+
+    def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
+        """Raise when another rank aborted the group or a local peer process vanished."""
+        got = self._read_abort(force)
+        if got is not None:
+            code, origin, reporter = got
+            cls = ABORT_CODES.get(code, CommPeerError)
+            detail = ""
+            try:
+                raw = self.store.try_get("abort_msg") if reporter != self.rank else None
+            except CommError:
+                raw = None
+            if raw:
+                detail = ": " + raw.decode(errors="replace")
+            self.aborted = cls(
+                f"{what}: rank {self.rank} stops because rank {reporter} aborted the group "
+                f"(failing rank {origin}){detail}"
+            )
+            raise self.aborted
+        for peer in range(self.size):
+            if peer != self.rank and self.local[peer] and not pid_alive(self.pids[peer]):
+                err = CommPeerError(
+                    f"{what}: peer rank {peer} (pid {self.pids[peer]}) died; rank {self.rank} was waiting on "
+                    f"ranks {sorted(set(waiting_on))}. Look at rank {peer}'s output for its error"
+                )
+                self.abort(err, origin=peer)
+                raise err
+
+    def abort(self, err: CommError, origin: int) -> None:
+        """Tell the other ranks this group failed (best effort: shared memory and the store)."""
+        if self.aborted is not None:
+            return
+        self.aborted = err
+        code = CODE_OF.get(type(err), 1)
+        self._write_abort(code, origin)
+        try:
+            self.store.set("abort_msg", str(err).encode())
+            self.store.set("abort", f"{code}|{origin}|{self.rank}".encode())
+        except (CommError, OSError):
+            pass

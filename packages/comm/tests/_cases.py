@@ -1,0 +1,236 @@
+"""Rank-side test bodies (module-level so spawned ranks can import them)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(ml_dtypes.bfloat16), np.dtype(np.int32)]
+UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply, "avg": np.add}
+
+
+def data(rank: int, n: int, dtype: np.dtype, op: str = "sum", seed: int = 0) -> np.ndarray:
+    """Integer-valued inputs: every reduction order gives exact results."""
+    rng = np.random.default_rng(1000 * seed + rank)
+    vals = rng.choice([-1, 1, 2], n) if op == "prod" else rng.integers(-3, 4, n)
+    return vals.astype(dtype)
+
+
+def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np.ndarray:
+    """Rank-order fold in the accumulation dtype, cast back once."""
+    acc = np.float32 if dtype == np.dtype(ml_dtypes.bfloat16) else dtype
+    xs = [data(r, n, dtype, op, seed).astype(acc) for r in range(world)]
+    out = functools.reduce(UFUNC[op], xs)
+    if op == "avg":
+        out = out / world
+    return np.asarray(out).astype(dtype)
+
+
+def all_cases(rank: int, world: int) -> list[str]:
+    """Every collective x algorithm x dtype on this world against the numpy reference; returns failures."""
+    from opstrata import comm
+
+    bad: list[str] = []
+
+    def check(name: str, got: np.ndarray, want: np.ndarray, exact: bool = True) -> None:
+        ok = (
+            np.array_equal(got, want)
+            if exact
+            else np.allclose(got.astype(np.float64), want.astype(np.float64), atol=1e-2)
+        )
+        if not ok:
+            bad.append(f"rank {rank}: {name}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
+
+    sizes = (1, 37, 3001)
+    for dtype in DTYPES:
+        for n in sizes:
+            for algo in ("direct", "ring", "tree", "halving_doubling"):
+                x = data(rank, n, dtype)
+                comm.all_reduce(x, algorithm=algo)
+                check(f"all_reduce {algo} {dtype} n={n}", x, reference(world, n, dtype, "sum"))
+            for algo in ("direct", "ring", "tree"):
+                root = world - 1
+                x = data(rank, n, dtype)
+                orig = x.copy()
+                comm.reduce(x, root, algorithm=algo)
+                check(
+                    f"reduce {algo} {dtype} n={n}",
+                    x,
+                    reference(world, n, dtype, "sum") if rank == root else orig,
+                )
+                y = data(rank, n, dtype, seed=5) if rank == root else np.zeros(n, dtype)
+                comm.broadcast(y, root, algorithm=algo)
+                check(f"broadcast {algo} {dtype} n={n}", y, data(root, n, dtype, seed=5))
+            for algo in ("direct", "ring", "halving_doubling"):
+                x = data(rank, n, dtype)
+                out = np.zeros((world, n), dtype)
+                comm.all_gather(out, x, algorithm=algo)
+                check(
+                    f"all_gather {algo} {dtype} n={n}",
+                    out,
+                    np.stack([data(r, n, dtype) for r in range(world)]),
+                )
+                xs = data(rank, world * n, dtype)
+                o = np.zeros(n, dtype)
+                comm.reduce_scatter(o, xs, algorithm=algo)
+                check(
+                    f"reduce_scatter {algo} {dtype} n={n}",
+                    o,
+                    reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n],
+                )
+    for op in ("sum", "avg", "max", "min", "prod"):
+        for algo in ("direct", "ring", "tree", "halving_doubling"):
+            for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+                x = data(rank, 50, dtype, op)
+                comm.all_reduce(x, op, algorithm=algo)
+                check(
+                    f"all_reduce op={op} {algo} {dtype}",
+                    x,
+                    reference(world, 50, dtype, op),
+                    exact=op != "avg",
+                )
+    # lists instead of arrays
+    x = data(rank, 5, DTYPES[0])
+    outs = [np.zeros(5, np.float32) for _ in range(world)]
+    comm.all_gather(outs, x)
+    check("all_gather list", np.stack(outs), np.stack([data(r, 5, DTYPES[0]) for r in range(world)]))
+    # all_to_all: part j of rank r holds 100*r + j
+    src = np.repeat(100 * rank + np.arange(world), 3).astype(np.int32)
+    dst = np.zeros_like(src)
+    comm.all_to_all(dst, src)
+    check("all_to_all", dst, np.repeat(100 * np.arange(world) + rank, 3).astype(np.int32))
+    comm.barrier()
+    return bad
+
+
+def deterministic_cases(rank: int, world: int) -> list[str]:
+    """deterministic=True gives the same bits for every algorithm, equal to the rank-order fold."""
+    from opstrata import comm
+
+    bad = []
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        for n in (33, 40000):
+            rng = [np.random.default_rng(r) for r in range(world)]
+            xs = [g.standard_normal(n).astype(np.float32) * 10.0 ** g.integers(-3, 4, n) for g in rng]
+            want = functools.reduce(np.add, [x.astype(dtype).astype(np.float32) for x in xs]).astype(dtype)
+            for algo in ("direct", "ring", "tree", "halving_doubling"):
+                x = xs[rank].astype(dtype)
+                comm.all_reduce(x, algorithm=algo, deterministic=True)
+                if x.tobytes() != want.tobytes():
+                    bad.append(
+                        f"rank {rank}: deterministic all_reduce {algo} {np.dtype(dtype)} n={n} differs"
+                    )
+                for ralgo in ("direct", "ring", "tree"):
+                    y = xs[rank].astype(dtype)
+                    comm.reduce(y, 0, algorithm=ralgo, deterministic=True)
+                    if rank == 0 and y.tobytes() != want.tobytes():
+                        bad.append(f"rank 0: deterministic reduce {ralgo} differs")
+    return bad
+
+
+def groups_and_p2p(rank: int, world: int) -> list[str]:
+    """new_group on a subset, send/recv ring, async Work."""
+    from opstrata import comm
+
+    bad = []
+    g = comm.new_group([0, 2]) if world >= 3 else comm.new_group([0])
+    if rank in ([0, 2] if world >= 3 else [0]):
+        x = np.full(4, rank + 1.0, np.float32)
+        comm.all_reduce(x, group=g)
+        want = 4.0 if world >= 3 else 1.0
+        if not np.all(x == want):
+            bad.append(f"rank {rank}: subgroup all_reduce got {x}")
+        if comm.get_world_size(g) != (2 if world >= 3 else 1):
+            bad.append("subgroup size")
+    elif g is not comm.NON_GROUP_MEMBER:
+        bad.append(f"rank {rank}: expected NON_GROUP_MEMBER, got {g}")
+    if world > 1:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        buf = np.zeros(1000, np.float64)
+        if rank % 2 == 0:
+            comm.send(np.arange(1000, dtype=np.float64) + rank, nxt)
+            comm.recv(buf, prv)
+        else:
+            comm.recv(buf, prv)
+            comm.send(np.arange(1000, dtype=np.float64) + rank, nxt)
+        if not np.array_equal(buf, np.arange(1000) + prv):
+            bad.append(f"rank {rank}: recv got {buf[:3]}")
+    # multi-MiB messages on the default slot / socket chunk sizes
+    for algo in ("direct", "ring", "tree", "halving_doubling"):
+        x = data(rank, 700_001, np.dtype(np.float32), seed=3)
+        comm.all_reduce(x, algorithm=algo)
+        if not np.array_equal(x, reference(world, 700_001, np.dtype(np.float32), "sum", seed=3)):
+            bad.append(f"rank {rank}: large all_reduce {algo} wrong")
+    y = data(0, 600_000, np.dtype(np.float64), seed=4) if rank == 0 else np.zeros(600_000)
+    comm.broadcast(y, 0, algorithm="ring")
+    if not np.array_equal(y, data(0, 600_000, np.dtype(np.float64), seed=4)):
+        bad.append(f"rank {rank}: large ring broadcast wrong")
+    works = []
+    arrays = [np.full(20000, float(i + rank), np.float32) for i in range(4)]
+    for a in arrays:
+        works.append(comm.all_reduce(a, async_op=True))
+    if not all(isinstance(w, comm.Work) for w in works):
+        bad.append("async_op=True must return Work")
+    for w in works:
+        w.wait(timeout=30)
+    if not all(w.is_completed() for w in works):
+        bad.append("Work not completed after wait")
+    for i, a in enumerate(arrays):
+        if not np.all(a == sum(i + r for r in range(world))):
+            bad.append(f"rank {rank}: async result {i} wrong: {a[:2]}")
+    return bad
+
+
+def die_mid_all_reduce(rank: int, world: int, victim: int) -> dict:
+    """The victim SIGKILLs itself while all_reduces are running; the others time how long they take to raise."""
+    from opstrata import comm
+
+    x = np.ones(200000, np.float32)
+    if rank == victim:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    t_kill = time.monotonic() + 0.5
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x, algorithm="ring")
+            x[:] = 1.0
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_kill}
+    return {"error": None}
+
+
+def desync(rank: int, world: int, kind: str) -> dict:
+    """Rank 1 calls a different size (or collective) than the others."""
+    from opstrata import comm
+
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        if kind == "shape":
+            comm.all_reduce(np.ones(5 if rank == 1 else 4, np.float32))
+        elif rank == 1:
+            comm.broadcast(np.ones(4, np.float32), 0)
+        else:
+            comm.all_reduce(np.ones(4, np.float32))
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e)}
+    return {"error": None}
+
+
+def late_peer(rank: int, world: int) -> dict:
+    """Rank 1 sleeps past rank 0's timeout."""
+    from opstrata import comm
+
+    if rank == 1:
+        time.sleep(4.0)
+        return {"error": None}
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t0}
+    return {"error": None}

@@ -1,0 +1,100 @@
+"""Single-process API checks: validation messages, selection table, stores, world size 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opstrata import comm
+from opstrata.comm import _algorithms as alg
+from opstrata.comm.testing import free_port
+
+
+@pytest.fixture
+def world1():
+    comm.init_process_group(
+        "shm", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}", timeout=10
+    )
+    yield
+    comm.destroy_process_group()
+
+
+def test_world_of_one(world1) -> None:
+    x = np.arange(4, dtype=np.float32)
+    comm.all_reduce(x, op="avg")
+    assert np.array_equal(x, np.arange(4)) and comm.get_rank() == 0 and comm.get_world_size() == 1
+    w = comm.all_reduce(x, async_op=True)
+    assert w.wait() and w.is_completed()
+
+
+def test_bad_inputs_name_the_fix(world1) -> None:
+    with pytest.raises(ValueError, match="C-contiguous"):
+        comm.all_reduce(np.ones((4, 4), np.float32)[:, 1])
+    with pytest.raises(ValueError, match="unknown op"):
+        comm.all_reduce(np.ones(2, np.float32), op="mean")
+    with pytest.raises(ValueError, match="floating dtype"):
+        comm.all_reduce(np.ones(2, np.int32), op="avg")
+    with pytest.raises(TypeError, match="numpy array"):
+        comm.all_reduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        comm.all_reduce(np.ones(2, np.float32), algorithm="butterfly")
+    with pytest.raises(ValueError, match="not implemented for this collective"):
+        comm.broadcast(np.ones(2, np.float32), 0, algorithm="halving_doubling")
+    with pytest.raises(ValueError, match="elements"):
+        comm.all_gather(np.ones(3, np.float32), np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="not in this group"):
+        comm.broadcast(np.ones(2, np.float32), 3)
+    with pytest.raises(RuntimeError, match="already initialised"):
+        comm.init_process_group("shm", rank=0, world_size=1)
+
+
+def test_uninitialised_and_env_errors(monkeypatch) -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        comm.all_reduce(np.ones(2))
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match="RANK is not set"):
+        comm.init_process_group("shm")
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        comm.init_process_group("shm", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
+        comm.init_process_group("mpi", rank=0, world_size=1)
+
+
+def test_env_init(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    comm.init_process_group("tcp")
+    try:
+        assert comm.is_initialized() and comm.get_backend() == "tcp"
+    finally:
+        comm.destroy_process_group()
+    assert not comm.is_initialized()
+
+
+def test_selection_table(monkeypatch) -> None:
+    monkeypatch.delenv("OPSTRATA_COMM_ALGO", raising=False)
+    assert alg.select("all_reduce", 1024, 4, None)[0] == "direct"
+    assert alg.select("all_reduce", 512 << 10, 4, None)[0] == "halving_doubling"
+    assert alg.select("all_reduce", 512 << 10, 3, None)[0] == "ring"
+    assert alg.select("all_reduce", 64 << 20, 4, None)[0] == "ring"
+    assert alg.select("all_reduce", 64 << 20, 4, "tree") == ("tree", "requested by per-call algorithm=")
+    monkeypatch.setenv("OPSTRATA_COMM_ALGO", "tree")
+    assert alg.select("all_reduce", 64, 4, None)[0] == "tree"
+    assert alg.select("all_gather", 64, 4, None)[0] == "direct"  # tree: not an all_gather algorithm
+
+
+def test_stores(tmp_path) -> None:
+    fs = comm.FileStore(str(tmp_path), timeout=0.2)
+    fs.set("a", b"1")
+    assert fs.get("a") == b"1" and fs.add("n", 2) == 2 and fs.add("n", 3) == 5
+    with pytest.raises(comm.CommTimeoutError, match="'missing'"):
+        fs.get("missing")
+    ts = comm.TCPStore("127.0.0.1", 0, is_master=True, timeout=0.2)
+    try:
+        ts.set("k", b"v")
+        assert ts.get("k") == b"v" and ts.add("c", 1) == 1 and ts.try_get("nope") is None
+    finally:
+        ts.close()

@@ -1,0 +1,145 @@
+"""Failure handling: a killed rank, desync, timeout, and the launcher's fail-fast exit; no shm leaks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _cases import desync, die_mid_all_reduce, late_peer
+
+from opstrata.comm.testing import free_port, run_ranks, shm_leftovers
+
+COMM_TIMEOUT = 20.0
+
+
+@pytest.mark.parametrize(("backend", "victim"), [("shm", 1), ("tcp", 1), ("shm", 0), ("tcp", 0)])
+def test_kill_9_mid_all_reduce_raises_peer_error_on_survivors(backend: str, victim: int) -> None:
+    job = f"k9{backend}{victim}x{os.getpid()}"
+    res = run_ranks(
+        die_mid_all_reduce,
+        3,
+        backend=backend,
+        args=(victim,),
+        check=False,
+        comm_timeout=COMM_TIMEOUT,
+        env={"OPSTRATA_COMM_JOB_ID": job},
+        timeout=60,
+    )
+    assert res[victim].exitcode == -9
+    for r in sorted({0, 1, 2} - {victim}):
+        v = res[r].value
+        assert res[r].ok and v["error"] == "CommPeerError", (res[r].error, v)
+        assert f"rank {victim}" in v["msg"]
+        assert v["after"] < COMM_TIMEOUT + 5, v
+    assert shm_leftovers(job) == []
+
+
+def test_desync_shape_reported_on_every_rank() -> None:
+    res = run_ranks(desync, 3, args=("shape",), check=False)
+    for r in res:
+        assert r.ok and r.value["error"] == "CommDesyncError", (r.error, r.value)
+    msgs = " ".join(r.value["msg"] for r in res)
+    assert "shape=[5]" in msgs and "shape=[4]" in msgs and "seq=1" in msgs
+
+
+def test_desync_different_collective_reported() -> None:
+    res = run_ranks(desync, 2, backend="tcp", args=("op",), check=False)
+    for r in res:
+        assert r.ok and r.value["error"] == "CommDesyncError", (r.error, r.value)
+    assert "broadcast" in res[0].value["msg"] and "all_reduce" in res[0].value["msg"]
+
+
+def test_timeout_names_collective_seq_and_peer() -> None:
+    res = run_ranks(late_peer, 2, check=False, comm_timeout=1.0)
+    v = res[0].value
+    assert v["error"] == "CommTimeoutError", (res[0].error, v)
+    assert "all_reduce seq=0" in v["msg"] and "peer rank 1" in v["msg"] and "rank 0" in v["msg"]
+    assert v["after"] < 3.0
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, numpy as np
+    from opstrata import comm
+    comm.init_process_group("shm", timeout=20)
+    x = np.ones(100000, np.float32)
+    comm.all_reduce(x)
+    print("first", x[0], flush=True)
+    if comm.get_rank() == int(sys.argv[1]):
+        print("about to die", flush=True)
+        os.kill(os.getpid(), 9)
+    while True:
+        comm.all_reduce(x)
+    """
+)
+
+
+def _launch(tmp_path, args: list[str], job: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OPSTRATA_COMM_JOB_ID": job}
+    return subprocess.run(
+        [sys.executable, "-m", "opstrata.comm.launch", "--nproc", "3", "--grace", "2", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
+
+
+def test_launcher_fails_fast_and_names_the_rank(tmp_path) -> None:
+    job = f"l{os.getpid()}"
+    p = _launch(tmp_path, ["2"], job)
+    assert p.returncode != 0
+    assert "rank 2 failed (killed by SIGKILL)" in p.stderr
+    assert "about to die" in p.stderr
+    assert "[rank 0] first 3.0" in p.stdout
+    assert shm_leftovers(job) == []
+
+
+def test_launcher_success_and_prefix(tmp_path) -> None:
+    script = tmp_path / "ok.py"
+    script.write_text(
+        "import numpy as np\nfrom opstrata import comm\ncomm.init_process_group('tcp')\n"
+        "x = np.ones(3) * comm.get_rank()\ncomm.all_reduce(x)\nprint('result', x[0], comm.get_world_size())\n"
+        "comm.destroy_process_group()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "opstrata.comm.launch", "--nproc", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[rank 0] result 1.0 2" in p.stdout and "[rank 1] result 1.0 2" in p.stdout
+
+
+def test_launcher_two_nodes_on_one_host(tmp_path) -> None:
+    script = tmp_path / "mn.py"
+    script.write_text(
+        "import os, numpy as np\nfrom opstrata import comm\ncomm.init_process_group('tcp', timeout=30)\n"
+        "x = np.ones(5) * comm.get_rank()\ncomm.all_reduce(x)\n"
+        "print('rank', comm.get_rank(), 'local', os.environ['LOCAL_RANK'], 'sum', x[0])\ncomm.destroy_process_group()\n"
+    )
+    port = str(free_port())
+    cmd = [
+        sys.executable,
+        "-m",
+        "opstrata.comm.launch",
+        "--nproc",
+        "2",
+        "--nnodes",
+        "2",
+        "--master-port",
+        port,
+    ]
+    nodes = [
+        subprocess.Popen([*cmd, "--node-rank", str(k), str(script)], stdout=subprocess.PIPE, text=True)
+        for k in (1, 0)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert "[rank 3] rank 3 local 1 sum 6.0" in outs[0] and "[rank 0] rank 0 local 0 sum 6.0" in outs[1]
