@@ -269,16 +269,35 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 def _skip_if_excluded(session: nox.Session, others: list[str], lower: str, version: str) -> None:
-    """Skip (with the reason) when another current package's range excludes `lower` `version`: not installable."""
+    """Skip (with the reason) when `lower` `version` cannot be installed beside the current `others`.
+
+    Either a current package's range excludes that release, or the release's own ranges exclude a
+    current package's version (e.g. runtime 0.1.0 requires ops<0.2 while ops is now 0.2.0).
+    """
+    import tempfile
+
     import lockfile
     from packaging.specifiers import SpecifierSet
 
-    for name in others:
-        spec = lockfile.read_pyproject(ROOT / "packages" / name / "pyproject.toml").requires.get(lower)
+    current = {name: lockfile.read_pyproject(ROOT / "packages" / name / "pyproject.toml") for name in others}
+    tree = lockfile.release_tree(lockfile.read_lock(ROOT / "versions.lock"), lower, version)
+    text = lockfile.git(ROOT, "show", f"{tree}:pyproject.toml")
+    with tempfile.TemporaryDirectory() as tmp:
+        released = Path(tmp) / "pyproject.toml"
+        released.write_text(text)
+        released_requires = lockfile.read_pyproject(released).requires
+    for name, project in current.items():
+        spec = project.requires.get(lower)
         if spec is not None and not SpecifierSet(spec).contains(version, prereleases=True):
             session.skip(
                 f"opstrata-{lower} {version} cannot be installed beside the current opstrata-{name}, "
                 f"which requires opstrata-{lower}{spec}; this combination is not installable"
+            )
+        spec = released_requires.get(name)
+        if spec is not None and not SpecifierSet(spec).contains(project.version, prereleases=True):
+            session.skip(
+                f"opstrata-{lower} {version} requires opstrata-{name}{spec}, but the current "
+                f"opstrata-{name} is {project.version}; this combination is not installable"
             )
 
 

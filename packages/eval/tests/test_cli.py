@@ -182,7 +182,9 @@ def test_cache_dir_precedence(environ: dict[str, str], expected: str, source: st
 
 def test_no_command_prints_usage_and_exits_2(capsys) -> None:
     assert _cli.main([]) == 2
-    assert "expected a command (info)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"expected a command ({', '.join(c.name for c in _cli.COMMANDS)})" in err
+    assert "info" in err and "demo" in err
 
 
 def test_every_registered_command_is_in_help(capsys) -> None:
