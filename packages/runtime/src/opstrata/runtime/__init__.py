@@ -16,6 +16,7 @@ from ._errors import (
     RuntimeFailure as RuntimeFailure,
 )
 from ._flops import node_flops as node_flops
+from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
 from ._session import InferenceSession as InferenceSession, NodeArg as NodeArg
@@ -28,9 +29,11 @@ __all__ = [
     "InferenceSession",
     "InvalidArgument",
     "InvalidModel",
+    "KVCacheFullError",
     "NodeArg",
     "NodeEvent",
     "OutOfMemoryError",
+    "PagedKVCache",
     "Profiler",
     "RuntimeFailure",
     "SessionOptions",
