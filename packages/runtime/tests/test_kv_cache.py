@@ -127,6 +127,17 @@ def test_fork_at_a_block_boundary_needs_no_copy() -> None:
     cache.check_invariants()
 
 
+def test_a_batch_reserve_counts_only_the_copies_it_makes() -> None:
+    cache = _cache(num_blocks=3)
+    a = cache.add_sequence()
+    cache.reserve(a, 2)
+    b, c = cache.fork(a), cache.fork(a)
+    cache.reserve([a, b, c], 1)  # a and b copy the shared block, c then owns it alone: 2 blocks, not 3
+    assert cache.num_free_blocks == 0 and cache.stats()["num_cow_copies"] == 2
+    assert sorted(cache.block_table(s)[0] for s in (a, b, c)) == [0, 1, 2]
+    cache.check_invariants()
+
+
 def test_stats_are_exact_on_a_constructed_case() -> None:
     cache = _cache(num_blocks=10)
     slot = 2 * L * HKV * D * 4  # K and V, every layer, float32
@@ -153,9 +164,9 @@ def test_out_of_blocks_error_names_the_need_and_changes_nothing() -> None:
     b = cache.fork(a)
     before = (cache.stats(), cache.block_table(a), cache.block_table(b), cache.length(b))
     with pytest.raises(KVCacheFullError) as err:
-        cache.reserve([a, b], 4)  # a: 1 new block; b: a copy + 1 new block -> 4 > 1 free
+        cache.reserve([a, b], 4)  # a: a copy + 1 new block; b (then sole owner): 1 new block -> 3 > 1 free
     text = str(err.value)
-    assert "needs 4 free block(s), 1 free" in text and "2 sequences" in text
+    assert "needs 3 free block(s), 1 free" in text and "2 sequences" in text
     assert "cache.free(seq)" in text and "num_blocks" in text
     assert isinstance(err.value, MemoryError)
     assert (cache.stats(), cache.block_table(a), cache.block_table(b), cache.length(b)) == before
@@ -230,6 +241,21 @@ def test_random_append_fork_free_traces_keep_the_invariants(ops: list, num_block
                 assert cache.stats() == before  # all or nothing
             else:
                 ref[s] = (np.concatenate([ref[s][0], k], axis=1), np.concatenate([ref[s][1], v], axis=1))
+        elif op == "batch":  # every live sequence at once, as a decode step does
+            before = cache.stats()
+            try:
+                slots = cache.reserve(live, n)
+            except KVCacheFullError:
+                assert cache.stats() == before
+                continue
+            k, v = _kv(rng, len(live) * n)
+            for layer in range(L):
+                cache.write(layer, slots, k[layer], v[layer])
+            for i, t in enumerate(live):
+                rows = slice(i * n, (i + 1) * n)
+                ref[t] = tuple(
+                    np.concatenate([r, new[:, rows]], axis=1) for r, new in zip(ref[t], (k, v), strict=True)
+                )
         elif op == "fork":
             ref[cache.fork(s)] = ref[s]
         else:

@@ -8,6 +8,7 @@ __version__: str = _check_compatible("opstrata-runtime")
 
 from ._allocator import Block as Block, CachingAllocator as CachingAllocator
 from ._arena import Arena as Arena
+from ._decoder import DecoderLayer as DecoderLayer, DecoderWeights as DecoderWeights
 from ._errors import (
     ExecutionError as ExecutionError,
     InvalidArgument as InvalidArgument,
@@ -16,6 +17,7 @@ from ._errors import (
     RuntimeFailure as RuntimeFailure,
 )
 from ._flops import node_flops as node_flops
+from ._generate import GenerateOutput as GenerateOutput, generate as generate
 from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
@@ -25,7 +27,10 @@ __all__ = [
     "Arena",
     "Block",
     "CachingAllocator",
+    "DecoderLayer",
+    "DecoderWeights",
     "ExecutionError",
+    "GenerateOutput",
     "InferenceSession",
     "InvalidArgument",
     "InvalidModel",
@@ -38,5 +43,6 @@ __all__ = [
     "RuntimeFailure",
     "SessionOptions",
     "__version__",
+    "generate",
     "node_flops",
 ]

@@ -162,11 +162,14 @@ class PagedKVCache:
             )
         bs = self.block_size
         need = 0
+        copied: dict[int, int] = {}  # shared block -> owners that copy it away before a later one writes
         for s in seqs:
             length = self._lengths[self._check_seq(s, "reserve")]
             need += self.blocks_for(length + n) - self.blocks_for(length)
-            if n and length % bs and self._ref[self._tables[s][-1]] > 1:
+            last = self._tables[s][-1] if length % bs else -1
+            if n and last >= 0 and self._ref[last] - copied.get(last, 0) > 1:
                 need += 1  # copy on write of the shared partly filled last block
+                copied[last] = copied.get(last, 0) + 1
         if need > len(self._free):
             raise self._full(seqs, n, need)
         slots = np.empty(len(seqs) * n, np.int64)
