@@ -137,8 +137,8 @@ def test_return_sequences_share_the_prompt_blocks_copy_on_write(gpt: tuple) -> N
     s = out.kv_stats
     assert (s["num_forks"], s["num_cow_copies"], s["shared_blocks"]) == (2, 2, 2)
     assert s["used_blocks"] == 2 + 3  # vs 3 * 3 without sharing
-    # first step at the peak: 3 x 10 tokens, of which the 8 in full prompt blocks are stored once
-    assert s["logical_tokens"] == 3 * 10 and s["physical_tokens"] == 8 + 3 * 2
+    # the last step holding the most blocks: 3 x 11 tokens, the 8 in full prompt blocks stored once
+    assert s["logical_tokens"] == 3 * 11 and s["physical_tokens"] == 8 + 3 * 3
 
 
 def test_eos_stops_a_sequence_and_the_batch_continues(gpt: tuple) -> None:

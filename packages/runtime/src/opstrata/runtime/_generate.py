@@ -32,7 +32,7 @@ class GenerateOutput:
     sequences: list[list[int]]  # prompt + generated tokens
     new_tokens: list[list[int]]  # generated tokens only
     finish_reasons: list[str]  # "eos" or "length"
-    kv_stats: dict[str, float | int] = field(default_factory=dict)  # cache stats when most blocks were held
+    kv_stats: dict[str, float | int] = field(default_factory=dict)  # cache stats, last step holding the most blocks
     timings: dict[str, float] = field(default_factory=dict)  # prefill_s, decode_s, decode_steps, attention_s
 
 
@@ -253,7 +253,7 @@ def generate(
 
     def note_peak() -> None:
         nonlocal peak
-        if not peak or cache.num_blocks - cache.num_free_blocks > peak["used_blocks"]:
+        if not peak or cache.num_blocks - cache.num_free_blocks >= peak["used_blocks"]:
             peak = cache.stats()
 
     try:
