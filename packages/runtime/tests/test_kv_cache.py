@@ -146,7 +146,7 @@ def test_stats_are_exact_on_a_constructed_case() -> None:
     cache.reserve(a, 5)  # 2 blocks, 3 slots wasted
     cache.reserve(b, 8)  # 2 full blocks
     s = cache.stats()
-    assert s["pool_bytes"] == 10 * BS * slot
+    assert (s["bytes_per_slot"], s["bytes_per_block"], s["pool_bytes"]) == (slot, BS * slot, 10 * BS * slot)
     assert (s["used_blocks"], s["free_blocks"], s["num_sequences"]) == (4, 6, 2)
     assert s["reserved_bytes"] == 4 * BS * slot and s["used_bytes"] == 13 * slot
     assert s["waste_bytes"] == 3 * slot and s["waste_fraction"] == pytest.approx(3 / 16)

@@ -32,7 +32,9 @@ class GenerateOutput:
     sequences: list[list[int]]  # prompt + generated tokens
     new_tokens: list[list[int]]  # generated tokens only
     finish_reasons: list[str]  # "eos" or "length"
-    kv_stats: dict[str, float | int] = field(default_factory=dict)  # cache stats, last step holding the most blocks
+    kv_stats: dict[str, float | int] = field(
+        default_factory=dict
+    )  # cache stats, last step holding the most blocks
     timings: dict[str, float] = field(default_factory=dict)  # prefill_s, decode_s, decode_steps, attention_s
 
 

@@ -182,7 +182,8 @@ class PagedKVCache:
                 self._ref[b] = 1
                 table.append(b)
             pos = np.arange(length, length + n)
-            blocks = np.asarray(table, np.int64)[pos // bs]
+            first = length // bs  # touch only the blocks written: O(n), not O(length)
+            blocks = np.asarray(table[first : -(-(length + n) // bs)], np.int64)[pos // bs - first]
             slots[i * n : (i + 1) * n] = blocks * bs + pos % bs
             np.add.at(self._fill, blocks, 1)
             self._lengths[s] = length + n
@@ -273,6 +274,7 @@ class PagedKVCache:
         out: dict[str, float | int] = {
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
+            "bytes_per_slot": self.bytes_per_slot,
             "bytes_per_block": self.bytes_per_block,
             "pool_bytes": self.num_blocks * self.bytes_per_block,
             "free_blocks": len(self._free),
