@@ -41,7 +41,13 @@ class GenerateOutput:
 class DecoderRunner:
     """Runs decoder forward passes whose K/V go to and come from a PagedKVCache."""
 
-    def __init__(self, weights: DecoderWeights, cache: PagedKVCache, device: str | None = None) -> None:
+    def __init__(
+        self,
+        weights: DecoderWeights,
+        cache: PagedKVCache,
+        device: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         w = weights
         got = (cache.num_layers, cache.num_kv_heads, cache.head_dim)
         want = (w.num_layers, w.num_kv_heads, w.head_dim)
@@ -50,8 +56,10 @@ class DecoderRunner:
                 "generate", f"cache (num_layers, num_kv_heads, head_dim) = {got} does not fit the model's {want}",
                 "create the cache with the model's sizes (or let generate create it)",
             )  # fmt: skip
-        self.w, self.cache, self.device = w, cache, device
-        self.attention_seconds = 0.0  # gather + attention kernel, the part that grows with length
+        self.w, self.cache, self.device, self.clock = w, cache, device, clock
+        self.attention_seconds = (
+            0.0  # gather + attention kernel (by ``clock``), the part that grows with length
+        )
 
     def _linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
         y = ops.matmul(x, weight, device=self.device)
@@ -86,10 +94,10 @@ class DecoderRunner:
             q = qkv[..., : h * dh].reshape(b, n, h, dh).transpose(0, 2, 1, 3)
             kv = qkv[..., h * dh :].reshape(b * n, 2, hkv, dh)  # slot i * n + t is token t of row i
             cache.write(li, slots, kv[:, 0], kv[:, 1])
-            start = time.perf_counter()
+            start = self.clock()
             k, v, _ = cache.gather(li, tables=tables)
             attn = ops.attention(q, k, v, causal=causal, mask=mask, device=self.device)  # (B, H, n, Dh)
-            self.attention_seconds += time.perf_counter() - start
+            self.attention_seconds += self.clock() - start
             x = x + self._linear(attn.transpose(0, 2, 1, 3).reshape(b, n, h * dh), layer.w_out, layer.b_out)
             hid = ops.gelu(
                 self._linear(
