@@ -26,8 +26,14 @@ from typing import Any
 import numpy as np
 
 from opstrata.ops.benchtools import compare, format_table
-from opstrata.runtime import DecoderWeights, InferenceSession, PagedKVCache, SessionOptions, generate
-from opstrata.runtime._generate import DecoderRunner
+from opstrata.runtime import (
+    DecoderRunner,
+    DecoderWeights,
+    InferenceSession,
+    PagedKVCache,
+    SessionOptions,
+    generate,
+)
 
 
 def bench_waste(quick: bool) -> str:

@@ -7,7 +7,8 @@ import pytest
 
 import opstrata.runtime as rt
 from opstrata.graph.testing import bert_block_model, gpt_block_model
-from opstrata.runtime._generate import DecoderRunner, _sample, filter_logits
+from opstrata.runtime import DecoderRunner
+from opstrata.runtime._generate import _sample, filter_logits
 
 pytest.importorskip("onnx")
 

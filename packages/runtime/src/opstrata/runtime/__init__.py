@@ -17,7 +17,7 @@ from ._errors import (
     RuntimeFailure as RuntimeFailure,
 )
 from ._flops import node_flops as node_flops
-from ._generate import GenerateOutput as GenerateOutput, generate as generate
+from ._generate import DecoderRunner as DecoderRunner, GenerateOutput as GenerateOutput, generate as generate
 from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
@@ -28,6 +28,7 @@ __all__ = [
     "Block",
     "CachingAllocator",
     "DecoderLayer",
+    "DecoderRunner",
     "DecoderWeights",
     "ExecutionError",
     "GenerateOutput",

@@ -22,7 +22,7 @@ from ._decoder import DecoderWeights
 from ._errors import InvalidArgument
 from ._kv_cache import PagedKVCache
 
-__all__ = ["GenerateOutput", "generate"]
+__all__ = ["DecoderRunner", "GenerateOutput", "generate"]
 
 
 @dataclass
@@ -39,7 +39,11 @@ class GenerateOutput:
 
 
 class DecoderRunner:
-    """Runs decoder forward passes whose K/V go to and come from a PagedKVCache."""
+    """Runs decoder forward passes whose K/V go to and come from a PagedKVCache.
+
+    The building block of ``generate`` and of custom loops (beam search: ``cache.fork`` the beams
+    that survive, ``cache.free`` the others, ``forward`` the survivors' next tokens).
+    """
 
     def __init__(
         self,
