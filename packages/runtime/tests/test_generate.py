@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
 
 import opstrata.runtime as rt
 from opstrata.graph.testing import bert_block_model, gpt_block_model
@@ -202,3 +204,62 @@ def test_bad_prompts_models_and_caches(gpt: tuple) -> None:
         rt.DecoderWeights.from_onnx(gpt_block_model(opset=16))
     with pytest.raises(rt.InvalidArgument, match="num_heads % num_kv_heads"):
         rt.DecoderWeights.random(heads=4, kv_heads=3)
+
+
+def test_chunks_on_ragged_cached_lengths_match_the_session(gpt: tuple) -> None:
+    """Several new tokens per row on top of different cached lengths (the per-row causal mask path)."""
+    model, sess = gpt
+    runner = DecoderRunner(
+        rt.DecoderWeights.from_onnx(model),
+        rt.PagedKVCache(num_layers=1, num_kv_heads=4, head_dim=8, num_blocks=8, block_size=4),
+    )
+    cache = runner.cache
+    a, b = cache.add_sequence(), cache.add_sequence()
+    runner.forward([a], np.array([[1, 2, 3, 4, 5, 6]]))
+    runner.forward([b], np.array([[7, 8]]))
+    chunk = np.array([[9, 10, 11], [12, 13, 14]])
+    logits = runner.forward([a, b], chunk)
+    for row, full in zip(logits, ([1, 2, 3, 4, 5, 6, 9, 10, 11], [7, 8, 12, 13, 14]), strict=True):
+        (want,) = sess.run(["logits"], {"ids": np.array([full])})
+        np.testing.assert_allclose(row, want[0, -1], rtol=1e-4, atol=1e-5)
+
+
+def test_decoding_reads_the_cached_keys_and_values(gpt: tuple) -> None:
+    """Overwriting the cache after the prefill changes the next step: K/V really come from the cache."""
+    model, sess = gpt
+    cache = rt.PagedKVCache(num_layers=1, num_kv_heads=4, head_dim=8, num_blocks=4, block_size=4)
+    runner = DecoderRunner(rt.DecoderWeights.from_onnx(model), cache)
+    seq = cache.add_sequence()
+    runner.forward([seq], np.array([[3, 1, 4, 1, 5]]))
+    (want,) = sess.run(["logits"], {"ids": np.array([[3, 1, 4, 1, 5, 9]])})
+    cache.pool[...] = 0.0
+    got = runner.forward([seq], np.array([[9]]))
+    assert not np.allclose(got[0], want[0, -1], rtol=1e-2, atol=1e-2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    logits=arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 12)), elements=st.floats(-5, 5)),
+    top_k=st.one_of(st.none(), st.integers(1, 14)),
+    top_p=st.one_of(st.none(), st.floats(0.01, 1.0)),
+)
+def test_filter_logits_keeps_the_top_k_and_a_minimal_nucleus(
+    logits: np.ndarray, top_k: int | None, top_p: float | None
+) -> None:
+    out = filter_logits(logits, top_k, top_p)
+    kept = np.isfinite(out)
+    np.testing.assert_array_equal(out[kept], logits[kept])  # kept logits untouched
+    assert kept.sum(axis=-1).min() >= 1
+    for row, keep in zip(logits, kept, strict=True):
+        if top_k is not None:
+            assert keep.sum() <= top_k
+            if keep.sum() < row.size:
+                assert row[keep].min() >= row[~keep].max()  # nothing dropped beats anything kept
+        if top_p is not None:
+            allowed = row if top_k is None else np.sort(row)[::-1][:top_k]
+            p = np.exp(row[keep] - allowed.max()) / np.exp(allowed - allowed.max()).sum()
+            mass = np.sort(p)[::-1]
+            assert mass.sum() >= top_p - 1e-9  # the nucleus reaches top_p ...
+            assert (
+                mass[:-1].sum() < top_p + 1e-9
+            )  # ... and is minimal: without its smallest token it does not
