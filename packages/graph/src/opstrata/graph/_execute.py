@@ -17,6 +17,7 @@ import numpy as np
 import opstrata.ops as ops
 
 from ._errors import GraphError
+from ._fused_codegen import result_dtype, run_fused
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._shape_rules import conv_pads
 
@@ -394,10 +395,22 @@ _STEP_NODES: dict[str, Node] = {}
 
 @kernel("FusedElementwise", OPSTRATA_DOMAIN)
 def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
-    """Evaluate the expression step by step on the same kernels as the unfused ops (code generation later)."""
+    """On ``cpu``: one generated kernel (opstrata.ops codegen). Elsewhere (``ref``, plugin devices):
+    step by step on the same ops kernels as the unfused nodes, so that device's kernels run."""
+    if ops.get_default_device() == "cpu":
+        return [run_fused(n, x)]
     t: list[Arr] = []
+    consts = n.attrs.get("consts") or []
+    dt = result_dtype(n, [a.dtype for a in x])
     for op, refs in n.attrs["expr"]:
-        args = [x[int(r[1:])] if r[0] == "x" else t[int(r[1:])] for r in refs]
+        args = [
+            x[int(r[1:])]
+            if r[0] == "x"
+            else t[int(r[1:])]
+            if r[0] == "t"
+            else np.asarray(consts[int(r[1:])], dt)
+            for r in refs
+        ]
         step = _STEP_NODES.setdefault(op, Node(op, [], [], name=f"{n.name}/{op}"))
         t.append(KERNELS[("", op)](step, args)[0])
     return [t[-1]]
