@@ -18,7 +18,7 @@ from ._onnx_export import (
     _gelu_body,
     _layer_norm_body,
     _linear_body,
-    _rms_norm_body,
+    _rms_norm_export,
     export_as_function,
     export_standard_from,
     register_export,
@@ -116,7 +116,6 @@ def _linear_act_body(node: Node, ctx: ExportContext) -> None:
 
 
 _layer_norm_export = export_standard_from(17, _layer_norm_body)
-_rms_norm_export = export_as_function(_rms_norm_body)
 
 
 def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
