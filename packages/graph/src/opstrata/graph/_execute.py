@@ -393,12 +393,8 @@ def _skip_norm(n: Node, x: list[Any]) -> list[Arr]:
 _STEP_NODES: dict[str, Node] = {}
 
 
-@kernel("FusedElementwise", OPSTRATA_DOMAIN)
-def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
-    """On ``cpu``: one generated kernel (opstrata.ops codegen). Elsewhere (``ref``, plugin devices):
-    step by step on the same ops kernels as the unfused nodes, so that device's kernels run."""
-    if ops.get_default_device() == "cpu":
-        return [run_fused(n, x)]
+def fused_steps(n: Node, x: list[Any]) -> Arr:
+    """A FusedElementwise expression evaluated step by step on the ops kernels of its unfused ops."""
     t: list[Arr] = []
     consts = n.attrs.get("consts") or []
     dt = result_dtype(n, [a.dtype for a in x])
@@ -413,7 +409,16 @@ def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
         ]
         step = _STEP_NODES.setdefault(op, Node(op, [], [], name=f"{n.name}/{op}"))
         t.append(KERNELS[("", op)](step, args)[0])
-    return [t[-1]]
+    return t[-1]
+
+
+@kernel("FusedElementwise", OPSTRATA_DOMAIN)
+def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
+    """On ``cpu``: one generated kernel (opstrata.ops codegen). Elsewhere (``ref``, plugin devices):
+    step by step, so that device's own kernels run."""
+    if ops.get_default_device() == "cpu":
+        return [run_fused(n, x)]
+    return [fused_steps(n, x)]
 
 
 @kernel("RMSNorm", OPSTRATA_DOMAIN)
