@@ -184,7 +184,7 @@ def test_external_data_file_missing(tmp_path) -> None:
         (["x", "x", "x", "", "pk", "pv"], ["y"], {}, "past_key, past_value .*KV cache"),
         (["x", "x", "x"], ["y", "present_k"], {}, "present_key / present_value / qk_matmul_output"),
         (["x", "x", "x"], ["y"], {"softcap": 30.0}, r"\{'softcap': 30.0\}"),
-        (["x", "x", "x"], ["y"], {"q_num_heads": 2, "kv_num_heads": 2}, "3-D inputs"),
+        (["x", "x", "x"], ["y"], {"q_num_heads": 2}, "only one of the two given"),
         (["x", "x", "x"], ["y"], {"left_window_size": 4}, "left_window_size"),
     ],
 )

@@ -163,6 +163,20 @@ CASES: dict[str, tuple[str, list[Any], dict[str, Any], int, int]] = {
         1,
         23,
     ),
+    "attention_3d_gqa_causal": (
+        "Attention",
+        [f(F(2, 5, 16)), f(F(2, 5, 8)), f(F(2, 5, 8))],
+        {"q_num_heads": 4, "kv_num_heads": 2, "is_causal": 1},
+        1,
+        23,
+    ),
+    "attention_3d_mask": (
+        "Attention",
+        [f(F(2, 3, 16)), f(F(2, 5, 16)), f(F(2, 5, 8)), f(F(2, 1, 3, 5))],
+        {"q_num_heads": 2, "kv_num_heads": 2},
+        1,
+        23,
+    ),
     # ONNX's causal without a cache is top-left aligned: 3 queries see keys j <= i of 5 (an explicit mask on import)
     "attention_causal_short_query": (
         "Attention",

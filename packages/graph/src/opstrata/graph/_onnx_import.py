@@ -317,8 +317,9 @@ def _attention(ctx: ImportContext) -> None:
             "Attention's present_key / present_value / qk_matmul_output outputs are not supported"
         )
     odd = {k: ctx.attrs[k] for k, d in _ATTENTION_DEFAULTS.items() if k in ctx.attrs and ctx.attrs[k] != d}
-    if "q_num_heads" in ctx.attrs or "kv_num_heads" in ctx.attrs:
-        odd["q_num_heads/kv_num_heads"] = "3-D inputs"
+    heads = (ctx.attrs.get("q_num_heads"), ctx.attrs.get("kv_num_heads"))
+    if (heads[0] is None) != (heads[1] is None):
+        odd["q_num_heads/kv_num_heads"] = "only one of the two given"
     if "softmax_precision" in ctx.attrs and ctx.attrs["softmax_precision"] != 1:
         odd["softmax_precision"] = ctx.attrs["softmax_precision"]
     if odd:
@@ -331,7 +332,34 @@ def _attention(ctx: ImportContext) -> None:
         attrs["scale"] = float(ctx.attrs["scale"])
     if attrs["causal"]:
         attrs[CAUSAL_TOP_LEFT] = 1
-    ctx.emit("Attention", ctx.inputs[:4], ctx.outputs[:1], attrs, domain=OPSTRATA_DOMAIN)
+    if heads[0] is None:
+        ctx.emit("Attention", ctx.inputs[:4], ctx.outputs[:1], attrs, domain=OPSTRATA_DOMAIN)
+        return
+    # 3-D (B, S, H*D) inputs: split heads, attend, merge (what the ONNX spec's function does)
+    q_heads, kv_heads = heads
+    qkv = [
+        _split_heads(ctx, x, h, t)
+        for x, h, t in zip(ctx.inputs[:3], (q_heads, kv_heads, kv_heads), "qkv", strict=True)
+    ]
+    y4 = ctx.fresh("y_heads")
+    ctx.emit("Attention", [*qkv, *ctx.inputs[3:4]], [y4], attrs, domain=OPSTRATA_DOMAIN)
+    yt = ctx.fresh("y_bshd")
+    ctx.emit("Transpose", [y4], [yt], {"perm": [0, 2, 1, 3]})
+    ctx.emit("Reshape", [yt, _ints(ctx, [0, 0, -1], "merge")], ctx.outputs[:1])
+
+
+def _ints(ctx: ImportContext, values: list[int], hint: str) -> str:
+    name = ctx.fresh(hint)
+    ctx.graph.add_initializer(name, np.array(values, np.int64))
+    return name
+
+
+def _split_heads(ctx: ImportContext, x: str, heads: int, hint: str) -> str:
+    """(B, S, heads*D) -> (B, heads, S, D)."""
+    r, t = ctx.fresh(f"{hint}_bshd"), ctx.fresh(f"{hint}_bhsd")
+    ctx.emit("Reshape", [x, _ints(ctx, [0, 0, int(heads), -1], f"{hint}_shape")], [r])
+    ctx.emit("Transpose", [r], [t], {"perm": [0, 2, 1, 3]})
+    return t
 
 
 @importer("ReduceSum ReduceMean ReduceMax ReduceMin")
