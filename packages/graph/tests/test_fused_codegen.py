@@ -281,3 +281,27 @@ def test_fused_export_with_consts_runs_in_onnxruntime() -> None:
     np.testing.assert_allclose(
         ort_run(m, {"mm": x})["y"], og.run_graph(g, {"mm": x})["y"], rtol=1e-4, atol=1e-5
     )
+
+
+def test_groups_keep_one_dtype() -> None:
+    """Pow(x32, e64): the float64 exponent chain and the float32 chain become two fused nodes."""
+    g = og.Graph("mixed", opset_imports={"": 17})
+    g.add_input("x", np.float32, (6,))
+    g.add_input("e", np.float64, (6,))
+    g.add_node("Abs", ["e"], ["ea"])
+    g.add_node("Tanh", ["ea"], ["et"])
+    g.add_node("Abs", ["x"], ["xa"])
+    g.add_node("Pow", ["xa", "et"], ["p"])
+    g.add_node("Neg", ["p"], ["y"])
+    g.outputs.append("y")
+    og.infer_shapes(g)
+    h = og.fuse_elementwise(g)
+    og.infer_shapes(h)
+    fused = [n for n in h.nodes if n.op_type == "FusedElementwise"]
+    assert len(h) == 2 and [h.value(n.outputs[0]).dtype for n in fused] == [np.float64, np.float32]
+    feeds = {"x": np.linspace(-2, 2, 6, dtype=np.float32), "e": np.linspace(-1, 3, 6)}
+    want = og.run_graph(g, feeds)["y"]
+    for device in ("cpu", "ref"):
+        got = og.run_graph(h, feeds, device)["y"]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -34,23 +34,23 @@ def _fusible(m: Matcher, node: Node) -> bool:
 def _groups(g: Graph, m: Matcher) -> list[list[Node]]:
     """Single-output groups of >= 2 fusible nodes of one dtype, members in schedule order."""
     group: dict[int, int] = {}  # id(node) -> id(its group's root)
+    dtype: dict[int, object] = {}  # id(root) -> the group's dtype
     for node in reversed(g.nodes):
         if not _fusible(m, node):
             continue
         out = node.outputs[0]
-        users = m.uses(out)
-        roots = {group.get(id(u)) for u in users}
+        roots = {group.get(id(u)) for u in m.uses(out)}
         root = roots.pop() if len(roots) == 1 else None
-        group[id(node)] = root if root is not None and out not in m.outputs else id(node)
+        if root is not None and out not in m.outputs and dtype[root] == m.dtype(out):
+            group[id(node)] = root
+        else:
+            group[id(node)] = id(node)
+            dtype[id(node)] = m.dtype(out)
     members: dict[int, list[Node]] = {}
     for node in g.nodes:
         if id(node) in group:
             members.setdefault(group[id(node)], []).append(node)
-    out: list[list[Node]] = []
-    for grp in members.values():
-        if len(grp) > 1 and len({m.dtype(n.outputs[0]) for n in grp}) == 1:
-            out.append(grp)
-    return out
+    return [grp for grp in members.values() if len(grp) > 1]
 
 
 def _foldable(m: Matcher, grp: list[Node]) -> set[str]:

@@ -80,8 +80,13 @@ def _fused_elementwise(n: Node, ctx: RuleContext) -> list[TypeShape]:
     if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in consts):
         raise GraphError(where, f"consts must be numbers, got {consts!r}", "give consts as a list of floats")
     check_expr(n.attrs.get("expr") or [], len(n.inputs), where, len(consts))
-    floats = [i for i in range(len(n.inputs)) if (d := ctx.dtype(i)) is not None and d.kind == "f"]
-    return [(ctx.same_dtype(floats) if floats else ctx.dtype(0), _bcast(ctx, range(len(n.inputs))))]
+    from ._fused_codegen import result_dtype
+
+    dts = [ctx.dtype(i) for i in range(len(n.inputs))]
+    dt = (
+        result_dtype(n, dts) if all(d is not None for d in dts) else None
+    )  # ONNX typing: Pow keeps its base's
+    return [(dt, _bcast(ctx, range(len(n.inputs))))]
 
 
 RULES[(OPSTRATA_DOMAIN, "SkipLayerNorm")] = _skip_norm
