@@ -19,6 +19,7 @@ if __name__ == "__main__":
             [
                 "--write", str(ROOT / "docs" / "onnx-backend.md"),
                 "--expected", str(ROOT / "packages" / "runtime" / "tests" / "data" / "onnx_backend_expected.txt"),
+                "--versus-ort",
                 *sys.argv[1:],
             ]
         )

@@ -83,6 +83,7 @@ class CaseResult:
     status: str
     reason: str = ""  # short reason for anything but a pass as shipped
     detail: str = ""  # the full error or mismatch text
+    ort: str = ""  # for passes run with versus_ort: agree | differ: ... | refused (onnxruntime cannot run it)
 
 
 def _array(x: Any) -> np.ndarray:
@@ -172,41 +173,67 @@ def _adapt(model: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.
     return (m, {k: v for k, v in feeds.items() if k not in frozen}) if changed else None
 
 
-def _attempt(model: Any, feeds: dict[str, np.ndarray], want: list[np.ndarray], case: Any) -> tuple[str, str]:
-    """(status, detail) of one session run: pass | wrong | unsupported | crash."""
+def _attempt(
+    model: Any, feeds: dict[str, np.ndarray], want: list[np.ndarray], case: Any
+) -> tuple[str, str, list[np.ndarray]]:
+    """(status, detail, outputs) of one session run: pass | wrong | unsupported | crash."""
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             got = InferenceSession(model).run(None, feeds)
     except RuntimeFailure as exc:  # a clear, named error: unsupported op, dtype, attribute, or kernel refusal
-        return "unsupported", str(exc)
+        return "unsupported", str(exc), []
     except Exception as exc:  # anything else is a bug: the session must raise RuntimeFailure
-        return "crash", f"{type(exc).__name__}: {exc}"
+        return "crash", f"{type(exc).__name__}: {exc}", []
     diff = _compare(got, want, case.rtol, case.atol)
-    return ("wrong", diff) if diff else ("pass", "")
+    return ("wrong", diff, got) if diff else ("pass", "", got)
 
 
-def run_case(op: str, case: Any) -> CaseResult:
-    """Run one collected case as shipped and, when it fails for a design limit, adapted."""
+def _versus_ort(model: Any, feeds: dict[str, np.ndarray], got: list[np.ndarray], case: Any) -> str:
+    """'agree' when onnxruntime's outputs match the session's, 'differ: ...', or 'refused' by onnxruntime."""
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        theirs = [np.asarray(o) for o in sess.run(None, feeds)]
+    except Exception:  # onnxruntime does not run this model (or is not installed): no comparison
+        return "refused"
+    theirs = [  # onnxruntime hands float8/bfloat16 outputs back as their unsigned bit patterns
+        t.view(g.dtype) if t.dtype.kind == "u" and g.dtype.kind != "u" and t.itemsize == g.itemsize else t
+        for t, g in zip(theirs, got, strict=False)
+    ]
+    diff = _compare(got, theirs, case.rtol, case.atol)
+    return f"differ: {diff}" if diff else "agree"
+
+
+def run_case(op: str, case: Any, *, versus_ort: bool = False) -> CaseResult:
+    """Run one collected case as shipped and, when it fails for a design limit, adapted.
+
+    With ``versus_ort`` a passing case is also run in onnxruntime and the two sessions' outputs compared.
+    """
     inputs, outputs = case.data_sets[0]
     names = [v.name for v in case.model.graph.input]
     feeds = {n: _array(x) for n, x in zip(names, inputs, strict=False)}
     want = [_array(x) for x in outputs]
-    status, detail = _attempt(case.model, feeds, want, case)
+    status, detail, got = _attempt(case.model, feeds, want, case)
     if status == "pass":
-        return CaseResult(case.name, op, "pass")
+        ort = _versus_ort(case.model, feeds, got, case) if versus_ort else ""
+        return CaseResult(case.name, op, "pass", ort=ort)
     if status == "unsupported" and (adapted := _adapt(case.model, feeds)) is not None:
-        status2, detail2 = _attempt(*adapted, want, case)
+        status2, detail2, got2 = _attempt(*adapted, want, case)
         if status2 == "pass":
-            return CaseResult(case.name, op, "adapted", _reason(detail), detail)
+            ort = _versus_ort(*adapted, got2, case) if versus_ort else ""
+            return CaseResult(case.name, op, "adapted", _reason(detail), detail, ort)
         if status2 != "unsupported":  # the adaptation exposed a wrong answer or crash: report that
             return CaseResult(case.name, op, status2, _reason(detail2), detail2)
     return CaseResult(case.name, op, status, _reason(detail) if status == "unsupported" else detail, detail)
 
 
-def run_cases(ops: Iterable[str] = OPS) -> list[CaseResult]:
-    """Every backend node test of ``ops``, run through InferenceSession."""
-    return [run_case(op, case) for op, case in collect_cases(ops)]
+def run_cases(ops: Iterable[str] = OPS, *, versus_ort: bool = False) -> list[CaseResult]:
+    """Every backend node test of ``ops``, run through InferenceSession (and onnxruntime with ``versus_ort``)."""
+    return [run_case(op, case, versus_ort=versus_ort) for op, case in collect_cases(ops)]
 
 
 _DTYPE = re.compile(r"\b(u?int\d+|float\d+\w*|bfloat16|bool)\b")
@@ -232,8 +259,8 @@ def format_report(results: Sequence[CaseResult], ops: Sequence[str] = OPS) -> st
     for r in results:
         by_op.setdefault(r.op, []).append(r)
     rows = [
-        "| op | cases | pass as shipped | pass adapted | other failures (count: reason) |",
-        "|---|---:|---:|---:|---|",
+        "| op | cases | pass as shipped | pass adapted | = onnxruntime | other failures (count: reason) |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     tot = Counter[str]()
     for op, rs in by_op.items():
@@ -255,11 +282,18 @@ def format_report(results: Sequence[CaseResult], ops: Sequence[str] = OPS) -> st
             )
         if not rs:
             why = "no backend node test in the installed onnx"
-        rows.append(f"| {op} | {len(rs)} | {c['pass']} | {c['pass'] + c['adapted']} | {why} |")
+        agree = sum(r.ort == "agree" for r in rs)
+        tot["agree"] += agree
+        checked = sum(r.ort == "agree" or r.ort.startswith("differ") for r in rs)
+        tot["checked"] += checked
+        versus = f"{agree}/{checked}" if checked else "-"
+        rows.append(f"| {op} | {len(rs)} | {c['pass']} | {c['pass'] + c['adapted']} | {versus} | {why} |")
     n = max(tot["cases"], 1)
+    versus_all = f"{tot['agree']}/{tot['checked']}" if tot["checked"] else "-"
     rows.append(
         f"| **all** | {tot['cases']} | {tot['pass']} ({100 * tot['pass'] / n:.0f}%) | "
         f"{tot['pass'] + tot['adapted']} ({100 * (tot['pass'] + tot['adapted']) / n:.0f}%) | "
+        f"{versus_all} | "
         f"wrong answers: {tot['wrong']}, crashes: {tot['crash']} |"
     )
     return "\n".join(rows)
@@ -271,8 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--write", type=Path, help="Markdown file whose <!-- table --> section to replace")
     p.add_argument("--expected", type=Path, help="write the list of passing cases (one name a line) here")
     p.add_argument("--ops", nargs="*", default=list(OPS), help="op types to run (default: the graph issue's)")
+    p.add_argument(
+        "--versus-ort", action="store_true", help="also compare each pass with onnxruntime's outputs"
+    )
     args = p.parse_args(argv)
-    results = run_cases(args.ops)
+    results = run_cases(args.ops, versus_ort=args.versus_ort)
     table = format_report(results, args.ops)
     if args.write:
         text = args.write.read_text(encoding="utf-8")
@@ -288,9 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.expected:
         names = sorted(f"{r.name} {r.status}" for r in results if r.status in ("pass", "adapted"))
         _atomic_write(args.expected, "\n".join(names) + "\n")
-    bad = [r for r in results if r.status in ("wrong", "crash")]
+    bad = [r for r in results if r.status in ("wrong", "crash") or r.ort.startswith("differ")]
     for r in bad:
-        print(f"{r.status.upper()} {r.name} ({r.op}): {r.detail[:300]}", file=sys.stderr)
+        print(f"{r.status.upper()} {r.name} ({r.op}): {(r.detail or r.ort)[:300]}", file=sys.stderr)
     return 1 if bad else 0
 
 
