@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -140,6 +141,46 @@ def test_check_ort_failure_exits_1(files, capsys, monkeypatch) -> None:
     code, out, _ = _main(capsys, files["mlp"], "-i", f"x={files['x']}", "--check-ort", "--repeat", 0)
     assert code == 1
     assert "FAIL probs" in out and "outputs differ from onnxruntime" in out
+
+
+def test_saved_plan_runs_like_the_onnx_file(files, tmp_path, capsys) -> None:
+    import opstrata.graph as og
+
+    plan = og.compile(og.from_onnx(files["mlp"])).save(tmp_path / "mlp.plan")
+    code, out, err = _main(
+        capsys, plan, "-i", f"x={files['x']}", "--check-ort", "--repeat", 0, "--output-dir", tmp_path
+    )
+    assert code == 0, err
+    (want,) = rt.InferenceSession(str(files["mlp"])).run(None, {"x": np.load(files["x"])})
+    np.testing.assert_array_equal(np.load(tmp_path / "probs.npy"), want)
+    if importlib.util.find_spec("onnxruntime") is not None:
+        assert "skipped: the model is a saved opstrata plan" in out
+
+
+def test_failing_kernel_is_one_line_exit_1(files, capsys, monkeypatch) -> None:
+    import opstrata.graph as og
+
+    def boom(node, args):
+        raise FloatingPointError("overflow")
+
+    monkeypatch.setitem(og.EXECUTOR_KERNELS, ("", "Softmax"), boom)
+    code, _, err = _main(capsys, files["mlp"], "-i", f"x={files['x']}", "--level", 0, "--repeat", 0)
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert (
+        line.startswith("opstrata run: a kernel failed: node ") and "Softmax" in line and "overflow" in line
+    )
+
+
+def test_unwritable_output_dir_is_one_line_exit_2(files, tmp_path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = _main(
+        capsys, files["mlp"], "-i", f"x={files['x']}", "--repeat", 0, "--output-dir", blocker / "out"
+    )
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("opstrata run: error: --output-dir: cannot write to") and "file/out" in line
 
 
 def test_summary_of_special_values() -> None:

@@ -357,12 +357,20 @@ def _execute(args: argparse.Namespace, say: Any) -> int:
         say(line)
 
     if args.output_dir is not None:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        for name, arr in zip(names, outs, strict=True):
-            _save(args.output_dir / f"{_file_name(name)}.npy", arr)
+        try:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            for name, arr in zip(names, outs, strict=True):
+                _save(args.output_dir / f"{_file_name(name)}.npy", arr)
+        except OSError as exc:
+            raise RunError(
+                f"--output-dir: cannot write to '{args.output_dir}': {exc.strerror or exc}"
+            ) from None
         say(f"== saved {len(outs)} output(s) to {args.output_dir}/")
     if args.profile is not None:
-        path = sess.end_profiling(args.profile)
+        try:
+            path = sess.end_profiling(args.profile)
+        except OSError as exc:
+            raise RunError(f"--profile: cannot write '{args.profile}': {exc.strerror or exc}") from None
         say("== profile")
         say(sess.profile_summary(top=10))
         say(f"   Chrome trace: {path} (open in https://ui.perfetto.dev or chrome://tracing)")
