@@ -120,9 +120,10 @@ def test_random_fills_only_missing_inputs_and_reuses_their_dims(files, tmp_path,
 
 
 def test_unbound_symbolic_dims_default_to_one_and_say_so(files, capsys) -> None:
-    code, out, _ = _main(capsys, files["mlp"], "--random", "--repeat", 0)
+    code, out, _ = _main(capsys, files["mlp"], "--random", "--repeat", 0, "--dim", "seq=4")
     assert code == 0
     assert "symbolic dims batch=1 (set with --dim NAME=VALUE)" in out and "probs: float32[1, 8]" in out
+    assert "note: --dim seq is not a symbolic dim of the model's inputs (['batch'])" in out
 
 
 def test_check_ort_passes(files, capsys) -> None:

@@ -181,8 +181,11 @@ def _complete_feeds(
         names = ", ".join(f"{a.name}: {_spec(a)}" for a in missing)
         raise RunError(f"missing input(s) {names}; pass --input NAME=FILE for each, or --random")
     out = {k: arr for k, (arr, _) in feeds.items()}
+    dims = {k: int(v) for k, v in (_dim(d) for d in args.dim)}
+    known = {d for a in sess.get_inputs() for d in a.shape if isinstance(d, str)}
+    for name in sorted(set(dims) - known):
+        say(f"   note: --dim {name} is not a symbolic dim of the model's inputs ({sorted(known) or 'none'})")
     if missing:
-        dims = {k: int(v) for k, v in (_dim(d) for d in args.dim)}
         bound = _bound_dims(sess, out)
         symbols = {d for a in missing for d in a.shape if isinstance(d, str)}
         defaults = sorted(s for s in symbols if s not in dims and s not in bound)
