@@ -9,13 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from opstrata.runtime import conformance
+from opstrata.runtime import onnx_backend
 
 ROOT = Path(__file__).resolve().parents[3]
 
 if __name__ == "__main__":
     sys.exit(
-        conformance.main(
+        onnx_backend.main(
             [
                 "--write", str(ROOT / "docs" / "onnx-backend.md"),
                 "--expected", str(ROOT / "packages" / "runtime" / "tests" / "data" / "onnx_backend_expected.txt"),

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("onnx.backend.test.case.node")
 
 import opstrata.graph as og
-from opstrata.runtime import conformance
+from opstrata.runtime import onnx_backend
 
 EXPECTED_FILE = Path(__file__).parent / "data" / "onnx_backend_expected.txt"
 
@@ -30,9 +30,9 @@ EXPECTED = _expected()
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, conformance.CaseResult]:
+def results() -> dict[str, onnx_backend.CaseResult]:
     """Every backend node case of the graph issue's ops, run once for the module (about 11 s)."""
-    return {r.name: r for r in conformance.run_cases()}
+    return {r.name: r for r in onnx_backend.run_cases()}
 
 
 def test_the_installed_onnx_has_most_listed_cases(results) -> None:
@@ -40,7 +40,7 @@ def test_the_installed_onnx_has_most_listed_cases(results) -> None:
     assert len(present) >= 0.9 * len(EXPECTED), f"only {len(present)} of {len(EXPECTED)} listed cases exist"
 
 
-@pytest.mark.parametrize("op", conformance.OPS)
+@pytest.mark.parametrize("op", onnx_backend.OPS)
 def test_listed_cases_still_pass(results, op: str) -> None:
     mine = {n: r for n, r in results.items() if r.op == op}
     regressed = {
@@ -67,23 +67,23 @@ def test_unsupported_cases_fail_with_a_named_error_and_a_fix(results) -> None:
 
 def test_a_wrong_kernel_is_caught_as_wrong(monkeypatch, results) -> None:
     """The harness can fail: a Relu kernel that is off by one shows up as a wrong answer."""
-    op, case = next((op, c) for op, c in conformance.collect_cases(["Relu"]) if c.name == "test_relu")
+    op, case = next((op, c) for op, c in onnx_backend.collect_cases(["Relu"]) if c.name == "test_relu")
     assert results["test_relu"].status == "pass"
     real = og.EXECUTOR_KERNELS[("", "Relu")]
     monkeypatch.setitem(og.EXECUTOR_KERNELS, ("", "Relu"), lambda n, x: [real(n, x)[0] + np.float32(1)])
-    r = conformance.run_case(op, case)
+    r = onnx_backend.run_case(op, case)
     assert r.status == "wrong" and "output 0" in r.detail
 
 
 def test_adapted_cases_freeze_only_shape_inputs(results) -> None:
     _, case = next(
-        (op, c) for op, c in conformance.collect_cases(["Reshape"]) if c.name == "test_reshape_one_dim"
+        (op, c) for op, c in onnx_backend.collect_cases(["Reshape"]) if c.name == "test_reshape_one_dim"
     )
     feeds = {
-        v.name: conformance._array(x)
+        v.name: onnx_backend._array(x)
         for v, x in zip(case.model.graph.input, case.data_sets[0][0], strict=True)
     }
-    model, left = conformance._adapt(case.model, feeds)
+    model, left = onnx_backend._adapt(case.model, feeds)
     assert [v.name for v in model.graph.input] == ["data"] and list(left) == ["data"]
     assert [t.name for t in model.graph.initializer] == ["shape"]
     assert results["test_reshape_one_dim"].status == "adapted"
@@ -92,20 +92,20 @@ def test_adapted_cases_freeze_only_shape_inputs(results) -> None:
 
 def test_report_counts_per_op() -> None:
     rs = [
-        conformance.CaseResult("a", "Add", "pass"),
-        conformance.CaseResult("b", "Add", "adapted", "opset 7 < 13"),
-        conformance.CaseResult("c", "Add", "unsupported", "no add kernel for int16"),
-        conformance.CaseResult("d", "Add", "unsupported", "no add kernel for uint16"),
+        onnx_backend.CaseResult("a", "Add", "pass"),
+        onnx_backend.CaseResult("b", "Add", "adapted", "opset 7 < 13"),
+        onnx_backend.CaseResult("c", "Add", "unsupported", "no add kernel for int16"),
+        onnx_backend.CaseResult("d", "Add", "unsupported", "no add kernel for uint16"),
     ]
-    table = conformance.format_report(rs, ["Add", "Sub"])
+    table = onnx_backend.format_report(rs, ["Add", "Sub"])
     assert (
         "| Add | 4 | 1 | 2 | - | 2: no add kernel for int16/uint16; adapted for opset 7 < 13 (1) |" in table
     )
     assert "| Sub | 0 | 0 | 0 | - | no backend node test in the installed onnx |" in table
     assert "| **all** | 4 | 1 (25%) | 2 (50%) | - | wrong answers: 0, crashes: 0 |" in table
-    rs[0] = conformance.CaseResult("a", "Add", "pass", ort="agree")
-    rs[1] = conformance.CaseResult("b", "Add", "adapted", "opset 7 < 13", ort="differ: output 0: ...")
-    assert "| Add | 4 | 1 | 2 | 1/2 |" in conformance.format_report(rs, ["Add"])
+    rs[0] = onnx_backend.CaseResult("a", "Add", "pass", ort="agree")
+    rs[1] = onnx_backend.CaseResult("b", "Add", "adapted", "opset 7 < 13", ort="differ: output 0: ...")
+    assert "| Add | 4 | 1 | 2 | 1/2 |" in onnx_backend.format_report(rs, ["Add"])
 
 
 @pytest.mark.parametrize(
@@ -113,6 +113,6 @@ def test_report_counts_per_op() -> None:
 )
 def test_passing_cases_agree_with_onnxruntime(name: str) -> None:
     pytest.importorskip("onnxruntime")
-    op, case = next((op, c) for op, c in conformance.collect_cases() if c.name == name)
-    r = conformance.run_case(op, case, versus_ort=True)
+    op, case = next((op, c) for op, c in onnx_backend.collect_cases() if c.name == name)
+    r = onnx_backend.run_case(op, case, versus_ort=True)
     assert r.status in ("pass", "adapted") and r.ort == "agree", r
