@@ -37,6 +37,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     np.save(d / "mask3.npy", np.ones((3, 5), np.float32))
     np.savez(d / "two.npz", a=fm["x"], b=fm["x"])
     (d / "junk.npy").write_bytes(b"this is not numpy")
+    np.save(d / "fake.npy", fm["x"])
+    (d / "fake.npy").rename(d / "fake.npz")
     (d / "corrupt.onnx").write_bytes(mlp.SerializeToString()[:100])
     return {p.stem if p.suffix != ".npz" else p.name: p for p in d.iterdir()} | {"dir": d}
 
@@ -208,6 +210,7 @@ BAD = {  # argv ({d}: the fixture directory) -> what the one stderr line must sa
     "npz without the name": (["{d}/mlp.onnx", "-i", "x={d}/two.npz"], ["input 'x'", "holds arrays ['a', 'b'], none named 'x'"]),
     "dims disagree": (["{d}/bert.onnx", "-i", "x={d}/bx.npy", "-i", "mask={d}/mask3.npy"], ["input 'mask'", "'batch' is 3 here but 2"]),
     "given twice": (["{d}/mlp.onnx", "-i", "x={d}/x.npy", "-i", "x={d}/x64.npy"], ["input 'x' is given twice"]),
+    "npy named .npz": (["{d}/mlp.onnx", "-i", "{d}/fake.npz"], ["holds one unnamed array", "use NAME="]),
     "bad device": (["{d}/mlp.onnx", "--random", "--device", "tpu9"], ["--device: unknown device 'tpu9'"]),
 }  # fmt: skip
 

@@ -78,7 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="feed input NAME from FILE (.npy, or .npz holding NAME or one array); a bare FILE.npz feeds "
         "every input named by its keys; repeatable",
     )  # fmt: skip
-    parser.add_argument("--random", action="store_true", help="generate the inputs not given by --input")
+    parser.add_argument(
+        "--random", action="store_true",
+        help="generate the inputs not given by --input (floats standard normal, ints uniform in [0, 10))",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
     parser.add_argument(
         "--dim", action="append", default=[], metavar="NAME=VALUE",
@@ -126,8 +129,13 @@ def load_feeds(specs: Sequence[str]) -> dict[str, tuple[np.ndarray, str]]:
     for spec in specs:
         if "=" not in spec and spec.endswith(".npz"):
             arrays = _read_array(Path(spec), "*")
-            assert isinstance(arrays, dict)
+            if not isinstance(arrays, dict):
+                raise RunError(
+                    f"--input {spec}: holds one unnamed array, not an .npz archive; use NAME={spec}"
+                )
             for key, arr in arrays.items():
+                if key in feeds:
+                    raise RunError(f"input '{key}' is given twice ({feeds[key][1]} and {spec}[{key}])")
                 feeds[key] = (arr, f"{spec}[{key}]")
             continue
         name, file = _pair(spec, "--input")
