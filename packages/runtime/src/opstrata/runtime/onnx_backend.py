@@ -70,7 +70,7 @@ _REASONS: tuple[tuple[str, str], ...] = (  # (regex on the error text, short rea
     (r"Einsum equation '[^']*' uses an (\w+)", "equation with an {0}"),
     (r"\): ([^.]*?) is not supported", "{0}"),
     (r"\): ([^.]*?) are not supported", "{0}"),
-    (r"argument '(\w+)' expected ([^,(]*)", "{0}: {1}"),
+    (r"argument '(\w+)' expected ([^,(]*)", "{0}: expected {1}"),
 )
 
 
@@ -139,7 +139,7 @@ def _reason(text: str) -> str:
     for pattern, fmt in _REASONS:
         m = re.search(pattern, text)
         if m:
-            return fmt.format(*m.groups())
+            return fmt.format(*m.groups()).strip()
     return text.split(". Fix:")[0][-120:]
 
 
@@ -228,6 +228,10 @@ def run_case(op: str, case: Any, *, versus_ort: bool = False) -> CaseResult:
             return CaseResult(case.name, op, "adapted", _reason(detail), detail, ort)
         if status2 != "unsupported":  # the adaptation exposed a wrong answer or crash: report that
             return CaseResult(case.name, op, status2, _reason(detail2), detail2)
+        if _reason(detail2) != _reason(detail):  # adapted past the first limit, refused for another
+            return CaseResult(
+                case.name, op, status, f"{_reason(detail2)} (adapted for {_reason(detail)})", detail2
+            )
     return CaseResult(case.name, op, status, _reason(detail) if status == "unsupported" else detail, detail)
 
 
