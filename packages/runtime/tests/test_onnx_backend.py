@@ -116,3 +116,9 @@ def test_passing_cases_agree_with_onnxruntime(name: str) -> None:
     op, case = next((op, c) for op, c in onnx_backend.collect_cases() if c.name == name)
     r = onnx_backend.run_case(op, case, versus_ort=True)
     assert r.status in ("pass", "adapted") and r.ort == "agree", r
+
+
+def test_a_case_refused_after_adapting_names_the_remaining_limit(results) -> None:
+    r = results["test_reduce_max_bool_inputs"]
+    assert r.status == "unsupported"
+    assert r.reason == "no max kernel for bool (adapted for axes given as a run-time input)", r.reason
