@@ -120,5 +120,6 @@ def test_passing_cases_agree_with_onnxruntime(name: str) -> None:
 
 def test_a_case_refused_after_adapting_names_the_remaining_limit(results) -> None:
     r = results["test_reduce_max_bool_inputs"]
-    assert r.status == "unsupported"
-    assert r.reason == "no max kernel for bool (adapted for axes given as a run-time input)", r.reason
+    if r.status == "adapted":  # the ops layer gained a bool max kernel: nothing left to name
+        pytest.skip("ReduceMax of bool passes now")
+    assert r.status == "unsupported" and r.reason.endswith("(adapted for axes given as a run-time input)"), r
