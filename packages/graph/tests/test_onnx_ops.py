@@ -316,3 +316,25 @@ def test_constant_becomes_an_initializer(attr: Any) -> None:
     exported = to_onnx(g)
     onnx.checker.check_model(exported, full_check=True)
     np.testing.assert_array_equal(ort_run(exported, {})["k"], ort_run(m, {})["k"])
+
+
+@pytest.mark.parametrize(
+    ("to", "saturate", "want"),
+    [
+        ("FLOAT8E4M3FN", None, [448, -448, 448, -448, np.nan, 1]),  # ONNX default saturate=1: ±max
+        ("FLOAT8E4M3FN", 0, [np.nan, np.nan, np.nan, np.nan, np.nan, 1]),  # no inf in e4m3fn: NaN
+        ("FLOAT8E5M2", 1, [57344, -57344, 57344, -57344, np.nan, 1]),
+        ("FLOAT8E5M2", 0, [np.inf, -np.inf, np.inf, -np.inf, np.nan, 1]),
+    ],
+)
+def test_cast_to_float8_honours_saturate(to: str, saturate: int | None, want: list[float]) -> None:
+    x = np.array([1e5, -1e5, np.inf, -np.inf, np.nan, 1.0], np.float32)
+    attrs = {"to": getattr(onnx.TensorProto, to)} | ({} if saturate is None else {"saturate": saturate})
+    b = ModelBuilder("cast8", 19)
+    b.nodes.append(
+        onnx.helper.make_node("Cast", [b.input("x", [6], np.float32)], ["y"], name="cast", **attrs)
+    )
+    b.outputs.append(onnx.helper.make_tensor_value_info("y", getattr(onnx.TensorProto, to), [6]))
+    got = run_graph(from_onnx(b.build()), {"x": x})["y"]
+    assert got.dtype.name == to.lower().replace("float8", "float8_")
+    np.testing.assert_array_equal(got.astype(np.float32), np.array(want, np.float32))

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _demo, _info
+from . import _demo, _info, _run
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -39,6 +39,12 @@ COMMANDS: tuple[Command, ...] = (
         "the end-to-end job on a GPT-style model built in code: export, compile, run, check, profile",
         _demo.add_arguments,
         _demo.run,
+    ),
+    Command(
+        "run",
+        "run a model file on .npy/.npz (or random) inputs: outputs summary, timings, Chrome trace, ORT check",
+        _run.add_arguments,
+        _run.run,
     ),
 )
 

@@ -111,9 +111,21 @@ def _clip(n: Node, x: list[Any]) -> list[Arr]:
     return [ops.clip(x[0], min=lo, max=hi)]
 
 
+_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # largest finite values
+
+
 @kernel("Cast")
 def _cast(n: Node, x: list[Arr]) -> list[Arr]:
-    return [ops.cast(x[0], dtype=n.attrs["to"])]
+    src = x[0]
+    hi = _FLOAT8_MAX.get(np.dtype(n.attrs["to"]).name) if n.attrs.get("saturate") else None
+    if (
+        hi is not None
+        and src.dtype.itemsize > 1
+        and (src.dtype.kind == "f" or src.dtype in ops.LOW_PRECISION_DTYPES)
+    ):
+        # ONNX Cast(saturate=1) to float8: out-of-range and ±inf become ±max; NaN stays NaN
+        src = ops.clip(src, min=np.asarray(-hi, src.dtype), max=np.asarray(hi, src.dtype))
+    return [ops.cast(src, dtype=n.attrs["to"])]
 
 
 @kernel("Identity")

@@ -221,7 +221,11 @@ def _dropout(ctx: ImportContext) -> None:
 
 @importer("Cast")
 def _cast(ctx: ImportContext) -> None:
-    ctx.emit("Cast", ctx.inputs, ctx.outputs, {"to": dtype_from_onnx(ctx.attrs["to"], f"node '{ctx.name}'")})
+    to = dtype_from_onnx(ctx.attrs["to"], f"node '{ctx.name}'")
+    attrs: dict[str, Any] = {"to": to}
+    if to.name in ("float8_e4m3fn", "float8_e5m2") and ctx.attrs.get("saturate", 1):  # ONNX default: clamp
+        attrs["saturate"] = 1
+    ctx.emit("Cast", ctx.inputs, ctx.outputs, attrs)
 
 
 def _window_attrs(ctx: ImportContext, nd: int | None, pool: bool) -> dict[str, Any]:

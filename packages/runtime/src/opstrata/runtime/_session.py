@@ -81,10 +81,11 @@ def _load(model: Any, level: int, device: str) -> og.Plan:
                 where, f"expected a path, bytes, onnx.ModelProto, opstrata Graph or Plan, got {type(model).__name__}",
                 "pass a model file path or onnx.load(path)",
             )  # fmt: skip
-    except og.GraphError as exc:
+    except og.GraphError as exc:  # keep the graph layer's own fix when it has one (one "Fix:" per message)
         raise InvalidModel(
-            where, str(exc), "check the model file (onnx.checker.check_model) or recompile the plan"
-        ) from exc
+            where, f"{exc.where}: {exc.problem}",
+            exc.fix or "check the model file (onnx.checker.check_model) or recompile the plan",
+        ) from exc  # fmt: skip
     if plan.device != device:
         raise InvalidModel(
             where, f"the plan was compiled for device '{plan.device}', the session runs on '{device}'",
