@@ -133,7 +133,8 @@ def _compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float,
             if w.dtype.kind in "biu":
                 np.testing.assert_array_equal(g, w)
             else:
-                floor = _ULP_FLOOR.get(w.dtype.name, 0.0)  # the case's tolerance, never below ~1 ulp of the dtype
+                # the case's tolerance, never below ~1 ulp of the dtype
+                floor = _ULP_FLOOR.get(w.dtype.name, 0.0)
                 np.testing.assert_allclose(
                     g.astype(np.float64), w.astype(np.float64), rtol=max(rtol, floor), atol=max(atol, floor)
                 )
