@@ -1,7 +1,8 @@
 """Per-node profiler: wall time, kernels, device, fallback flag, bytes moved, FLOPs; Chrome trace export.
 
 The trace follows the Trace Event Format (complete events, ``ph: "X"``, microseconds) that
-Perfetto and chrome://tracing open.
+Perfetto and chrome://tracing open. Runs sit on their own track (tid 0, "session"); node events on one
+track per stream (tid ``1 + stream``, "stream k"), so concurrent branches show as overlapping bars.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ import contextlib
 import json
 import os
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NodeEvent", "Profiler"]
+__all__ = ["SESSION_TID", "STREAM_TID0", "NodeEvent", "Profiler"]
+
+SESSION_TID = 0  #: trace track of the ``run`` spans
+STREAM_TID0 = 1  #: trace track of stream 0's node events; stream k is on ``STREAM_TID0 + k``
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class NodeEvent:
     bytes_moved: int
     flops: int
     run: int
+    stream: int = 0  # the stream (worker) that ran it; 0 for sequential runs
 
 
 class Profiler:
@@ -47,7 +51,6 @@ class Profiler:
         self.runs: list[tuple[int, int, int]] = []  # (run index, start ns, duration ns)
         self._t0 = time.perf_counter_ns()
         self._pid = os.getpid()
-        self._tid = threading.get_ident()
 
     def add_run(self, start_ns: int, dur_ns: int) -> int:
         """Record one ``run`` span; returns its index."""
@@ -60,18 +63,25 @@ class Profiler:
         ev: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": self._pid, "args": {"name": "opstrata.runtime"}},
         ]
+        streams = sorted({e.stream for e in self.events} | {0})
+        for tid, label in [(SESSION_TID, "session")] + [(STREAM_TID0 + k, f"stream {k}") for k in streams]:
+            ev.append(
+                {"name": "thread_name", "ph": "M", "pid": self._pid, "tid": tid, "args": {"name": label}}
+            )
+            ev.append({"name": "thread_sort_index", "ph": "M", "pid": self._pid, "tid": tid,
+                       "args": {"sort_index": tid}})  # fmt: skip
         for i, start, dur in self.runs:
             ev.append({"name": f"run {i}", "cat": "session", "ph": "X", "ts": us(start), "dur": dur / 1000.0,
-                       "pid": self._pid, "tid": self._tid, "args": {"run": i}})  # fmt: skip
+                       "pid": self._pid, "tid": SESSION_TID, "args": {"run": i}})  # fmt: skip
         for e in self.events:
             ev.append({
                 "name": e.name, "cat": e.op_type, "ph": "X", "ts": us(e.start_ns), "dur": e.dur_ns / 1000.0,
-                "pid": self._pid, "tid": self._tid,
+                "pid": self._pid, "tid": STREAM_TID0 + e.stream,
                 "args": {
                     "op_type": e.op_type, "kernels": list(e.kernels), "device": e.device, "fallback": e.fallback,
                     "input_shapes": [list(s) if s is not None else None for s in e.input_shapes],
                     "output_shapes": [list(s) if s is not None else None for s in e.output_shapes],
-                    "bytes": e.bytes_moved, "flops": e.flops, "run": e.run,
+                    "bytes": e.bytes_moved, "flops": e.flops, "run": e.run, "stream": e.stream,
                 },
             })  # fmt: skip
         return {"traceEvents": ev, "displayTimeUnit": "ms"}
