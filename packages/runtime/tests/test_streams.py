@@ -489,3 +489,15 @@ def test_trace_has_one_track_per_stream(force_parallel, tmp_path) -> None:
     for r in runs:  # every node event of a run lies inside its span
         inside = [e for e in nodes if e["args"]["run"] == r["args"]["run"]]
         assert all(r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"] + 1e-3 for e in inside)
+
+
+def test_summary_has_time_per_stream(force_parallel) -> None:
+    model = branches_model(branches=2, size=64, depth=2, batch=32)
+    with InferenceSession(model, SessionOptions(num_streams=2, enable_profiling=True)) as sess:
+        sess.run(None, _x_feeds())
+        text = sess.profile_summary()
+    assert "time per stream" in text and "stream 0 " in text and "stream 1 " in text
+    assert "overlap (sum / wall)" in text
+    with InferenceSession(model, SessionOptions(enable_profiling=True)) as seq:
+        seq.run(None, _x_feeds())
+        assert "time per stream" not in seq.profile_summary()

@@ -104,7 +104,7 @@ class Profiler:
         return str(p)
 
     def summary(self, top: int = 10) -> str:
-        """Hottest nodes by total time, then the share of time per op type."""
+        """Hottest nodes by total time, the share of time per op type and, with streams, per stream."""
         if not self.events:
             return "profile: no node events recorded (enable_profiling=True, then run)"
         by_node: dict[str, list[NodeEvent]] = defaultdict(list)
@@ -130,4 +130,13 @@ class Profiler:
         lines += ["", "time per op type:", f"  {'op':<28} {'total ms':>9} {'share':>6}"]
         for op, t in sorted(by_op.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {op[:28]:<28} {t / 1e6:>9.3f} {t / total:>6.1%}")
+        by_stream: dict[int, int] = defaultdict(int)
+        for e in self.events:
+            by_stream[e.stream] += e.dur_ns
+        if len(by_stream) > 1:  # node time per stream over wall time of the runs: how much overlapped
+            wall = sum(d for _, _, d in self.runs) or 1
+            lines += ["", f"time per stream (node time / run wall time {wall / 1e6:.3f} ms):"]
+            for k, t in sorted(by_stream.items()):
+                lines.append(f"  stream {k:<21} {t / 1e6:>9.3f} {t / wall:>6.1%}")
+            lines.append(f"  {'overlap (sum / wall)':<28} {total / wall:>9.2f}x")
         return "\n".join(lines)

@@ -147,7 +147,8 @@ class InferenceSession:
         if opts.num_streams > 1:
             self._pool = StreamPool(self._schedule, opts.num_streams, opts.stream_timeout_s)
             self._preds = step_preds(self._schedule)
-            weakref.finalize(self, self._pool.close)  # an unclosed, collected session still stops its workers
+            # an unclosed, collected session still stops its workers (at exit, daemon workers just end)
+            weakref.finalize(self, self._pool.close).atexit = False
 
     # ------------------------------------------------------------------ metadata
 
