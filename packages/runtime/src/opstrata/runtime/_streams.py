@@ -470,9 +470,14 @@ class StreamPool:
         self._gen += 1
         job.gen = self._gen
         self._job = job
-        for c in self._conds:
-            with c:
-                c.notify()
+        with self._idle:  # streams without nodes in this program have nothing to do: done already
+            for k, order in enumerate(prog.asg.order):
+                if not order:
+                    self._finished[k] = job.gen
+        for k, c in enumerate(self._conds):
+            if prog.asg.order[k]:
+                with c:
+                    c.notify()
         self._await_idle(job)
         if job.error is not None:
             if not job.stalled:  # every worker has returned: give the blocks back
