@@ -282,6 +282,26 @@ def test_small_model_stays_sequential(models) -> None:
         assert _stream_threads() == []  # no worker was needed
 
 
+@pytest.mark.parametrize("name", ["bert", "gpt", "branches"])
+def test_stream_arena_layout_is_its_plan(force_parallel, models, name: str) -> None:
+    if name == "branches":
+        model, feeds = branches_model(branches=3, size=64, batch=32), _x_feeds()
+    else:
+        model, dims = models[name]
+        feeds = random_feeds(model, dims)
+    with InferenceSession(model, SessionOptions(num_streams=3)) as sess:
+        sess.run(None, feeds)
+        ((key, arena),) = sess.arenas.items()
+        seq = sess.plan.memory_for(dict(zip([i.name for i in sess.get_inputs()], key, strict=True)))
+        mp = arena.plan
+        assert arena.nbytes == mp.arena_bytes == arena.buffer.nbytes
+        assert 0 < mp.arena_bytes <= seq.no_reuse_bytes  # bytes are still reused (less than sequentially)
+        for v, view in arena.views.items():
+            start = view.__array_interface__["data"][0] - arena.buffer.__array_interface__["data"][0]
+            assert start == mp.offsets[v] and view.shape == mp.shapes[v]
+        _check_memory_plan(sess)
+
+
 # ---------------------------------------------------------------------------- steady state
 
 
