@@ -247,15 +247,30 @@ def test_random_dags_bit_identical(choices, num_streams: int, cost_seed: int, ar
         mp.setattr(_session_mod, "step_costs", random_costs)
         mp.setattr(_streams_mod, "HANDOFF_NS", 0.0)
         mp.setattr(_streams_mod, "MIN_GAIN", -1e9)
-        with InferenceSession(
-            model, SessionOptions(**opts, num_streams=num_streams, stream_timeout_s=20)
-        ) as sess:
+        par = SessionOptions(**opts, num_streams=num_streams, stream_timeout_s=20, enable_profiling=True)
+        with InferenceSession(model, par) as sess:
             for _ in range(2):
                 got = sess.run(None, feeds)
                 for w, g in zip(want, got, strict=True):
                     np.testing.assert_array_equal(g, w)
             if num_streams > 1:
                 _check_memory_plan(sess)
+            _check_events_respect_dependencies(sess)
+
+
+def _check_events_respect_dependencies(sess: InferenceSession) -> None:
+    """Observed: no node started before every producer of its inputs had finished (same run)."""
+    producer = {o: n.name for n in sess.graph.nodes for o in n.outputs}
+    for run in range(len(sess.profiler.runs)):
+        ev = {e.name: e for e in sess.profiler.events if e.run == run}
+        assert len(ev) == len(sess.graph.nodes)
+        for n in sess.graph.nodes:
+            for x in n.inputs:
+                if x in producer:
+                    p = ev[producer[x]]
+                    assert p.start_ns + p.dur_ns <= ev[n.name].start_ns, (
+                        f"'{n.name}' started before '{p.name}' ended"
+                    )
 
 
 def test_branches_run_on_different_streams() -> None:
