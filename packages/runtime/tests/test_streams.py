@@ -136,6 +136,23 @@ def test_assignment_spreads_heavy_branches_and_keeps_chains_together() -> None:
     assert tiny.streams_used == 1
 
 
+def test_costs_follow_flops_and_bytes() -> None:
+    from opstrata.runtime._streams import slot_shapes_from_plan, step_costs
+
+    model = branches_model(branches=1, size=64, depth=1, batch=16)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    sch = sess._schedule
+    mp = sess.plan.memory_for({"x": (16, 64)})
+    shapes = slot_shapes_from_plan(sch, mp, [(16, 64)])
+    assert shapes[sch.slot["x"]] == (16, 64)
+    assert all(shapes[sch.slot[v]] == mp.shapes[v] for v in mp.shapes)
+    costs = dict(zip((n.op_type for n in sess.graph.nodes), step_costs(sch, shapes), strict=True))
+    # MatMul: 2*16*64*64 FLOPs at 20/ns + bytes; Tanh: 16*64 FLOPs + bytes; both + the 4 us node cost
+    mm_bytes = (16 * 64 + 64 * 64 + 16 * 64) * 4
+    assert costs["MatMul"] == pytest.approx(4000 + 2 * 16 * 64 * 64 / 20 + mm_bytes / 4)
+    assert costs["MatMul"] > costs["Tanh"] > 4000
+
+
 # ---------------------------------------------------------------------------- bit-identical results
 
 
