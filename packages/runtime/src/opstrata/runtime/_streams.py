@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -203,6 +203,16 @@ def _list_schedule(
 # ----------------------------------------------------------------------------------- memory
 
 
+class _Buffer(NamedTuple):
+    """Bytes shared by a value, its views and its in-place successors."""
+
+    size: int  # bytes (the largest member)
+    root: int  # the step that first writes it
+    access: int  # bit set of the steps that write or read it
+    final: bool  # holds a graph output (lives to the end of the run)
+    name: str  # the union-find root value
+
+
 def stream_memory_plan(
     graph: Graph, schedule: Schedule, seq: MemoryPlan, asg: StreamAssignment
 ) -> tuple[MemoryPlan, set[str]]:
@@ -265,47 +275,39 @@ def stream_memory_plan(
         if not outputs.intersection(group) and all(asg.ancestors[i] >> a & 1 for a in acc):
             parent[find(o)] = find(x)
             inplace[o] = x
-    groups = members_of()
-    info = []  # (size, root step, access bits, holds a graph output, root name)
-    for root, vs in groups.items():
-        bits = 0
+    bufs = []
+    for name, vs in members_of().items():
+        access = 0
         for v in vs:
-            bits |= 1 << writer[v]
+            access |= 1 << writer[v]
             for r in readers[v]:
-                bits |= 1 << r
-        info.append(
-            (
+                access |= 1 << r
+        bufs.append(
+            _Buffer(
                 max(seq.sizes[v] for v in vs),
                 min(writer[v] for v in vs),
-                bits,
+                access,
                 bool(outputs.intersection(vs)),
-                root,
+                name,
             )
         )
 
-    def before(a: tuple, b: tuple) -> bool:
-        return not a[3] and (a[2] & ~asg.ancestors[b[1]]) == 0
+    def before(a: _Buffer, b: _Buffer) -> bool:  # every access of a happens before b is first written
+        return not a.final and (a.access & ~asg.ancestors[b.root]) == 0
 
-    order = sorted(range(len(info)), key=lambda k: (-info[k][0], info[k][1]))
-    offset = [0] * len(info)
-    placed: list[int] = []
-    for k in order:
-        size = info[k][0]
-        live = sorted(
-            (offset[j], info[j][0])
-            for j in placed
-            if not before(info[j], info[k]) and not before(info[k], info[j])
-        )
+    offset: dict[str, int] = {}
+    placed: list[_Buffer] = []
+    for b in sorted(bufs, key=lambda b: (-b.size, b.root)):  # greedy by size over the conflict relation
+        live = sorted((offset[p.name], p.size) for p in placed if not before(p, b) and not before(b, p))
         cand = 0
         for off, sz in live:
-            if off - cand >= size:
+            if off - cand >= b.size:
                 break
             cand = max(cand, off + sz)
-        offset[k] = cand
-        placed.append(k)
-    group_off = {info[k][4]: offset[k] for k in range(len(info))}
-    offsets = {v: (0 if v in external else group_off[find(v)]) for v in planned}
-    arena = max([offset[k] + info[k][0] for k in range(len(info))] + [seq.sizes[v] for v in external] + [0])
+        offset[b.name] = cand
+        placed.append(b)
+    offsets = {v: (0 if v in external else offset[find(v)]) for v in planned}
+    arena = max([offset[b.name] + b.size for b in bufs] + [seq.sizes[v] for v in external] + [0])
     plan = dataclasses.replace(seq, offsets=offsets, inplace=inplace, arena_bytes=int(arena))
     return plan, aliases
 
