@@ -192,16 +192,16 @@ def _check_memory_plan(sess: InferenceSession) -> None:
             def before(u: str, v: str) -> bool:
                 w = producer[v]
                 return u not in outs and all(
-                    x in reach[w] or (x == w and mp.inplace.get(v) == u) or (x == w and _chain(mp, v, u))
-                    for x in acc[u]
+                    x in reach[w] or (x == w and _inplace_of(mp, root, v, u)) for x in acc[u]
                 )
 
             assert before(a, b) or before(b, a), f"'{a}' and '{b}' share bytes while both may be live"
 
 
-def _chain(mp, v: str, u: str) -> bool:
+def _inplace_of(mp, root: dict[str, str], v: str, u: str) -> bool:
+    """``v`` was written in place over ``u``'s bytes (directly, or through views of ``u`` / a chain)."""
     while v in mp.inplace:
-        v = mp.inplace[v]
+        v = root.get(mp.inplace[v], mp.inplace[v])
         if v == u:
             return True
     return False
@@ -249,7 +249,7 @@ _choice = st.tuples(st.sampled_from(DAG_KINDS), st.integers(0, 1000), st.integer
     cost_seed=st.integers(0, 2**16),
     arena=st.booleans(),
 )
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_dags_bit_identical(choices, num_streams: int, cost_seed: int, arena: bool) -> None:
     model = random_dag_model(choices)
     rng = np.random.default_rng(cost_seed)
@@ -540,6 +540,21 @@ def test_trace_has_one_track_per_stream(force_parallel, tmp_path) -> None:
     assert len({e["tid"] for e in nodes}) == 3
     runs = [e for e in ev if e.get("cat") == "session"]
     assert len(runs) == 2 and all(e["tid"] == 0 for e in runs)
+    # every cross-stream wait is a flow arrow: starts inside the producer's slice, ends at the consumer
+    flows = [e for e in ev if e.get("cat") == "stream-event"]
+    n_waits = sum(len(w) for w in prog.asg.waits)
+    assert n_waits > 0 and len(flows) == 2 * 2 * n_waits
+    by_id: dict[int, dict[str, dict]] = {}
+    for e in flows:
+        by_id.setdefault(e["id"], {})[e["ph"]] = e
+    steps = {(e["args"]["run"], e["tid"]): [] for e in nodes}
+    for e in nodes:
+        steps[(e["args"]["run"], e["tid"])].append(e)
+    for pair in by_id.values():
+        s, f = pair["s"], pair["f"]
+        assert s["tid"] != f["tid"] and s["ts"] < f["ts"]
+        assert any(e["ts"] <= s["ts"] <= e["ts"] + e["dur"] for e in nodes if e["tid"] == s["tid"])
+        assert any(e["ts"] == f["ts"] for e in nodes if e["tid"] == f["tid"])
     for r in runs:  # every node event of a run lies inside its span
         inside = [e for e in nodes if e["args"]["run"] == r["args"]["run"]]
         assert all(r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"] + 1e-3 for e in inside)

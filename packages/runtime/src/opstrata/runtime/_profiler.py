@@ -2,7 +2,8 @@
 
 The trace follows the Trace Event Format (complete events, ``ph: "X"``, microseconds) that
 Perfetto and chrome://tracing open. Runs sit on their own track (tid 0, "session"); node events on one
-track per stream (tid ``1 + stream``, "stream k"), so concurrent branches show as overlapping bars.
+track per stream (tid ``1 + stream``, "stream k"), so concurrent branches show as overlapping bars;
+each cross-stream event a node waited on is a flow arrow from its producer to it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Profiler:
         self.prefix = prefix
         self.events: list[NodeEvent] = []
         self.runs: list[tuple[int, int, int]] = []  # (run index, start ns, duration ns)
+        #: cross-stream events a node waited on: (run, producer node, consumer node); drawn as flow arrows
+        self.flows: list[tuple[int, str, str]] = []
         self._t0 = time.perf_counter_ns()
         self._pid = os.getpid()
 
@@ -84,6 +87,16 @@ class Profiler:
                     "bytes": e.bytes_moved, "flops": e.flops, "run": e.run, "stream": e.stream,
                 },
             })  # fmt: skip
+        at = {(e.run, e.name): e for e in self.events}
+        for k, (run, src, dst) in enumerate(self.flows):
+            a, b = at.get((run, src)), at.get((run, dst))
+            if a is None or b is None:
+                continue
+            end = us(a.start_ns + a.dur_ns) - min(a.dur_ns / 2000.0, 0.001)  # inside the producer's slice
+            ev.append({"name": "event", "cat": "stream-event", "ph": "s", "id": k, "pid": self._pid,
+                       "tid": STREAM_TID0 + a.stream, "ts": end})  # fmt: skip
+            ev.append({"name": "event", "cat": "stream-event", "ph": "f", "bp": "e", "id": k, "pid": self._pid,
+                       "tid": STREAM_TID0 + b.stream, "ts": us(b.start_ns)})  # fmt: skip
         return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
     def write(self, path: str | os.PathLike[str] | None = None) -> str:

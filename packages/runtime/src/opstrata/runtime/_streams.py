@@ -588,6 +588,8 @@ class StreamPool:
             self._running[k] = None
             if prof is not None:
                 sch._record(prof, st, args, vals, t0, job.run_id, k)
+                for p in waits[i]:
+                    prof.flows.append((job.run_id, steps[p].node.name, st.node.name))
             done[i] = gen
             self._progress[k] += 1
             for t in notify[i]:
