@@ -131,9 +131,9 @@ def test_assignment_spreads_heavy_branches_and_keeps_chains_together() -> None:
     assert sorted(a.stream_of[1:5]) == [0, 1, 2, 3]
     assert a.makespan_ns < sum(costs) / 3
     chain = assign_streams([[], [0], [1], [2]], [1e7] * 4, 4)
-    assert chain.streams_used == 1
+    assert chain.streams_used == 1 and len(chain.order) == 4
     tiny = assign_streams(preds, [1e3] * 6, 4)  # hand-offs would cost more than they save
-    assert tiny.streams_used == 1
+    assert tiny.streams_used == 1 and len(tiny.order) == 4 and tiny.order[0] == tuple(range(6))
 
 
 def test_costs_follow_flops_and_bytes() -> None:

@@ -139,7 +139,8 @@ def assign_streams(
     gain = MIN_GAIN if min_gain is None else min_gain
     asg = _list_schedule(preds, costs, num_streams, handoff)
     if asg.streams_used > 1 and asg.makespan_ns + 2 * handoff >= (1.0 - gain) * sum(costs):
-        asg = _list_schedule(preds, costs, 1, handoff)
+        one = _list_schedule(preds, costs, 1, handoff)  # everything on stream 0, the others idle
+        asg = dataclasses.replace(one, order=one.order + ((),) * (num_streams - 1))
     return asg
 
 
@@ -160,7 +161,7 @@ def _list_schedule(
     order: list[list[int]] = [[] for _ in range(num_streams)]
     anc = [0] * n
     last_on: list[int | None] = [None] * num_streams
-    for i in sorted(range(n), key=lambda j: (-rank[j], j)):  # strictly decreasing rank: topological
+    for i in sorted(range(n), key=lambda j: (-rank[j], j)):  # rank never grows along an edge: topological
         best_s, best_t = 0, float("inf")
         for s in range(num_streams):
             start = max(
