@@ -321,6 +321,8 @@ class StreamProgram:
 
     def __init__(self, schedule: Schedule, asg: StreamAssignment, arena: Arena | None) -> None:
         self.asg, self.arena = asg, arena
+        #: more than one stream has work (else the caller runs the plan sequentially, no hand-off)
+        self.parallel = asg.streams_used > 1
         self.alias = schedule.alias_slots(arena) if arena is not None else frozenset()
         #: completion events: ``done[i] == generation`` once step i finished in that run
         self.done = [0] * len(schedule.steps)
@@ -334,11 +336,6 @@ class StreamProgram:
         #: allocator mode: slots each step releases one read of, and each slot's reader count
         self.release = [tuple(sorted(s for s in set(st.ins) if s in readers)) for st in schedule.steps]
         self.reader_count = [len(readers.get(s, ())) for s in range(len(schedule.template))]
-
-    @property
-    def parallel(self) -> bool:
-        """True when more than one stream has work (else the caller runs the plan sequentially)."""
-        return self.asg.streams_used > 1
 
 
 def slot_shapes_from_plan(
