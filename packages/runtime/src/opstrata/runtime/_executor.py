@@ -137,33 +137,65 @@ class Schedule:
             got = arena._alias_slots = frozenset(self.slot[v] for v in arena.aliases)
         return got
 
+    def exec_arena(self, st: _Step, vals: list[Any], alias: frozenset[int], arena: Arena) -> list[Any]:
+        """Run one step on the arena views in ``vals``; returns its arguments (for the profiler)."""
+        args = [vals[i] if i >= 0 else None for i in st.ins]
+        while args and args[-1] is None:
+            args.pop()
+        if st.out_fn is not None and len(args) == 2:
+            try:
+                st.out_fn(args[0], args[1], out=vals[st.outs[0]])
+            except Exception as exc:
+                raise self._fail(st, args, exc) from exc
+            return args
+        res = self._compute(st, args)
+        for k, s in enumerate(st.outs):
+            if s in alias:  # a checked view of its input's bytes (see view_aliases)
+                dst = vals[s]
+                r = res[k]
+                if r.shape != dst.shape or r.dtype != dst.dtype:
+                    self._store(st, k, dst, r, arena)  # raises the shape/dtype error
+                vals[s] = r
+            elif s >= 0 and k < len(res):
+                self._store(st, k, vals[s], res[k], arena)
+        return args
+
     def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:
-        """Execute every step; intermediates are the arena views already in ``vals``."""
+        """Execute every step in plan order; intermediates are the arena views already in ``vals``."""
         alias = self.alias_slots(arena)
+        if prof is None:
+            for st in self.steps:
+                self.exec_arena(st, vals, alias, arena)
+            return
         for st in self.steps:
-            args = [vals[i] if i >= 0 else None for i in st.ins]
-            while args and args[-1] is None:
-                args.pop()
-            t0 = time.perf_counter_ns() if prof is not None else 0
-            if st.out_fn is not None and len(args) == 2:
-                dst = vals[st.outs[0]]
-                try:
-                    st.out_fn(args[0], args[1], out=dst)
-                except Exception as exc:
-                    raise self._fail(st, args, exc) from exc
-            else:
-                res = self._compute(st, args)
-                for k, s in enumerate(st.outs):
-                    if s in alias:  # a checked view of its input's bytes (see view_aliases)
-                        dst = vals[s]
-                        r = res[k]
-                        if r.shape != dst.shape or r.dtype != dst.dtype:
-                            self._store(st, k, dst, r, arena)  # raises the shape/dtype error
-                        vals[s] = r
-                    elif s >= 0 and k < len(res):
-                        self._store(st, k, vals[s], res[k], arena)
-            if prof is not None:
-                self._record(prof, st, args, vals, t0, run_id)
+            t0 = time.perf_counter_ns()
+            args = self.exec_arena(st, vals, alias, arena)
+            self._record(prof, st, args, vals, t0, run_id)
+
+    def exec_alloc(
+        self, st: _Step, vals: list[Any], held: dict[int, np.ndarray], alloc: CachingAllocator
+    ) -> list[Any]:
+        """Run one step with each result in a fresh allocator block (kept in ``held``); returns its args."""
+        args = [vals[i] if i >= 0 else None for i in st.ins]
+        while args and args[-1] is None:
+            args.pop()
+        if st.out_fn is not None and len(args) == 2:
+            shape = np.broadcast_shapes(np.shape(args[0]), np.shape(args[1]))
+            dst = held[st.outs[0]] = alloc.empty(shape, args[0].dtype)
+            try:
+                st.out_fn(args[0], args[1], out=dst)
+            except Exception as exc:
+                raise self._fail(st, args, exc) from exc
+            vals[st.outs[0]] = dst
+            return args
+        res = self._compute(st, args)
+        for k, s in enumerate(st.outs):
+            if s >= 0 and k < len(res):
+                r = np.asarray(res[k])
+                dst = held[s] = alloc.empty(r.shape, r.dtype)
+                np.copyto(dst, r)
+                vals[s] = dst
+        return args
 
     def run_allocator(
         self, vals: list[Any], alloc: CachingAllocator, prof: Profiler | None, run_id: int
@@ -173,26 +205,8 @@ class Schedule:
         held: dict[int, np.ndarray] = {}
         try:
             for st in self.steps:
-                args = [vals[i] if i >= 0 else None for i in st.ins]
-                while args and args[-1] is None:
-                    args.pop()
                 t0 = time.perf_counter_ns() if prof is not None else 0
-                if st.out_fn is not None and len(args) == 2:
-                    shape = np.broadcast_shapes(np.shape(args[0]), np.shape(args[1]))
-                    dst = held[st.outs[0]] = alloc.empty(shape, args[0].dtype)
-                    try:
-                        st.out_fn(args[0], args[1], out=dst)
-                    except Exception as exc:
-                        raise self._fail(st, args, exc) from exc
-                    vals[st.outs[0]] = dst
-                else:
-                    res = self._compute(st, args)
-                    for k, s in enumerate(st.outs):
-                        if s >= 0 and k < len(res):
-                            r = np.asarray(res[k])
-                            dst = held[s] = alloc.empty(r.shape, r.dtype)
-                            np.copyto(dst, r)
-                            vals[s] = dst
+                args = self.exec_alloc(st, vals, held, alloc)
                 if prof is not None:
                     self._record(prof, st, args, vals, t0, run_id)
                 for s in st.frees:
@@ -207,7 +221,14 @@ class Schedule:
                 alloc.free(arr)
 
     def _record(
-        self, prof: Profiler, st: _Step, args: list[Any], vals: list[Any], t0: int, run_id: int
+        self,
+        prof: Profiler,
+        st: _Step,
+        args: list[Any],
+        vals: list[Any],
+        t0: int,
+        run_id: int,
+        stream: int = 0,
     ) -> None:
         dur = time.perf_counter_ns() - t0
         outs = [vals[s] if s >= 0 else None for s in st.outs]
@@ -217,6 +238,6 @@ class Schedule:
         prof.events.append(
             NodeEvent(
                 st.node.name, st.node.op_type, st.kernels, self.device, st.fallback, t0, dur,
-                ins_s, outs_s, moved, node_flops(st.node, ins_s, outs_s), run_id,
+                ins_s, outs_s, moved, node_flops(st.node, ins_s, outs_s), run_id, stream,
             )
         )  # fmt: skip

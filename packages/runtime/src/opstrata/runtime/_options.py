@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ._errors import InvalidArgument
@@ -9,6 +10,7 @@ from ._errors import InvalidArgument
 __all__ = ["SessionOptions"]
 
 _POLICIES = ("allow", "warn", "error")
+MAX_STREAMS = 64
 
 
 @dataclass
@@ -26,6 +28,12 @@ class SessionOptions:
     fallback_policy: str | None = None  # "allow" | "warn" | "error"; None = the ops layer's current policy
     enable_mem_arena: bool = True  # intermediates in one planned arena; False = caching-allocator blocks
     memory_limit_bytes: int | None = None  # caching allocator capacity (simulated device memory)
+    num_streams: int = (
+        1  # worker streams running independent nodes concurrently (1 = sequential, in the caller)
+    )
+    stream_timeout_s: float = (
+        60.0  # a run with no node finishing for this long fails (hung or too-slow kernel)
+    )
 
     def validate(self) -> SessionOptions:
         """Raise InvalidArgument naming the first bad option; return self."""
@@ -42,6 +50,18 @@ class SessionOptions:
         lim = self.memory_limit_bytes
         if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int) or lim <= 0):
             raise InvalidArgument(where, f"memory_limit_bytes must be a positive int or None, got {lim!r}")
+        n = self.num_streams
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STREAMS:
+            raise InvalidArgument(
+                where, f"num_streams must be an int in 1..{MAX_STREAMS}, got {n!r}",
+                "use 1 for sequential execution, or about the number of independent branches (2 on 2 cores)",
+            )  # fmt: skip
+        t = self.stream_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t)):
+            raise InvalidArgument(
+                where, f"stream_timeout_s must be a positive finite number of seconds, got {t!r}",
+                "use e.g. 60.0; it must exceed the slowest single kernel",
+            )  # fmt: skip
         if not isinstance(self.profile_file_prefix, str) or not self.profile_file_prefix:
             raise InvalidArgument(where, "profile_file_prefix must be a non-empty string")
         return self

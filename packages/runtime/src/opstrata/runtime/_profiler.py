@@ -1,7 +1,9 @@
 """Per-node profiler: wall time, kernels, device, fallback flag, bytes moved, FLOPs; Chrome trace export.
 
 The trace follows the Trace Event Format (complete events, ``ph: "X"``, microseconds) that
-Perfetto and chrome://tracing open.
+Perfetto and chrome://tracing open. Runs sit on their own track (tid 0, "session"); node events on one
+track per stream (tid ``1 + stream``, "stream k"), so concurrent branches show as overlapping bars;
+each cross-stream event a node waited on is a flow arrow from its producer to it.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ import contextlib
 import json
 import os
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NodeEvent", "Profiler"]
+__all__ = ["SESSION_TID", "STREAM_TID0", "NodeEvent", "Profiler"]
+
+SESSION_TID = 0  #: trace track of the ``run`` spans
+STREAM_TID0 = 1  #: trace track of stream 0's node events; stream k is on ``STREAM_TID0 + k``
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class NodeEvent:
     bytes_moved: int
     flops: int
     run: int
+    stream: int = 0  # the stream (worker) that ran it; 0 for sequential runs
 
 
 class Profiler:
@@ -45,9 +50,10 @@ class Profiler:
         self.prefix = prefix
         self.events: list[NodeEvent] = []
         self.runs: list[tuple[int, int, int]] = []  # (run index, start ns, duration ns)
+        #: cross-stream events a node waited on: (run, producer node, consumer node); drawn as flow arrows
+        self.flows: list[tuple[int, str, str]] = []
         self._t0 = time.perf_counter_ns()
         self._pid = os.getpid()
-        self._tid = threading.get_ident()
 
     def add_run(self, start_ns: int, dur_ns: int) -> int:
         """Record one ``run`` span; returns its index."""
@@ -60,20 +66,37 @@ class Profiler:
         ev: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": self._pid, "args": {"name": "opstrata.runtime"}},
         ]
+        streams = sorted({e.stream for e in self.events} | {0})
+        for tid, label in [(SESSION_TID, "session")] + [(STREAM_TID0 + k, f"stream {k}") for k in streams]:
+            ev.append(
+                {"name": "thread_name", "ph": "M", "pid": self._pid, "tid": tid, "args": {"name": label}}
+            )
+            ev.append({"name": "thread_sort_index", "ph": "M", "pid": self._pid, "tid": tid,
+                       "args": {"sort_index": tid}})  # fmt: skip
         for i, start, dur in self.runs:
             ev.append({"name": f"run {i}", "cat": "session", "ph": "X", "ts": us(start), "dur": dur / 1000.0,
-                       "pid": self._pid, "tid": self._tid, "args": {"run": i}})  # fmt: skip
+                       "pid": self._pid, "tid": SESSION_TID, "args": {"run": i}})  # fmt: skip
         for e in self.events:
             ev.append({
                 "name": e.name, "cat": e.op_type, "ph": "X", "ts": us(e.start_ns), "dur": e.dur_ns / 1000.0,
-                "pid": self._pid, "tid": self._tid,
+                "pid": self._pid, "tid": STREAM_TID0 + e.stream,
                 "args": {
                     "op_type": e.op_type, "kernels": list(e.kernels), "device": e.device, "fallback": e.fallback,
                     "input_shapes": [list(s) if s is not None else None for s in e.input_shapes],
                     "output_shapes": [list(s) if s is not None else None for s in e.output_shapes],
-                    "bytes": e.bytes_moved, "flops": e.flops, "run": e.run,
+                    "bytes": e.bytes_moved, "flops": e.flops, "run": e.run, "stream": e.stream,
                 },
             })  # fmt: skip
+        at = {(e.run, e.name): e for e in self.events}
+        for k, (run, src, dst) in enumerate(self.flows):
+            a, b = at.get((run, src)), at.get((run, dst))
+            if a is None or b is None:
+                continue
+            end = us(a.start_ns + a.dur_ns) - min(a.dur_ns / 2000.0, 0.001)  # inside the producer's slice
+            ev.append({"name": "event", "cat": "stream-event", "ph": "s", "id": k, "pid": self._pid,
+                       "tid": STREAM_TID0 + a.stream, "ts": end})  # fmt: skip
+            ev.append({"name": "event", "cat": "stream-event", "ph": "f", "bp": "e", "id": k, "pid": self._pid,
+                       "tid": STREAM_TID0 + b.stream, "ts": us(b.start_ns)})  # fmt: skip
         return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
     def write(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -94,7 +117,7 @@ class Profiler:
         return str(p)
 
     def summary(self, top: int = 10) -> str:
-        """Hottest nodes by total time, then the share of time per op type."""
+        """Hottest nodes by total time, the share of time per op type and, with streams, per stream."""
         if not self.events:
             return "profile: no node events recorded (enable_profiling=True, then run)"
         by_node: dict[str, list[NodeEvent]] = defaultdict(list)
@@ -120,4 +143,13 @@ class Profiler:
         lines += ["", "time per op type:", f"  {'op':<28} {'total ms':>9} {'share':>6}"]
         for op, t in sorted(by_op.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {op[:28]:<28} {t / 1e6:>9.3f} {t / total:>6.1%}")
+        by_stream: dict[int, int] = defaultdict(int)
+        for e in self.events:
+            by_stream[e.stream] += e.dur_ns
+        if len(by_stream) > 1:  # node time per stream over wall time of the runs: how much overlapped
+            wall = sum(d for _, _, d in self.runs) or 1
+            lines += ["", f"time per stream (node time / run wall time {wall / 1e6:.3f} ms):"]
+            for k, t in sorted(by_stream.items()):
+                lines.append(f"  stream {k:<21} {t / 1e6:>9.3f} {t / wall:>6.1%}")
+            lines.append(f"  {'overlap (sum / wall)':<28} {total / wall:>9.2f}x")
         return "\n".join(lines)

@@ -8,6 +8,8 @@ import os
 import tempfile
 import threading
 import time
+import warnings
+import weakref
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,15 @@ from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
 from ._options import SessionOptions
 from ._profiler import Profiler
+from ._streams import (
+    StreamPool,
+    StreamProgram,
+    assign_streams,
+    slot_shapes_from_plan,
+    step_costs,
+    step_preds,
+    stream_memory_plan,
+)
 
 __all__ = ["InferenceSession", "NodeArg"]
 
@@ -130,6 +141,15 @@ class InferenceSession:
         self._lock = threading.Lock()  # one arena per shape: concurrent runs take turns
         self._inputs = [self._arg(x) for x in self.graph.inputs]
         self._outputs = [self._arg(x) for x in self.graph.outputs]
+        # num_streams > 1: worker threads (started on the first parallel run) and a program per shape
+        self._pool: StreamPool | None = None
+        self._stream_programs: dict[tuple[tuple[int, ...], ...], StreamProgram] = {}
+        self._closed = False
+        if opts.num_streams > 1:
+            self._pool = StreamPool(self._schedule, opts.num_streams, opts.stream_timeout_s)
+            self._preds = step_preds(self._schedule)
+            # an unclosed, collected session still stops its workers (at exit, daemon workers just end)
+            weakref.finalize(self, self._pool.close).atexit = False
 
     # ------------------------------------------------------------------ metadata
 
@@ -210,18 +230,54 @@ class InferenceSession:
         if prog is not None:
             return prog
         arena: Arena | None = None
+        mp: og.MemoryPlan | None = None
         if self.options.enable_mem_arena:
             try:
                 mp = self.plan.memory_for(dict(zip(self.graph.inputs, key, strict=True)))
-                arena = Arena(mp, self._dtypes, view_aliases(self.graph, mp))
             except og.GraphError:  # a value without a concrete shape: run on the caching allocator
-                arena = None
+                mp = None
+        if self._pool is not None:  # streams: assign nodes once per shape, lay the arena out for it
+            asg = assign_streams(
+                self._preds,
+                step_costs(self._schedule, slot_shapes_from_plan(self._schedule, mp, key)),
+                self.options.num_streams,
+            )
+            if mp is not None:
+                smp, aliases = stream_memory_plan(self.graph, self._schedule, mp, asg)
+                arena = Arena(smp, self._dtypes, aliases)
+            self._stream_programs[key] = StreamProgram(self._schedule, asg, arena)
+        elif mp is not None:
+            arena = Arena(mp, self._dtypes, view_aliases(self.graph, mp))
         vals = list(self._schedule.template)
         if arena is not None:  # every planned value is its arena view, fixed for this shape
             for name, view in arena.views.items():
                 vals[self._schedule.slot[name]] = view
         prog = self._programs[key] = (arena, vals)
         return prog
+
+    @property
+    def stream_programs(self) -> dict[tuple[tuple[int, ...], ...], StreamProgram]:
+        """With ``num_streams > 1``: the stream assignment and arena of each input-shape signature seen."""
+        return dict(self._stream_programs)
+
+    def close(self) -> None:
+        """Stop the stream workers (joined within ``stream_timeout_s``); later runs raise. Idempotent."""
+        with self._lock:
+            self._closed = True
+            stuck = self._pool.close() if self._pool is not None else []
+        if stuck:
+            warnings.warn(
+                f"InferenceSession.close: stream worker(s) still inside a kernel after {self.options.stream_timeout_s:g} s "
+                f"({'; '.join(stuck)}); they are daemon threads and stop when that kernel returns",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def __enter__(self) -> InferenceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run(
         self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
@@ -235,13 +291,25 @@ class InferenceSession:
         sch = self._schedule
         prof = self._profiler
         with self._lock, self._policy(), ops.device(self.device):
+            if self._closed:
+                raise InvalidArgument(
+                    "InferenceSession.run", "the session is closed", "create a new InferenceSession"
+                )
             t0 = time.perf_counter_ns()
             run_id = len(prof.runs) if prof is not None else 0
             arena, template = self._program(key)
             vals = list(template)
             for s, f in zip(sch.input_slots, feeds, strict=True):
                 vals[s] = f
-            if arena is not None:
+            sprog = self._stream_programs.get(key) if self._pool is not None else None
+            if sprog is not None and sprog.parallel:
+                held = self._pool.run(sprog, vals, prof, run_id, self.allocator)  # type: ignore[union-attr]
+                try:
+                    result = [np.array(vals[s], copy=True) for s in slots]
+                finally:
+                    for arr in held:
+                        self.allocator.free(arr)
+            elif arena is not None:
                 sch.run_arena(vals, arena, prof, run_id)
                 result = [np.array(vals[s], copy=True) for s in slots]
             else:
