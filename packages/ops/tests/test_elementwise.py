@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 import opstrata.ops as ops
 from opstrata.ops import OpError
 from opstrata.ops._dtypes import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LOW_PRECISION_DTYPES
+from opstrata.ops._erf import erf_rational_f32
 from opstrata.ops.testing import TOLERANCES, assert_close
 
 SETTINGS = settings(
@@ -262,6 +263,26 @@ def test_erf_cpu_float32_within_a_few_ulp() -> None:
     x = np.linspace(-6, 6, 20001, dtype=np.float32)
     expected = vec(math.erf)(x)
     assert_close(ops.erf(x, device="cpu").astype(np.float64), expected, rtol=3 * 2**-24, atol=1e-37)
+
+
+def test_erf_rational_f32_accuracy_and_specials() -> None:
+    x = np.concatenate([np.linspace(-6, 6, 40001, dtype=np.float32), np.float32([0.0, 1e-30, -1e-6])])
+    got = erf_rational_f32(x).astype(np.float64)
+    assert np.abs(got - vec(math.erf)(x)).max() <= 5e-7  # Eigen's float32 approximation
+    assert np.abs(got).max() <= 1.0
+    special = np.float32([np.inf, -np.inf, np.nan, 1e30, -1e30])
+    np.testing.assert_array_equal(erf_rational_f32(special), np.float32([1, -1, np.nan, 1, -1]))
+    y = x.copy()
+    assert erf_rational_f32(y, out=y) is y  # in place
+    np.testing.assert_array_equal(y, erf_rational_f32(x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=str)
+def test_gelu_cpu_fast_erf_within_float_tolerance_everywhere(dtype: Any) -> None:
+    x = np.concatenate([np.linspace(-12, 12, 48001), [-1e4, -30.0, 30.0, 1e4]]).astype(dtype)
+    expected = vec(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
+    check(ops.gelu(x, device="cpu"), expected, np.dtype(dtype))
+    assert (ops.gelu(np.float32([-1e4, -50.0]), device="cpu") == 0).all()  # no residue of 1 + erf
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
