@@ -80,6 +80,22 @@ def test_linear_ref_matches_float64_and_cpu_matches_ref(dtype, lead, i, o, bias,
     close(ops.linear(x, w, b, device="cpu"), ref)
 
 
+@pytest.mark.parametrize("device", ["cpu", "ref"])
+def test_batched_activations_any_layout_match_float64(device) -> None:
+    """(batch, seq, hidden) inputs as one flattened GEMM: contiguous, transposed views, F-ordered weights."""
+    rng = np.random.default_rng(3)
+    x = rand(rng, (3, 5, 8), np.float32)
+    w = rand(rng, (6, 8), np.float32)  # linear's (out, in)
+    b = rand(rng, (6,), np.float32)
+    expected = (x.astype(np.float64) @ w.T.astype(np.float64) + b).astype(np.float32)
+    for xx in (x, np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2), x[:, ::-1][:, ::-1]):
+        for ww in (w, np.asfortranarray(w)):
+            close(ops.linear(xx, ww, b, device=device), expected)
+            close(ops.matmul(xx, ww.T, device=device), expected - b)
+    empty = ops.matmul(np.zeros((2, 0, 8), np.float32), w.T, device=device)
+    assert empty.shape == (2, 0, 6)
+
+
 @DTYPES
 @SETTINGS
 @given(

@@ -7,6 +7,7 @@ Both operands must share one dtype (as in ONNX MatMul/Gemm and torch).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -167,8 +168,16 @@ def gemm_ref(
 
 
 def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` in the accumulation dtype (float32 for low precision, written with ``out=``)."""
+    """``a @ b`` in the accumulation dtype (float32 for low precision, written with ``out=``).
+
+    A C-contiguous ``(..., M, K)`` ``a`` against a 2-D ``b`` is one ``(prod(...) * M, K)`` GEMM: numpy's
+    matmul would otherwise call BLAS once per leading index (slower for the (batch, seq, hidden)
+    activations of transformer linears).
+    """
     acc = accumulation_dtype(a.dtype)
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
+        flat = _blas_matmul(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
+        return flat.reshape(*a.shape[:-1], b.shape[1])
     if a.dtype == acc:
         return np.matmul(a, b)
     a32, b32 = a.astype(acc), b.astype(acc)

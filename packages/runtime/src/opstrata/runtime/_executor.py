@@ -19,6 +19,7 @@ from ._allocator import CachingAllocator
 from ._arena import Arena
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
+from ._prepack import prepack_weights
 from ._profiler import NodeEvent, Profiler
 
 __all__ = ["Schedule"]
@@ -53,6 +54,7 @@ class Schedule:
         self.template: list[Any] = [None] * len(names)
         for name, arr in graph.initializers.items():
             self.template[self.slot[name]] = arr
+        prepack_weights(graph, self.template, self.slot)  # GEMM weights in the layout BLAS wants
         self.input_slots = [self.slot[x] for x in graph.inputs]
         self.output_slots = [self.slot[x] for x in graph.outputs]
         by_node: dict[str, list[KernelBinding]] = {}
