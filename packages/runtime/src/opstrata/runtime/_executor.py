@@ -19,6 +19,7 @@ from ._allocator import CachingAllocator
 from ._arena import Arena
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
+from ._into import into_kernel
 from ._prepack import prepack_weights
 from ._profiler import NodeEvent, Profiler
 
@@ -32,12 +33,13 @@ _OUT_KERNELS: dict[str, Callable[..., np.ndarray]] = {
 class _Step:
     """One node: its kernel, input/output slot indices, and the binary ``out=`` kernel when usable."""
 
-    __slots__ = ("fallback", "fn", "frees", "ins", "kernels", "node", "out_fn", "outs", "where")
+    __slots__ = ("fallback", "fn", "frees", "ins", "into", "kernels", "node", "out_fn", "outs", "where")
 
     def __init__(self, node: Node, fn: Callable[..., list[Any]], ins: list[int], outs: list[int]) -> None:
         self.node, self.fn, self.ins, self.outs = node, fn, ins, outs
         self.where = f"node '{node.name}' ({node.qualified_type})"
         self.out_fn: Callable[..., np.ndarray] | None = None
+        self.into = into_kernel(node)  # writes the arena view itself (arena mode; see _into)
         self.frees: list[int] = []  # slots whose last reader is this step (allocator mode)
         self.kernels: tuple[str, ...] = ()
         self.fallback = False
@@ -151,6 +153,11 @@ class Schedule:
                 dst = vals[st.outs[0]]
                 try:
                     st.out_fn(args[0], args[1], out=dst)
+                except Exception as exc:
+                    raise self._fail(st, args, exc) from exc
+            elif st.into is not None and vals[st.outs[0]] is not None:
+                try:
+                    st.into(args, vals[st.outs[0]])
                 except Exception as exc:
                     raise self._fail(st, args, exc) from exc
             else:
