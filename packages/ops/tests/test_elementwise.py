@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import opstrata.ops as ops
-from opstrata.ops import OpError
+from opstrata.ops import OpError, _activation as act
+from opstrata.ops._activation import gelu_rational_f32
 from opstrata.ops._dtypes import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LOW_PRECISION_DTYPES
-from opstrata.ops._erf import erf_rational_f32
 from opstrata.ops.testing import TOLERANCES, assert_close
 
 SETTINGS = settings(
@@ -265,16 +265,17 @@ def test_erf_cpu_float32_within_a_few_ulp() -> None:
     assert_close(ops.erf(x, device="cpu").astype(np.float64), expected, rtol=3 * 2**-24, atol=1e-37)
 
 
-def test_erf_rational_f32_accuracy_and_specials() -> None:
-    x = np.concatenate([np.linspace(-6, 6, 40001, dtype=np.float32), np.float32([0.0, 1e-30, -1e-6])])
-    got = erf_rational_f32(x).astype(np.float64)
-    assert np.abs(got - vec(math.erf)(x)).max() <= 5e-7  # Eigen's float32 approximation
-    assert np.abs(got).max() <= 1.0
-    special = np.float32([np.inf, -np.inf, np.nan, 1e30, -1e30])
-    np.testing.assert_array_equal(erf_rational_f32(special), np.float32([1, -1, np.nan, 1, -1]))
-    y = x.copy()
-    assert erf_rational_f32(y, out=y) is y  # in place
-    np.testing.assert_array_equal(y, erf_rational_f32(x))
+def test_gelu_rational_f32_accuracy_specials_and_tiles(monkeypatch) -> None:
+    x = np.concatenate([np.linspace(-12, 12, 60001), [0.0, 1e-30, -1e-6]]).astype(np.float32)
+    expected = vec(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
+    got = gelu_rational_f32(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert np.abs(got - expected).max() <= 2e-6  # Eigen's erf, error scaled by x / 2
+    special = np.float32([np.inf, np.nan, 1e30, -1e30, -1e4])
+    np.testing.assert_array_equal(gelu_rational_f32(special), np.float32([np.inf, np.nan, 1e30, 0, 0]))
+    monkeypatch.setattr(act, "GELU_TILE", 7)  # many tiles and a ragged last one: same numbers
+    np.testing.assert_array_equal(gelu_rational_f32(x.reshape(4, -1)).reshape(-1), got)
+    assert gelu_rational_f32(np.zeros((0, 4), np.float32)).shape == (0, 4)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=str)

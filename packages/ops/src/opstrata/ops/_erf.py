@@ -5,10 +5,9 @@ scipy's ``erf`` compiles): ``erf(x) = x T(x^2) / U(x^2)`` for ``|x| <= 1`` and
 ``erf(x) = sign(x) (1 - exp(-x^2) P(|x|) / Q(|x|))`` above, ~1e-16 relative in float64. Evaluated in
 float32 for float32 and low-precision inputs (a few float32 ulp), in float64 for float64.
 
-:func:`erf_rational_f32` is the branch-free float32 approximation of Eigen / XLA (``x P(x^2) / Q(x^2)``
-on ``[-4, 4]``): ~4e-7 absolute in float32 arithmetic, no masks or gathers, ~8x faster than the
-two-branch Cephes evaluation. GELU uses it, where the error is scaled by ``x / 2`` and sits far
-inside float32's tolerance; ``erf`` itself keeps the few-ulp Cephes kernel.
+:data:`EIGEN_ERF_P` / :data:`EIGEN_ERF_Q` are the branch-free float32 approximation of Eigen / XLA
+(``x P(x^2) / Q(x^2)`` on ``[-4, 4]``, ~4e-7 absolute): exact GELU in float32 evaluates it (its error
+scaled by ``x / 2`` sits far inside float32's tolerance); ``erf`` itself keeps the few-ulp Cephes kernel.
 """
 
 from __future__ import annotations
@@ -47,38 +46,14 @@ def _polevl(z: np.ndarray, coefs: tuple[float, ...], *, monic: bool = False) -> 
     return r
 
 
-# Eigen's generic_fast_erf_float (also XLA's): odd numerator (degree 13) over even denominator (degree 8).
-_ALPHA = tuple(np.float32(c) for c in (
+# Eigen's generic_fast_erf_float (also XLA's): erf(x) = x P(x^2) / Q(x^2) on [-4, 4], highest degree first;
+# ~4e-7 absolute in float32 arithmetic. GELU evaluates it with its constants folded (_activation.py).
+EIGEN_ERF_P = (
     -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02))  # fmt: skip
-_BETA = tuple(np.float32(c) for c in (
+    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)  # fmt: skip
+EIGEN_ERF_Q = (
     -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-    -1.42647390514189e-02))  # fmt: skip
-
-
-def _horner_f32(z: np.ndarray, coefs: tuple[np.float32, ...], out: np.ndarray) -> np.ndarray:
-    """``out = poly(z)`` (highest coefficient first), in place with ufuncs (``out`` must not be ``z``)."""
-    np.multiply(z, coefs[0], out=out)
-    for c in coefs[1:-1]:
-        np.add(out, c, out=out)
-        np.multiply(out, z, out=out)
-    return np.add(out, coefs[-1], out=out)
-
-
-def erf_rational_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """erf of a float32 array by Eigen's rational approximation (~4e-7 absolute); ``out`` may be ``x``.
-
-    Branch-free: the input is clamped to ``[-4, 4]`` (erf there is +-1 in float32), the result to
-    ``[-1, 1]``; NaN propagates.
-    """
-    out = np.empty_like(x) if out is None else out
-    z = np.empty_like(out)
-    q = np.empty_like(out)
-    np.clip(x, -4.0, 4.0, out=out)
-    np.multiply(out, out, out=z)
-    np.multiply(out, _horner_f32(z, _ALPHA, q), out=out)
-    np.divide(out, _horner_f32(z, _BETA, q), out=out)
-    return np.clip(out, -1.0, 1.0, out=out)  # the rational overshoots 1 by an ulp or two near |x| = 3.9
+    -1.42647390514189e-02)  # fmt: skip
 
 
 def erf_values(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
