@@ -155,9 +155,9 @@ class Schedule:
                     st.out_fn(args[0], args[1], out=dst)
                 except Exception as exc:
                     raise self._fail(st, args, exc) from exc
-            elif st.into is not None and vals[st.outs[0]] is not None:
+            elif st.into is not None and all(s >= 0 and vals[s] is not None for s in st.outs):
                 try:
-                    st.into(args, vals[st.outs[0]])
+                    st.into(args, [vals[s] for s in st.outs])
                 except Exception as exc:
                     raise self._fail(st, args, exc) from exc
             else:
