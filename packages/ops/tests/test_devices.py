@@ -153,3 +153,20 @@ def test_chains():
     assert ops.get_fallback_chain("cpu") == ("ref",)
     assert ops.get_fallback_chain("ref") == ()
     assert ops.get_fallback_chain("newdev") == ("cpu", "ref")
+
+
+def test_device_list_follows_registrations() -> None:
+    """ops.device() validates against the devices with kernels, recomputed after each registry change."""
+    with pytest.raises(ops.UnknownDeviceError):
+        with ops.device("blinkdev"):
+            pass
+    ops.register("blink_op", device="blinkdev")(lambda x: x)
+    try:
+        with ops.device("blinkdev"):
+            assert ops.get_default_device() == "blinkdev"
+        assert "blinkdev" in ops.list_devices()
+    finally:
+        ops.unregister("blink_op")
+    with pytest.raises(ops.UnknownDeviceError):
+        with ops.device("blinkdev"):
+            pass

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import opstrata.ops as ops
-from opstrata.ops import OpError
+from opstrata.ops import OpError, _activation as act
+from opstrata.ops._activation import gelu_rational_f32
 from opstrata.ops._dtypes import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LOW_PRECISION_DTYPES
 from opstrata.ops.testing import TOLERANCES, assert_close
 
@@ -262,6 +263,27 @@ def test_erf_cpu_float32_within_a_few_ulp() -> None:
     x = np.linspace(-6, 6, 20001, dtype=np.float32)
     expected = vec(math.erf)(x)
     assert_close(ops.erf(x, device="cpu").astype(np.float64), expected, rtol=3 * 2**-24, atol=1e-37)
+
+
+def test_gelu_rational_f32_accuracy_specials_and_tiles(monkeypatch) -> None:
+    x = np.concatenate([np.linspace(-12, 12, 60001), [0.0, 1e-30, -1e-6]]).astype(np.float32)
+    expected = vec(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
+    got = gelu_rational_f32(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert np.abs(got - expected).max() <= 2e-6  # Eigen's erf, error scaled by x / 2
+    special = np.float32([np.inf, np.nan, 1e30, -1e30, -1e4])
+    np.testing.assert_array_equal(gelu_rational_f32(special), np.float32([np.inf, np.nan, 1e30, 0, 0]))
+    monkeypatch.setattr(act, "GELU_TILE", 7)  # many tiles and a ragged last one: same numbers
+    np.testing.assert_array_equal(gelu_rational_f32(x.reshape(4, -1)).reshape(-1), got)
+    assert gelu_rational_f32(np.zeros((0, 4), np.float32)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=str)
+def test_gelu_cpu_fast_erf_within_float_tolerance_everywhere(dtype: Any) -> None:
+    x = np.concatenate([np.linspace(-12, 12, 48001), [-1e4, -30.0, 30.0, 1e4]]).astype(dtype)
+    expected = vec(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
+    check(ops.gelu(x, device="cpu"), expected, np.dtype(dtype))
+    assert (ops.gelu(np.float32([-1e4, -50.0]), device="cpu") == 0).all()  # no residue of 1 + erf
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)

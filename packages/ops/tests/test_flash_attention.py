@@ -355,3 +355,40 @@ def test_backward_splits_query_tiles_when_kv_heads_are_fewer_than_workers() -> N
         )
         for g, e in zip(got, expected, strict=True):
             close_low(g, e, 1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# single-tile path (short sequences): scores materialised, same answers as the tiled loop
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "float_q"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_single_tile_path_matches_tiled_and_ref(monkeypatch, dtype, mask_kind, causal) -> None:
+    calls = []
+    real = fa.attention_single_tile
+    monkeypatch.setattr(fa, "attention_single_tile", lambda *a: calls.append(1) or real(*a))
+    q, k, v, mask = inputs(2, 6, 2, 12, 20, 8, dtype, dv=5, mask_kind=mask_kind, seed=7)
+    if mask is not None:
+        mask[3] = False if mask.dtype == np.bool_ else -np.inf  # a fully masked query row
+    ref, ref_lse = ops.attention(q, k, v, causal=causal, mask=mask, device="ref", return_lse=True)
+    one, one_lse = attention_cpu(q, k, v, causal=causal, mask=mask, return_lse=True)
+    assert calls == [1], "12 x 20 with default tiles is one tile"
+    tiled, tiled_lse = attention_cpu(q, k, v, causal=causal, mask=mask, return_lse=True, block_q=4, block_k=8)
+    assert calls == [1], "explicit smaller tiles take the tiled loop"
+    tol = dict(rtol=tolerances(dtype)[0], atol=max(tolerances(dtype)[1], 1e-6))
+    assert one.dtype == dtype and one.shape == ref.shape == (2, 6, 12, 5)
+    assert_close(one, ref, **tol)
+    assert_close(one, tiled, **tol)
+    lse_close(one_lse, ref_lse)
+    lse_close(one_lse, tiled_lse)
+    if mask is not None:
+        assert (one[:, :, 3] == 0).all() and np.isneginf(one_lse[:, :, 3]).all()
+
+
+def test_single_tile_not_used_beyond_one_tile(monkeypatch) -> None:
+    monkeypatch.setattr(fa, "attention_single_tile", lambda *a: pytest.fail("not a single tile"))
+    q, k, v, _ = inputs(1, 2, 2, 200, 40, 8, np.float32)  # 200 queries > 128 rows per tile
+    ref = ops.attention(q, k, v, device="ref")
+    assert_close(attention_cpu(q, k, v), ref, rtol=1e-5, atol=1e-6)

@@ -80,6 +80,41 @@ def test_linear_ref_matches_float64_and_cpu_matches_ref(dtype, lead, i, o, bias,
     close(ops.linear(x, w, b, device="cpu"), ref)
 
 
+@pytest.mark.parametrize("device", ["cpu", "ref"])
+def test_batched_activations_any_layout_match_float64(device) -> None:
+    """(batch, seq, hidden) inputs as one flattened GEMM: contiguous, transposed views, F-ordered weights."""
+    rng = np.random.default_rng(3)
+    x = rand(rng, (3, 5, 8), np.float32)
+    w = rand(rng, (6, 8), np.float32)  # linear's (out, in)
+    b = rand(rng, (6,), np.float32)
+    expected = (x.astype(np.float64) @ w.T.astype(np.float64) + b).astype(np.float32)
+    for xx in (x, np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2), x[:, ::-1][:, ::-1]):
+        for ww in (w, np.asfortranarray(w)):
+            close(ops.linear(xx, ww, b, device=device), expected)
+            close(ops.matmul(xx, ww.T, device=device), expected - b)
+    empty = ops.matmul(np.zeros((2, 0, 8), np.float32), w.T, device=device)
+    assert empty.shape == (2, 0, 6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "ref"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=str)
+def test_out_receives_the_result(device, dtype) -> None:
+    rng = np.random.default_rng(5)
+    x, w, b = rand(rng, (2, 3, 8), dtype), rand(rng, (6, 8), dtype), rand(rng, (6,), dtype)
+    want_lin = ops.linear(x, w, b, device=device)
+    want_mm = ops.matmul(x, w.T, device=device)
+    for make in (lambda: np.empty((2, 3, 6), dtype), lambda: np.empty((6, 3, 2), dtype).T):
+        out = make()  # C-ordered, and a non-contiguous view of the right shape
+        assert ops.linear(x, w, b, out=out, device=device) is out
+        np.testing.assert_array_equal(out, want_lin)
+        assert ops.matmul(x, np.asfortranarray(w).T, out=out, device=device) is out
+        close(out, want_mm)
+    with pytest.raises(ops.OpError, match=r"linear: argument 'out' expected an ndarray of shape \(2, 3, 6\)"):
+        ops.linear(x, w, b, out=np.empty((2, 3, 5), dtype), device=device)
+    with pytest.raises(ops.OpError, match=r"matmul: argument 'out' expected .* dtype"):
+        ops.matmul(x, w.T, out=np.empty((2, 3, 6), np.int32), device=device)
+
+
 @DTYPES
 @SETTINGS
 @given(

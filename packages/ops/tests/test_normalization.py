@@ -128,6 +128,10 @@ def test_norms_on_empty_and_non_contiguous(device: str) -> None:
     x = np.random.default_rng(1).normal(size=(4, 6)).T  # (6, 4) Fortran-ordered view
     check(ops.layer_norm(x, device=device), layer_norm_oracle(x, None, None, -1, 1e-5), np.dtype(np.float64))
     check(ops.rms_norm(x, axis=0, device=device), rms_norm_oracle(x, None, 0, 1e-6), np.dtype(np.float64))
+    xc = np.ascontiguousarray(x)  # the cpu kernel centres a contiguous input straight into its buffer
+    before = xc.copy()
+    check(ops.layer_norm(xc, device=device), layer_norm_oracle(x, None, None, -1, 1e-5), np.dtype(np.float64))
+    np.testing.assert_array_equal(xc, before)  # the input is never written
 
 
 # --------------------------------------------------------------------------- batch_norm

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ._dtypes import compute_dtype
 from ._elementwise import FLOATS, NUMERIC, buffer_op, cast_back, checked, const, ieee, nd, upcast
-from ._erf import erf_ref, erf_values
+from ._erf import EIGEN_ERF_P, EIGEN_ERF_Q, erf_ref, erf_values
 from ._errors import OpError
 from ._registry import call, register, register_decomposition
 
@@ -175,6 +176,61 @@ def gelu_decomposition(x: Any, *, approximate: str = "none") -> np.ndarray:
     return call("mul", call("mul", c(0.5), x), call("add", c(1), s))
 
 
+def _gelu_constants() -> tuple[tuple[np.float32, ...], tuple[np.float32, ...]]:
+    """Eigen's erf P/Q rewritten for ``0.5 erf(x / sqrt 2) = x P'(x^2) / Q'(x^2)`` with Q' monic (float64 math)."""
+    dp, dq = len(EIGEN_ERF_P) - 1, len(EIGEN_ERF_Q) - 1
+    p = [c * 0.5 ** (dp - i) for i, c in enumerate(EIGEN_ERF_P)]  # u^2 = x^2 / 2
+    q = [c * 0.5 ** (dq - i) for i, c in enumerate(EIGEN_ERF_Q)]
+    lead = q[0]
+    p = [c * 0.5 * _SQRT1_2 / lead for c in p]  # the 0.5 of GELU and u = x / sqrt 2 folded into P'
+    return tuple(np.float32(c) for c in p), tuple(np.float32(c / lead) for c in q)
+
+
+_GELU_P, _GELU_Q = _gelu_constants()
+_GELU_CLAMP = np.float32(4.0 * math.sqrt(2.0))  # |x / sqrt 2| <= 4: erf is +-1 beyond, in float32
+#: elements per tile: three float32 buffers of 128 KiB stay in L2 across the ~27 passes
+GELU_TILE = 32768
+
+
+def _gelu_tile(x: np.ndarray, out: np.ndarray, z: np.ndarray, q: np.ndarray) -> None:
+    """``out = x Phi(x)`` on one 1-D float32 tile (``z``, ``q`` scratch of the same length)."""
+    np.clip(x, -_GELU_CLAMP, _GELU_CLAMP, out=out)
+    np.multiply(out, out, out=z)
+    p = _GELU_P
+    np.multiply(z, p[0], out=q)
+    for c in p[1:-1]:
+        np.add(q, c, out=q)
+        np.multiply(q, z, out=q)
+    np.add(q, p[-1], out=q)
+    np.multiply(q, out, out=out)  # x P'(x^2)
+    qc = _GELU_Q
+    np.add(z, qc[1], out=q)  # monic: Horner starts at z + q1
+    for c in qc[2:]:
+        np.multiply(q, z, out=q)
+        np.add(q, c, out=q)
+    np.divide(out, q, out=out)  # 0.5 erf(x / sqrt 2)
+    np.clip(out, -0.5, 0.5, out=out)  # the rational overshoots 1 by an ulp or two near |x| = 5.5
+    np.add(out, 0.5, out=out)
+    np.multiply(out, x, out=out)
+
+
+def gelu_rational_f32(x: np.ndarray) -> np.ndarray:
+    """Exact-form GELU ``x Phi(x)`` in float32 (any float input), branch-free and cache-tiled.
+
+    Eigen's erf approximation with GELU's constants folded in (~1e-6 absolute for |x| <= 12, 0 far
+    left, x far right; NaN propagates); ~8x faster than the masked Cephes erf it replaces for float32.
+    """
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty(xf.size, np.float32)
+    n = xf.size
+    step = min(GELU_TILE, max(n, 1))
+    z, q = np.empty(step, np.float32), np.empty(step, np.float32)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        _gelu_tile(xf[s:e], out[s:e], z[: e - s], q[: e - s])
+    return out.reshape(np.shape(x))
+
+
 @register("gelu", device="cpu", dtypes=FLOATS)
 @ieee
 def gelu_cpu(x: Any, *, approximate: str = "none") -> np.ndarray:
@@ -188,6 +244,8 @@ def gelu_cpu(x: Any, *, approximate: str = "none") -> np.ndarray:
         t *= _SQRT_2_PI
         np.tanh(t, out=t)
     else:
+        if compute_dtype(x.dtype) == np.float32:  # float32 and low precision: folded rational erf
+            return cast_back(gelu_rational_f32(x), x.dtype)
         t = buffer_op(np.multiply, x, _SQRT1_2)
         erf_values(t, out=t)
     t += 1.0

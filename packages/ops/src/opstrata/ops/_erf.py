@@ -4,6 +4,10 @@ The cpu kernel follows S. L. Moshier's Cephes ``ndtr.c`` (public domain; the sam
 scipy's ``erf`` compiles): ``erf(x) = x T(x^2) / U(x^2)`` for ``|x| <= 1`` and
 ``erf(x) = sign(x) (1 - exp(-x^2) P(|x|) / Q(|x|))`` above, ~1e-16 relative in float64. Evaluated in
 float32 for float32 and low-precision inputs (a few float32 ulp), in float64 for float64.
+
+:data:`EIGEN_ERF_P` / :data:`EIGEN_ERF_Q` are the branch-free float32 approximation of Eigen / XLA
+(``x P(x^2) / Q(x^2)`` on ``[-4, 4]``, ~4e-7 absolute): exact GELU in float32 evaluates it (its error
+scaled by ``x / 2`` sits far inside float32's tolerance); ``erf`` itself keeps the few-ulp Cephes kernel.
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ def _polevl(z: np.ndarray, coefs: tuple[float, ...], *, monic: bool = False) -> 
         r *= z
         r += c
     return r
+
+
+# Eigen's generic_fast_erf_float (also XLA's): erf(x) = x P(x^2) / Q(x^2) on [-4, 4], highest degree first;
+# ~4e-7 absolute in float32 arithmetic. GELU evaluates it with its constants folded (_activation.py).
+EIGEN_ERF_P = (
+    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)  # fmt: skip
+EIGEN_ERF_Q = (
+    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+    -1.42647390514189e-02)  # fmt: skip
 
 
 def erf_values(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ._attention import AttnShape, _as_arrays, _check_attention, _check_backward, _scale
+from ._attention_single_tile import attention_single_tile
 from ._autotune import Tunable, autotuned
 from ._dtypes import FLOAT_DTYPES, accumulation_dtype
 from ._errors import OpError
@@ -255,6 +256,12 @@ def attention_cpu(
     s = _check_attention(q, k, v, mask)
     acc = accumulation_dtype(q.dtype)
     t = _tiling("attention", s, acc.itemsize, causal, block_q, block_k)
+    if workers is not None:
+        check_workers("attention", workers)  # validated on every path
+    if t.bq >= s.n and t.bk >= s.m and t.bb >= s.b and min(s.n, s.m, s.d, s.dv) > 0:
+        one, lse1 = attention_single_tile(q, k, v, mask, s, causal, _scale(scale, s.d), acc)
+        res = one.astype(q.dtype, copy=False)  # one tile: no online softmax to combine
+        return (res, lse1) if return_lse else res
     qt = _pack(q, s, acc, _scale(scale, s.d))  # (B, Hkv, N*G, D)
     ka, va = k.astype(acc, copy=False), v.astype(acc, copy=False)  # (B, Hkv, M, D), (B, Hkv, M, Dv)
     mask5 = _mask_view(mask, s)  # (B, Hkv, G, N, M) view or None

@@ -7,11 +7,13 @@ Both operands must share one dtype (as in ONNX MatMul/Gemm and torch).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ._dtypes import FLOAT_DTYPES, accumulation_dtype
+from ._elementwise import check_out
 from ._errors import OpError, check_dtype, check_ndim
 from ._registry import call, register
 
@@ -116,8 +118,8 @@ def _matmul_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @register("matmul", device="ref", dtypes=FLOAT_DTYPES)
-def matmul_ref(a: Any, b: Any) -> np.ndarray:
-    a, b = np.asarray(a), np.asarray(b)
+def matmul_ref(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    into, a, b = out, np.asarray(a), np.asarray(b)
     _check_matmul("matmul", a, b)
     acc = accumulation_dtype(a.dtype)
     a2 = a.astype(acc)[None, :] if a.ndim == 1 else a.astype(acc)  # 1-D a: a row vector
@@ -127,18 +129,18 @@ def matmul_ref(a: Any, b: Any) -> np.ndarray:
         out = out[..., 0]
     if a.ndim == 1:
         out = out[..., 0, :] if b.ndim > 1 else out[..., 0]
-    return np.asarray(out).astype(a.dtype)
+    return _into(np.asarray(out).astype(a.dtype), into)
 
 
 @register("linear", device="ref", dtypes=FLOAT_DTYPES)
-def linear_ref(x: Any, weight: Any, bias: Any = None) -> np.ndarray:
-    x, weight, bias = np.asarray(x), np.asarray(weight), _arr(bias)
+def linear_ref(x: Any, weight: Any, bias: Any = None, *, out: np.ndarray | None = None) -> np.ndarray:
+    into, x, weight, bias = out, np.asarray(x), np.asarray(weight), _arr(bias)
     _check_linear(x, weight, bias)
     acc = accumulation_dtype(x.dtype)
     out = (x.astype(acc)[..., None, :] * weight.astype(acc)).sum(axis=-1)  # (..., out)
     if bias is not None:
         out = out + bias.astype(acc)
-    return out.astype(x.dtype)
+    return _into(out.astype(x.dtype), into)
 
 
 @register("gemm", device="ref", dtypes=FLOAT_DTYPES)
@@ -166,13 +168,34 @@ def gemm_ref(
 # ---------------------------------------------------------------------------------------------
 
 
-def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` in the accumulation dtype (float32 for low precision, written with ``out=``)."""
+def _into(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``result``, or ``out`` after copying it in (kernels whose arithmetic cannot target ``out``)."""
+    if out is None:
+        return result
+    np.copyto(out, result, casting="unsafe")
+    return out
+
+
+def _blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` in the accumulation dtype (float32 for low precision, written with ``out=``).
+
+    ``out`` (optional, the accumulation dtype and result shape) receives the product directly.
+
+    A C-contiguous ``(..., M, K)`` ``a`` against a 2-D ``b`` is one ``(prod(...) * M, K)`` GEMM: numpy's
+    matmul would otherwise call BLAS once per leading index (slower for the (batch, seq, hidden)
+    activations of transformer linears).
+    """
     acc = accumulation_dtype(a.dtype)
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+        rows = math.prod(a.shape[:-1])
+        flat = _blas_matmul(
+            a.reshape(rows, a.shape[-1]), b, None if out is None else out.reshape(rows, b.shape[1])
+        )
+        return flat.reshape(*a.shape[:-1], b.shape[1]) if out is None else out
     if a.dtype == acc:
-        return np.matmul(a, b)
+        return np.matmul(a, b, out=out)
     a32, b32 = a.astype(acc), b.astype(acc)
-    return np.matmul(a32, b32, out=np.empty(_mm_shape(a, b), acc))
+    return np.matmul(a32, b32, out=np.empty(_mm_shape(a, b), acc) if out is None else out)
 
 
 def _mm_shape(a: np.ndarray, b: np.ndarray) -> tuple[int, ...]:
@@ -187,20 +210,23 @@ def _mm_shape(a: np.ndarray, b: np.ndarray) -> tuple[int, ...]:
 
 
 @register("matmul", device="cpu", dtypes=FLOAT_DTYPES)
-def matmul_cpu(a: Any, b: Any) -> np.ndarray:
+def matmul_cpu(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     a, b = np.asarray(a), np.asarray(b)
     _check_matmul("matmul", a, b)
-    return np.asarray(_blas_matmul(a, b)).astype(a.dtype, copy=False)
+    if out is not None and a.dtype == accumulation_dtype(a.dtype) and a.ndim > 1 and b.ndim > 1:
+        return _blas_matmul(a, b, out)  # BLAS writes the caller's buffer
+    return _into(np.asarray(_blas_matmul(a, b)).astype(a.dtype, copy=False), out)
 
 
 @register("linear", device="cpu", dtypes=FLOAT_DTYPES)
-def linear_cpu(x: Any, weight: Any, bias: Any = None) -> np.ndarray:
+def linear_cpu(x: Any, weight: Any, bias: Any = None, *, out: np.ndarray | None = None) -> np.ndarray:
     x, weight, bias = np.asarray(x), np.asarray(weight), _arr(bias)
     _check_linear(x, weight, bias)
-    out = _blas_matmul(x, weight.T)  # (..., out), accumulation dtype, a fresh buffer
+    direct = out is not None and x.dtype == accumulation_dtype(x.dtype) and x.ndim > 1
+    y = _blas_matmul(x, weight.T, out if direct else None)  # (..., out) in the accumulation dtype
     if bias is not None:
-        out += bias.astype(out.dtype, copy=False)
-    return out.astype(x.dtype, copy=False)
+        y += bias.astype(y.dtype, copy=False)
+    return y if direct else _into(y.astype(x.dtype, copy=False), out)
 
 
 @register("gemm", device="cpu", dtypes=FLOAT_DTYPES)
@@ -230,28 +256,42 @@ def gemm_cpu(
 # ---------------------------------------------------------------------------------------------
 
 
-def matmul(a: Any, b: Any, *, device: str | None = None) -> np.ndarray:
+def matmul(a: Any, b: Any, *, out: np.ndarray | None = None, device: str | None = None) -> np.ndarray:
     """Matrix product with numpy ``matmul`` semantics: batched, broadcasting batch dims, 1-D operands.
 
     ``a`` ``(..., M, K)`` and ``b`` ``(..., K, N)`` give ``(broadcast(...), M, N)``; a 1-D ``a`` is a
     row vector and a 1-D ``b`` a column vector whose added dim is removed from the result. Both must
-    share a float dtype; low precision accumulates in float32 and returns the input dtype.
+    share a float dtype; low precision accumulates in float32 and returns the input dtype. ``out``
+    (optional: the result's shape and dtype) receives the result, written by BLAS where it can be.
 
     >>> matmul(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)).shape
     (2, 4)
     """
-    return call("matmul", a, b, device=device)
+    if out is None:
+        return call("matmul", a, b, device=device)
+    a, b = np.asarray(a), np.asarray(b)
+    _check_matmul("matmul", a, b)
+    check_out("matmul", out, _mm_shape(a, b), a.dtype)
+    return call("matmul", a, b, out=out, device=device)
 
 
-def linear(x: Any, weight: Any, bias: Any = None, *, device: str | None = None) -> np.ndarray:
+def linear(
+    x: Any, weight: Any, bias: Any = None, *, out: np.ndarray | None = None, device: str | None = None
+) -> np.ndarray:
     """``x @ weight.T + bias`` with torch's layout: ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)``.
 
-    Low precision accumulates in float32 and returns the input dtype.
+    Low precision accumulates in float32 and returns the input dtype. ``out`` (optional: the result's
+    shape and dtype) receives the result, written by BLAS where it can be.
 
     >>> linear(np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)).shape
     (2, 4)
     """
-    return call("linear", x, weight, bias, device=device)
+    if out is None:
+        return call("linear", x, weight, bias, device=device)
+    x, weight, bias = np.asarray(x), np.asarray(weight), _arr(bias)
+    _check_linear(x, weight, bias)
+    check_out("linear", out, (*x.shape[:-1], weight.shape[0]), x.dtype)
+    return call("linear", x, weight, bias, out=out, device=device)
 
 
 def gemm(

@@ -108,9 +108,13 @@ def layer_norm_cpu(
     x, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
     if x.size == 0:
         return np.empty(x.shape, x.dtype)
-    t = _rows(x, a)  # (R, n), the only full-size buffer
-    n = t.shape[1]
-    t -= mean_over(t, 1, keepdims=True)
+    n = math.prod(x.shape[a:])
+    if x.dtype == compute_dtype(x.dtype) and x.flags.c_contiguous:  # the centring writes the one buffer
+        xr = x.reshape(math.prod(x.shape[:a]), n)
+        t = np.subtract(xr, mean_over(xr, 1, keepdims=True))  # (R, n), the only full-size buffer
+    else:
+        t = _rows(x, a)  # a fresh C-contiguous copy in the compute dtype
+        t -= mean_over(t, 1, keepdims=True)
     var = np.einsum("ij,ij->i", t, t)[:, None]  # (R, 1) sum of squares without a temporary
     var /= n
     var += eps

@@ -175,9 +175,17 @@ def restore(snap: Any) -> None:
     _invalidate()
 
 
+_DEVICES: list[Any] = [-1, frozenset()]  # [registry generation, devices with a kernel then]
+
+
 def registered_devices() -> set[str]:
-    """Devices that have at least one kernel."""
-    return {d for by in _REGISTRY.kernels.values() for d, es in by.items() if es}
+    """Devices that have at least one kernel (recomputed only after a registry change: every
+    ``ops.device(...)`` block and session run asks)."""
+    gen = _GENERATION[0]
+    if _DEVICES[0] != gen:
+        _DEVICES[1] = frozenset(d for by in _REGISTRY.kernels.values() for d, es in by.items() if es)
+        _DEVICES[0] = gen
+    return set(_DEVICES[1])
 
 
 def _all_ops() -> list[str]:

@@ -19,6 +19,8 @@ from ._allocator import CachingAllocator
 from ._arena import Arena
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
+from ._into import into_kernel
+from ._prepack import prepack_weights
 from ._profiler import NodeEvent, Profiler
 
 __all__ = ["Schedule"]
@@ -31,12 +33,13 @@ _OUT_KERNELS: dict[str, Callable[..., np.ndarray]] = {
 class _Step:
     """One node: its kernel, input/output slot indices, and the binary ``out=`` kernel when usable."""
 
-    __slots__ = ("fallback", "fn", "frees", "ins", "kernels", "node", "out_fn", "outs", "where")
+    __slots__ = ("fallback", "fn", "frees", "ins", "into", "kernels", "node", "out_fn", "outs", "where")
 
     def __init__(self, node: Node, fn: Callable[..., list[Any]], ins: list[int], outs: list[int]) -> None:
         self.node, self.fn, self.ins, self.outs = node, fn, ins, outs
         self.where = f"node '{node.name}' ({node.qualified_type})"
         self.out_fn: Callable[..., np.ndarray] | None = None
+        self.into = into_kernel(node)  # writes the arena view itself (arena mode; see _into)
         self.frees: list[int] = []  # slots whose last reader is this step (allocator mode)
         self.kernels: tuple[str, ...] = ()
         self.fallback = False
@@ -53,6 +56,7 @@ class Schedule:
         self.template: list[Any] = [None] * len(names)
         for name, arr in graph.initializers.items():
             self.template[self.slot[name]] = arr
+        prepack_weights(graph, self.template, self.slot)  # GEMM weights in the layout BLAS wants
         self.input_slots = [self.slot[x] for x in graph.inputs]
         self.output_slots = [self.slot[x] for x in graph.outputs]
         by_node: dict[str, list[KernelBinding]] = {}
@@ -145,6 +149,12 @@ class Schedule:
         if st.out_fn is not None and len(args) == 2:
             try:
                 st.out_fn(args[0], args[1], out=vals[st.outs[0]])
+            except Exception as exc:
+                raise self._fail(st, args, exc) from exc
+            return args
+        if st.into is not None and all(s >= 0 and vals[s] is not None for s in st.outs):
+            try:
+                st.into(args, [vals[s] for s in st.outs])
             except Exception as exc:
                 raise self._fail(st, args, exc) from exc
             return args

@@ -1,0 +1,73 @@
+"""Kernels that write a node's results straight into its arena slots (``out=``) instead of copying them in.
+
+The executor's generic path calls a node's kernel, which returns fresh arrays, and copies them
+into the node's planned arena views; for the large results of a transformer block the fresh
+allocations (page faults) and copies cost as much as a few elementwise passes each. Here GEMMs write
+through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; an
+epilogue activation then runs on that view), and ``SkipLayerNorm`` writes its residual sum with
+``ops.add(..., out=)`` (into the output's view when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
+whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import opstrata.ops as ops
+from opstrata.graph import EXECUTOR_KERNELS as KERNELS, OPSTRATA_DOMAIN, Node
+
+__all__ = ["into_kernel"]
+
+Into = Callable[[list[Any], list[np.ndarray]], object]
+
+_LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
+#: the graph's kernels these writers stand for
+_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN)}
+
+#: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
+_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh,
+    "gelu": partial(ops.gelu, approximate="none"), "gelu_tanh": partial(ops.gelu, approximate="tanh"),
+}  # fmt: skip
+
+
+def _linear(args: list[Any], dsts: list[np.ndarray]) -> object:
+    return ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+
+
+def _linear_act(act: Callable[[np.ndarray], np.ndarray], args: list[Any], dsts: list[np.ndarray]) -> object:
+    y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    np.copyto(y, act(y))
+    return y
+
+
+def _matmul(args: list[Any], dsts: list[np.ndarray]) -> object:
+    return ops.matmul(args[0], args[1], out=dsts[0])
+
+
+def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarray]) -> object:
+    y, s = dsts if len(dsts) == 2 else (dsts[0], dsts[0])  # no sum output: y's view holds it first
+    ops.add(args[0], args[1], out=s)  # the residual sum
+    np.copyto(y, ops.layer_norm(s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps))
+    return y
+
+
+def into_kernel(node: Node) -> Into | None:
+    """The ``(args, output views) -> None`` writer for ``node``, or None for the generic path."""
+    key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    if key not in _STANDS_FOR or KERNELS.get(key) is not _STANDS_FOR[key]:
+        return None
+    if key == _SKIP_LN:
+        return partial(_skip_layer_norm, node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5))
+    if len(node.outputs) != 1:
+        return None
+    if key == _MATMUL:
+        return _matmul
+    act = node.attrs.get("activation") or ""
+    if not act:
+        return _linear
+    return partial(_linear_act, _ACTIVATIONS[act]) if act in _ACTIVATIONS else None

@@ -1,0 +1,76 @@
+"""GEMM nodes write their arena slot directly (out=): no copy-in, same numbers, errors still name the node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opstrata.graph as og
+import opstrata.ops as ops
+from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Node
+from opstrata.graph.testing import random_feeds
+from opstrata.runtime import ExecutionError, InferenceSession, SessionOptions
+from opstrata.runtime._executor import Schedule
+from opstrata.runtime._into import into_kernel
+
+
+def _stored_ops(monkeypatch, sess: InferenceSession, feeds: dict) -> list[str]:
+    """Op types whose results the executor copied into the arena during one run."""
+    seen: list[str] = []
+    real = Schedule._store
+
+    def spy(st, k, dst, r, arena):
+        seen.append(st.node.op_type)
+        return real(st, k, dst, r, arena)
+
+    monkeypatch.setattr(Schedule, "_store", staticmethod(spy))
+    sess.run(None, feeds)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "mlp"])
+def test_gemm_and_skip_norm_results_are_not_copied_in(monkeypatch, models, name: str) -> None:
+    model, dims = models[name]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    direct = {"Linear", "MatMul", "SkipLayerNorm"}
+    assert direct & {n.op_type for n in sess.graph.nodes}
+    stored = _stored_ops(monkeypatch, sess, feeds)
+    assert not direct & set(stored), stored
+    acts = {n.attrs.get("activation") for n in sess.graph.nodes if n.op_type == "Linear"}
+    assert acts & {"relu", "gelu", "gelu_tanh"}  # epilogues run on the arena view too
+    want = og.run_graph(sess.graph, feeds)
+    for got, w in zip(sess.run(None, feeds), want.values(), strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_which_nodes_get_a_writer() -> None:
+    lin = lambda **a: Node("Linear", ["x", "w"], ["y"], a, "n", og.OPSTRATA_DOMAIN)  # noqa: E731
+    assert into_kernel(lin()) is not None and into_kernel(lin(activation="gelu")) is not None
+    assert into_kernel(lin(activation="swish7")) is None  # the generic path raises the named error
+    assert into_kernel(Node("MatMul", ["a", "b"], ["y"], {}, "m")) is not None
+    assert into_kernel(Node("Relu", ["a"], ["y"], {}, "r")) is None
+
+
+def test_an_overridden_kernel_is_respected(monkeypatch, models) -> None:
+    calls = []
+    real = KERNELS[("", "MatMul")]
+    monkeypatch.setitem(KERNELS, ("", "MatMul"), lambda n, x: calls.append(n.name) or real(n, x))
+    model, dims = models["gpt"]
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    sess.run(None, random_feeds(model, dims))
+    assert calls, "a replaced MatMul kernel is called, not bypassed by the out= writer"
+
+
+def test_a_failing_gemm_names_the_node(monkeypatch, models) -> None:
+    model, dims = models["gpt"]
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("simulated BLAS fault")
+
+    monkeypatch.setattr(ops, "matmul", broken)
+    with pytest.raises(
+        ExecutionError, match=r"node 'lm_head' \(MatMul\): kernel .* FloatingPointError: simulated BLAS fault"
+    ):
+        sess.run(None, random_feeds(model, dims))
