@@ -35,6 +35,7 @@ def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np
 def all_cases(rank: int, world: int) -> list[str]:
     """Every collective x algorithm x dtype on this world against the numpy reference; returns failures."""
     from opstrata import comm
+    from opstrata.comm._algorithms import SUPPORTED
 
     bad: list[str] = []
 
@@ -50,11 +51,11 @@ def all_cases(rank: int, world: int) -> list[str]:
     sizes = (1, 37, 3001)
     for dtype in DTYPES:
         for n in sizes:
-            for algo in ("direct", "ring", "tree", "halving_doubling"):
+            for algo in SUPPORTED["all_reduce"]:
                 x = data(rank, n, dtype)
                 comm.all_reduce(x, algorithm=algo)
                 check(f"all_reduce {algo} {dtype} n={n}", x, reference(world, n, dtype, "sum"))
-            for algo in ("direct", "ring", "tree"):
+            for algo in SUPPORTED["reduce"]:
                 root = world - 1
                 x = data(rank, n, dtype)
                 orig = x.copy()
@@ -64,10 +65,12 @@ def all_cases(rank: int, world: int) -> list[str]:
                     x,
                     reference(world, n, dtype, "sum") if rank == root else orig,
                 )
+            for algo in SUPPORTED["broadcast"]:
+                root = world // 2
                 y = data(rank, n, dtype, seed=5) if rank == root else np.zeros(n, dtype)
                 comm.broadcast(y, root, algorithm=algo)
                 check(f"broadcast {algo} {dtype} n={n}", y, data(root, n, dtype, seed=5))
-            for algo in ("direct", "ring", "halving_doubling"):
+            for algo in SUPPORTED["all_gather"]:
                 x = data(rank, n, dtype)
                 out = np.zeros((world, n), dtype)
                 comm.all_gather(out, x, algorithm=algo)
@@ -85,7 +88,7 @@ def all_cases(rank: int, world: int) -> list[str]:
                     reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n],
                 )
     for op in ("sum", "avg", "max", "min", "prod"):
-        for algo in ("direct", "ring", "tree", "halving_doubling"):
+        for algo in SUPPORTED["all_reduce"]:
             for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
                 x = data(rank, 50, dtype, op)
                 comm.all_reduce(x, op, algorithm=algo)
@@ -112,6 +115,7 @@ def all_cases(rank: int, world: int) -> list[str]:
 def deterministic_cases(rank: int, world: int) -> list[str]:
     """deterministic=True gives the same bits for every algorithm, equal to the rank-order fold."""
     from opstrata import comm
+    from opstrata.comm._algorithms import SUPPORTED
 
     bad = []
     for dtype in (np.float32, ml_dtypes.bfloat16):
@@ -119,14 +123,14 @@ def deterministic_cases(rank: int, world: int) -> list[str]:
             rng = [np.random.default_rng(r) for r in range(world)]
             xs = [g.standard_normal(n).astype(np.float32) * 10.0 ** g.integers(-3, 4, n) for g in rng]
             want = functools.reduce(np.add, [x.astype(dtype).astype(np.float32) for x in xs]).astype(dtype)
-            for algo in ("direct", "ring", "tree", "halving_doubling"):
+            for algo in SUPPORTED["all_reduce"]:
                 x = xs[rank].astype(dtype)
                 comm.all_reduce(x, algorithm=algo, deterministic=True)
                 if x.tobytes() != want.tobytes():
                     bad.append(
                         f"rank {rank}: deterministic all_reduce {algo} {np.dtype(dtype)} n={n} differs"
                     )
-                for ralgo in ("direct", "ring", "tree"):
+                for ralgo in SUPPORTED["reduce"]:
                     y = xs[rank].astype(dtype)
                     comm.reduce(y, 0, algorithm=ralgo, deterministic=True)
                     if rank == 0 and y.tobytes() != want.tobytes():
@@ -162,7 +166,7 @@ def groups_and_p2p(rank: int, world: int) -> list[str]:
         if not np.array_equal(buf, np.arange(1000) + prv):
             bad.append(f"rank {rank}: recv got {buf[:3]}")
     # multi-MiB messages on the default slot / socket chunk sizes
-    for algo in ("direct", "ring", "tree", "halving_doubling"):
+    for algo in ("direct", "ring", "tree", "halving_doubling", "double_tree", "hierarchical"):
         x = data(rank, 700_001, np.dtype(np.float32), seed=3)
         comm.all_reduce(x, algorithm=algo)
         if not np.array_equal(x, reference(world, 700_001, np.dtype(np.float32), "sum", seed=3)):
