@@ -238,3 +238,91 @@ def late_peer(rank: int, world: int) -> dict:
     except comm.CommError as e:
         return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t0}
     return {"error": None}
+
+
+def _init_on_host(rank: int, world: int, hosts: list[str], port: int, timeout: float = 30.0) -> None:
+    """Join a tcp group as if this rank ran on ``hosts[rank]`` (OPSTRATA_COMM_HOST simulates hosts)."""
+    from opstrata import comm
+
+    os.environ["OPSTRATA_COMM_HOST"] = hosts[rank]
+    comm.init_process_group(
+        "tcp", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", timeout=timeout
+    )
+
+
+def multi_host_cases(rank: int, world: int, hosts: list[str], port: int) -> list[str]:
+    """Simulated hosts: hierarchical is selected by topology, matches the reference, and says why in the log."""
+    import logging
+
+    from opstrata import comm
+
+    _init_on_host(rank, world, hosts, port)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("opstrata.comm")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+    bad: list[str] = []
+    try:
+        for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.int32)):
+            for n in (1, 1000, 300_001):
+                for op in ("sum", "max"):
+                    x = data(rank, n, dtype, op)
+                    comm.all_reduce(x, op)
+                    if not np.array_equal(x, reference(world, n, dtype, op)):
+                        bad.append(f"rank {rank}: hierarchical all_reduce {op} {dtype} n={n}: {x[:4]}")
+                for root in range(world):
+                    y = data(rank, n, dtype, seed=7) if rank == root else np.zeros(n, dtype)
+                    comm.broadcast(y, root)
+                    if not np.array_equal(y, data(root, n, dtype, seed=7)):
+                        bad.append(f"rank {rank}: hierarchical broadcast root={root} {dtype} n={n}")
+        x = data(rank, 64, np.dtype(np.float32))
+        comm.all_reduce(x, op="avg")
+        if not np.allclose(x, reference(world, 64, np.dtype(np.float32), "avg")):
+            bad.append(f"rank {rank}: hierarchical avg")
+        # deterministic mode gives the rank-order fold's bits, whatever the topology
+        vs = []
+        for r in range(world):
+            gr = np.random.default_rng(r)
+            vs.append((gr.standard_normal(5000) * 10.0 ** gr.integers(-3, 4, 5000)).astype(np.float32))
+        v = vs[rank].copy()
+        comm.all_reduce(v, deterministic=True)
+        if v.tobytes() != functools.reduce(np.add, vs).tobytes():
+            bad.append(f"rank {rank}: deterministic all_reduce on {len(set(hosts))} hosts differs")
+        # other collectives still run flat over tcp
+        out = np.zeros((world, 3), np.float32)
+        comm.all_gather(out, np.full(3, rank, np.float32))
+        if not np.array_equal(out, np.repeat(np.arange(world, dtype=np.float32)[:, None], 3, 1)):
+            bad.append(f"rank {rank}: all_gather on simulated hosts")
+    finally:
+        comm.destroy_process_group()
+    hier = [m for m in records if "all_reduce" in m and "algo=hierarchical" in m]
+    if not hier or f"group spans {len(set(hosts))} hosts" not in hier[0] or "time=" not in hier[0]:
+        bad.append(f"rank {rank}: debug log lacks the hierarchical choice and its reason: {records[:3]}")
+    if not any("hierarchical:" in m and "inter-host tcp" in m for m in hier):
+        bad.append(f"rank {rank}: debug log lacks the hierarchical layout note: {hier[:2]}")
+    return bad
+
+
+def multi_host_dies(rank: int, world: int, hosts: list[str], port: int, victim: int) -> dict:
+    """A rank of a simulated 2-host group SIGKILLs itself mid hierarchical all_reduce."""
+    from opstrata import comm
+
+    _init_on_host(rank, world, hosts, port, timeout=20.0)
+    x = np.ones(100_000, np.float32)
+    if rank == victim:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    t_kill = time.monotonic() + 0.5
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x, algorithm="hierarchical")
+            x[:] = 1.0
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_kill}
+    finally:
+        comm.destroy_process_group()
+    return {"error": None}
