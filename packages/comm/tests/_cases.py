@@ -326,3 +326,37 @@ def multi_host_dies(rank: int, world: int, hosts: list[str], port: int, victim: 
     finally:
         comm.destroy_process_group()
     return {"error": None}
+
+
+def tuned_selection(rank: int, world: int, cache_dirs: list[str], port: int) -> dict:
+    """Each rank gets its own OPSTRATA_CACHE_DIR; every rank must still select from rank 0's table."""
+    import logging
+
+    from opstrata import comm
+
+    os.environ["OPSTRATA_CACHE_DIR"] = cache_dirs[rank]
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    comm.init_process_group(
+        "shm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", timeout=30
+    )
+    logger = logging.getLogger("opstrata.comm")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+    try:
+        group = comm._api._default("test")
+        picks = {nb: group.select("all_reduce", nb, None) for nb in (1024, 8 << 20)}
+        x = np.full(1000, rank + 1.0, np.float32)
+        comm.all_reduce(x)  # must not desync: every rank uses rank 0's table
+        ok = bool(np.all(x == world * (world + 1) / 2))
+        comm.all_reduce(x, algorithm="double_tree")
+        os.environ["OPSTRATA_COMM_ALGO"] = "tree"
+        comm.broadcast(x, 0)
+        del os.environ["OPSTRATA_COMM_ALGO"]
+    finally:
+        comm.destroy_process_group()
+    return {"picks": picks, "ok": ok, "log": [m for m in records if "seq=" in m]}

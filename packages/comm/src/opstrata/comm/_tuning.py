@@ -195,6 +195,7 @@ def save(rules: list[Rule], path: Path | None = None, *, extra: dict[str, Any] |
             json.dump(body, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
