@@ -24,7 +24,9 @@ def data(rank: int, n: int, dtype: np.dtype, op: str = "sum", seed: int = 0) -> 
 
 def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np.ndarray:
     """Rank-order fold in the accumulation dtype, cast back once."""
-    acc = np.float32 if dtype == np.dtype(ml_dtypes.bfloat16) else dtype
+    from opstrata import ops
+
+    acc = np.float32 if dtype in ops.LOW_PRECISION_DTYPES else dtype
     xs = [data(r, n, dtype, op, seed).astype(acc) for r in range(world)]
     out = functools.reduce(UFUNC[op], xs)
     if op == "avg":
@@ -48,9 +50,8 @@ def all_cases(rank: int, world: int) -> list[str]:
         if not ok:
             bad.append(f"rank {rank}: {name}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
 
-    sizes = (1, 37, 3001)
     for dtype in DTYPES:
-        for n in sizes:
+        for n in (1, 37, 3001) if dtype == np.float32 else (1, 3001):
             for algo in SUPPORTED["all_reduce"]:
                 x = data(rank, n, dtype)
                 comm.all_reduce(x, algorithm=algo)
@@ -89,7 +90,7 @@ def all_cases(rank: int, world: int) -> list[str]:
                 )
     for op in ("sum", "avg", "max", "min", "prod"):
         for algo in SUPPORTED["all_reduce"]:
-            for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+            for dtype in (np.dtype(np.float32),) + ((np.dtype(ml_dtypes.bfloat16),) if op == "avg" else ()):
                 x = data(rank, 50, dtype, op)
                 comm.all_reduce(x, op, algorithm=algo)
                 check(
@@ -98,6 +99,17 @@ def all_cases(rank: int, world: int) -> list[str]:
                     reference(world, 50, dtype, op),
                     exact=op != "avg",
                 )
+    # every ops dtype (float16, float8, small ints, bool too) through every all_reduce algorithm
+    from opstrata import ops
+
+    for dtype in ops.ALL_DTYPES:
+        for algo in ("direct", "double_tree"):  # the low-precision path is shared by every algorithm
+            x = data(rank, 37, dtype)
+            comm.all_reduce(x, algorithm=algo)
+            check(f"all_reduce {algo} {dtype} (every dtype)", x, reference(world, 37, dtype, "sum"))
+        y = data(rank, 37, dtype, seed=9)
+        comm.broadcast(y, 0, algorithm="double_tree")
+        check(f"broadcast double_tree {dtype} (every dtype)", y, data(0, 37, dtype, seed=9))
     # lists instead of arrays
     x = data(rank, 5, DTYPES[0])
     outs = [np.zeros(5, np.float32) for _ in range(world)]
