@@ -305,13 +305,24 @@ def multi_host_cases(rank: int, world: int, hosts: list[str], port: int) -> list
         comm.all_reduce(v, deterministic=True)
         if v.tobytes() != functools.reduce(np.add, vs).tobytes():
             bad.append(f"rank {rank}: deterministic all_reduce on {len(set(hosts))} hosts differs")
-        # other collectives still run flat over tcp
-        out = np.zeros((world, 3), np.float32)
-        comm.all_gather(out, np.full(3, rank, np.float32))
-        if not np.array_equal(out, np.repeat(np.arange(world, dtype=np.float32)[:, None], 3, 1)):
-            bad.append(f"rank {rank}: all_gather on simulated hosts")
+        # all_gather is hierarchical too (hosts' blocks are not contiguous when hosts interleave)
+        for n in (3, 70_001):
+            for dtype in (np.dtype(np.float32), np.dtype(np.int64)):
+                out = np.zeros((world, n), dtype)
+                comm.all_gather(out, data(rank, n, dtype, seed=11))
+                if not np.array_equal(out, np.stack([data(r, n, dtype, seed=11) for r in range(world)])):
+                    bad.append(f"rank {rank}: hierarchical all_gather {dtype} n={n}")
+        # reduce_scatter has no hierarchical algorithm: it runs flat over tcp
+        o = np.zeros(5, np.float32)
+        comm.reduce_scatter(o, data(rank, 5 * world, np.dtype(np.float32)))
+        if not np.array_equal(
+            o, reference(world, 5 * world, np.dtype(np.float32), "sum")[5 * rank : 5 * rank + 5]
+        ):
+            bad.append(f"rank {rank}: reduce_scatter on simulated hosts")
     finally:
         comm.destroy_process_group()
+    if not any("all_gather" in m and "algo=hierarchical" in m for m in records):
+        bad.append(f"rank {rank}: all_gather was not hierarchical on {len(set(hosts))} hosts")
     hier = [m for m in records if "all_reduce" in m and "algo=hierarchical" in m]
     if not hier or f"group spans {len(set(hosts))} hosts" not in hier[0] or "time=" not in hier[0]:
         bad.append(f"rank {rank}: debug log lacks the hierarchical choice and its reason: {records[:3]}")

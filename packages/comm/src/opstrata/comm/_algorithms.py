@@ -33,7 +33,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "all_reduce": ALGORITHMS,
     "reduce": ("direct", "ring", "tree", "double_tree"),
     "broadcast": ("direct", "ring", "tree", "double_tree", "hierarchical"),
-    "all_gather": ("direct", "ring", "halving_doubling"),
+    "all_gather": ("direct", "ring", "halving_doubling", "hierarchical"),
     "reduce_scatter": ("direct", "ring", "halving_doubling"),
     "all_to_all": ("direct",),
     "barrier": ("direct",),
@@ -92,7 +92,7 @@ def _pow2(n: int) -> bool:
 
 
 #: Collectives that have a hierarchical algorithm, chosen for groups that span hosts.
-HIERARCHICAL = ("all_reduce", "broadcast")
+HIERARCHICAL = ("all_reduce", "broadcast", "all_gather")
 
 
 def select(

@@ -337,6 +337,8 @@ class ProcessGroup:
             if n > 1:
                 if algo == "direct":
                     alg.ag_direct(c, blocks)
+                elif algo == "hierarchical":
+                    note = self._hierarchy().all_gather(c, blocks)
                 elif algo == "halving_doubling" and alg._pow2(n):
                     alg.ag_doubling(c, blocks)
                 else:

@@ -2,7 +2,8 @@
 
 all_reduce: reduce to each host's leader over shm, all-reduce among the leaders over the group's own
 transport (tcp across hosts), broadcast from each leader over shm. broadcast: the root sends to one leader
-per host, each leader broadcasts on its host. A rank's host is its hostname, or ``OPSTRATA_COMM_HOST``
+per host, each leader broadcasts on its host. all_gather: gather on each leader, ring of packed host
+blocks between leaders, broadcast on each host. A rank's host is its hostname, or ``OPSTRATA_COMM_HOST``
 (set per rank) to simulate several hosts on one machine. The per-host shm transport is created on the
 first hierarchical call of a group (every rank makes that call, so its rendezvous cannot miss anyone).
 """
@@ -153,6 +154,37 @@ class Hierarchy:
             self._guard(e)
             raise
         return f"hierarchical: {topo.describe()}, inter-host {self.t.name} from the root, then intra-host shm"
+
+    def all_gather(self, c: Ctx, blocks: alg.Blocks) -> str:
+        """Gather on each host's leader, ring among leaders (one packed message per host), broadcast on hosts."""
+        topo, r = self.topo, c.rank
+        leader = topo.leaders[topo.host]
+        intra, inter = self._intra(c), self._inter(c, topo.leaders)
+        members = [[j for j, h in enumerate(topo.hosts) if h == name] for name in topo.order]
+        try:
+            if intra is not None:
+                if r == leader:
+                    intra.ex((), [(topo.local.index(j), blocks[j], None) for j in topo.local if j != r])
+                else:
+                    intra.ex([(topo.local.index(leader), blocks[r])])
+            if inter is not None:
+                packs = [np.concatenate([blocks[j] for j in m]) for m in members]
+                h, k = len(members), topo.host
+                for s in range(h - 1):  # ring: pass on the host pack received in the previous step
+                    inter.ex(
+                        [((k + 1) % h, packs[(k - s) % h])], [((k - 1) % h, packs[(k - s - 1) % h], None)]
+                    )
+                for m, pack in zip(members, packs, strict=True):
+                    off = 0
+                    for j in m:
+                        blocks[j][...] = pack[off : off + blocks[j].size]
+                        off += blocks[j].size
+            if intra is not None:
+                _local_broadcast(intra, blocks.buf, 0)
+        except CommError as e:
+            self._guard(e)
+            raise
+        return f"hierarchical: {topo.describe()}, gather on hosts, ring between leaders, broadcast on hosts"
 
 
 def _local_reduce(c: Ctx, buf: np.ndarray, fn: ReduceFn) -> None:
