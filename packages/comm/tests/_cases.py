@@ -80,6 +80,7 @@ def all_cases(rank: int, world: int) -> list[str]:
                     out,
                     np.stack([data(r, n, dtype) for r in range(world)]),
                 )
+            for algo in SUPPORTED["reduce_scatter"]:
                 xs = data(rank, world * n, dtype)
                 o = np.zeros(n, dtype)
                 comm.reduce_scatter(o, xs, algorithm=algo)
