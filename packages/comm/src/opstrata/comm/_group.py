@@ -135,9 +135,7 @@ class ProcessGroup:
         """The group's per-host shm level, made on first use (inside a collective every rank runs)."""
         if self._hier is None:
             job = getattr(self.store, "base", self.store).get("job_id", self.timeout).decode()
-            self._hier = Hierarchy(
-                self.transport, self.store, job=job, gid=self.gid, timeout=self.timeout, debug_name=repr(self)
-            )
+            self._hier = Hierarchy(self.transport, self.store, job=job, gid=self.gid, timeout=self.timeout)
         return self._hier
 
     def group_rank(self, global_rank: int, what: str) -> int:

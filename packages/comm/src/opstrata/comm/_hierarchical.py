@@ -75,9 +75,7 @@ class Topology:
 class Hierarchy:
     """The two levels of one group: its own transport between leaders and a shm transport per host."""
 
-    def __init__(
-        self, transport: Transport, store: Store, *, job: str, gid: int, timeout: float, debug_name: str
-    ) -> None:
+    def __init__(self, transport: Transport, store: Store, *, job: str, gid: int, timeout: float) -> None:
         self.t = transport
         self.topo = Topology(transport.hosts, transport.rank)
         self.link: Transport | _Sub | None = None
@@ -95,7 +93,6 @@ class Hierarchy:
                     prefix=f"opst_{job}_g{gid}h{self.topo.host}",
                     timeout=timeout,
                 )
-        self.debug_name = debug_name
 
     def close(self) -> None:
         """Release the per-host transport."""
