@@ -80,7 +80,8 @@ def test_precedence_call_env_topology_tuned_builtin(monkeypatch) -> None:
     algo, why = alg.select("all_reduce", 1 << 20, 4, None, hosts=[2, 2], tuned=table)
     assert algo == "hierarchical" and "group spans 2 hosts" in why
     assert alg.select("all_reduce", 1 << 20, 2, None, hosts=[1, 1], tuned=table)[0] == "double_tree"
-    assert alg.select("all_gather", 1 << 20, 4, None, hosts=[2, 2])[0] != "hierarchical"
+    assert alg.select("all_gather", 1 << 20, 4, None, hosts=[2, 2])[0] == "hierarchical"
+    assert alg.select("reduce_scatter", 1 << 20, 4, None, hosts=[2, 2])[0] != "hierarchical"
     monkeypatch.setenv("OPSTRATA_COMM_ALGO", "tree")
     assert alg.select("all_reduce", 1 << 20, 4, None, hosts=[2, 2], tuned=table) == (
         "tree",
