@@ -127,3 +127,20 @@ def test_tune_command_writes_a_file_that_ranks_share(tmp_path, cache) -> None:
             and "algo=tree" in log[2]
             and "why=requested by OPSTRATA_COMM_ALGO" in log[2]
         )
+
+
+def test_console_script_is_declared() -> None:
+    from importlib import metadata
+
+    try:
+        eps = metadata.distribution("opstrata-comm").entry_points
+    except metadata.PackageNotFoundError:
+        pytest.skip("opstrata-comm has no installed metadata (run the tests through nox)")
+    scripts = {ep.name: ep.value for ep in eps if ep.group == "console_scripts"}
+    assert scripts.get("opstrata-comm-tune") == "opstrata.comm.tune:main"
+    out = subprocess.run(
+        [sys.executable, "-m", "opstrata.comm.tune", "--collectives", "barrier"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "'barrier' is not tunable" in out.stderr
