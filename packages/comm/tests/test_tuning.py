@@ -144,3 +144,28 @@ def test_console_script_is_declared() -> None:
         text=True,
     )
     assert out.returncode == 2 and "'barrier' is not tunable" in out.stderr
+
+
+def test_rules_from_timings_bounds_and_noise_tolerance() -> None:
+    from opstrata.comm.tune import rules_from
+
+    sizes = [1024, 16384, 262144, 4194304]
+    t = {
+        ("all_reduce", "direct", 1024): 1.0,
+        ("all_reduce", "ring", 1024): 3.0,
+        ("all_reduce", "direct", 16384): 2.0,
+        ("all_reduce", "ring", 16384): 1.97,  # within 5%: direct stays
+        ("all_reduce", "direct", 262144): 9.0,
+        ("all_reduce", "ring", 262144): 4.0,
+        ("all_reduce", "direct", 4194304): 90.0,
+        ("all_reduce", "ring", 4194304): 40.0,
+        ("broadcast", "tree", 1024): 1.0,
+        ("broadcast", "tree", 16384): 1.0,
+        ("broadcast", "tree", 262144): 1.0,
+        ("broadcast", "tree", 4194304): 1.0,
+    }
+    rules = {r.collective: r for r in rules_from("shm", 2, t, sizes)}
+    assert rules["all_reduce"].upto == ((65536, "direct"), (None, "ring"))  # sqrt(16384 * 262144)
+    assert rules["broadcast"].upto == ((None, "tree"),)
+    # without tolerance the 1.5% noise at 16 KiB moves the switch point down to sqrt(1024 * 16384)
+    assert rules_from("shm", 2, t, sizes, tolerance=0.0)[0].upto == ((4096, "direct"), (None, "ring"))

@@ -72,14 +72,23 @@ def measure_rank(rank: int, world: int, sizes: list[int], colls: list[str], roun
     return {case: float(statistics.median(times[:, i])) for i, case in enumerate(cases)}
 
 
-def rules_from(backend: str, world: int, timings: dict, sizes: list[int]) -> list[Rule]:
-    """Winner per size, merged into [(max bytes, algo)] with bounds at geometric means between sizes."""
+def rules_from(
+    backend: str, world: int, timings: dict, sizes: list[int], tolerance: float = 0.05
+) -> list[Rule]:
+    """Winner per size, merged into [(max bytes, algo)] with bounds at geometric means between sizes.
+
+    The previous size's winner is kept while it is within ``tolerance`` of the fastest, so timing noise
+    between near-equal algorithms does not fragment the table.
+    """
     rules = []
     for coll in sorted({c for c, _, _ in timings}):
-        winners = []
+        winners: list[str] = []
         for s in sorted(sizes):
             opts = {a: t for (c, a, sz), t in timings.items() if c == coll and sz == s}
-            winners.append(min(opts, key=opts.__getitem__))
+            best = min(opts, key=opts.__getitem__)
+            prev = winners[-1] if winners else None
+            keep = prev in opts and opts[prev] <= opts[best] * (1 + tolerance)
+            winners.append(prev if keep and prev is not None else best)
         upto: list[tuple[int | None, str]] = []
         for i, w in enumerate(winners):
             if i + 1 < len(winners) and winners[i + 1] == w:
