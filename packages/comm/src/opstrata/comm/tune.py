@@ -23,17 +23,18 @@ KiB = 1 << 10
 
 
 def _call(comm, coll: str, algo: str, nbytes: int, world: int, bufs: dict) -> None:
+    """One timed collective on zero-filled buffers (repeated sums stay finite)."""
     n = max(1, nbytes // 4)
     if coll == "all_reduce":
-        comm.all_reduce(bufs.setdefault(("x", n), np.ones(n, np.float32)), algorithm=algo)
+        comm.all_reduce(bufs.setdefault(("x", n), np.zeros(n, np.float32)), algorithm=algo)
     elif coll == "reduce":
-        comm.reduce(bufs.setdefault(("x", n), np.ones(n, np.float32)), 0, algorithm=algo)
+        comm.reduce(bufs.setdefault(("x", n), np.zeros(n, np.float32)), 0, algorithm=algo)
     elif coll == "broadcast":
-        comm.broadcast(bufs.setdefault(("x", n), np.ones(n, np.float32)), 0, algorithm=algo)
+        comm.broadcast(bufs.setdefault(("x", n), np.zeros(n, np.float32)), 0, algorithm=algo)
     else:  # all_gather / reduce_scatter: nbytes is the whole gathered / scattered buffer
         part = max(1, n // world)
-        big = bufs.setdefault(("big", part), np.ones(part * world, np.float32))
-        small = bufs.setdefault(("small", part), np.ones(part, np.float32))
+        big = bufs.setdefault(("big", part), np.zeros(part * world, np.float32))
+        small = bufs.setdefault(("small", part), np.zeros(part, np.float32))
         if coll == "all_gather":
             comm.all_gather(big, small, algorithm=algo)
         else:
