@@ -24,7 +24,9 @@ def data(rank: int, n: int, dtype: np.dtype, op: str = "sum", seed: int = 0) -> 
 
 def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np.ndarray:
     """Rank-order fold in the accumulation dtype, cast back once."""
-    acc = np.float32 if dtype == np.dtype(ml_dtypes.bfloat16) else dtype
+    from opstrata import ops
+
+    acc = np.float32 if dtype in ops.LOW_PRECISION_DTYPES else dtype
     xs = [data(r, n, dtype, op, seed).astype(acc) for r in range(world)]
     out = functools.reduce(UFUNC[op], xs)
     if op == "avg":
@@ -35,6 +37,7 @@ def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np
 def all_cases(rank: int, world: int) -> list[str]:
     """Every collective x algorithm x dtype on this world against the numpy reference; returns failures."""
     from opstrata import comm
+    from opstrata.comm._algorithms import SUPPORTED
 
     bad: list[str] = []
 
@@ -47,14 +50,13 @@ def all_cases(rank: int, world: int) -> list[str]:
         if not ok:
             bad.append(f"rank {rank}: {name}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
 
-    sizes = (1, 37, 3001)
     for dtype in DTYPES:
-        for n in sizes:
-            for algo in ("direct", "ring", "tree", "halving_doubling"):
+        for n in (1, 37, 3001) if dtype == np.float32 else (1, 3001):
+            for algo in SUPPORTED["all_reduce"]:
                 x = data(rank, n, dtype)
                 comm.all_reduce(x, algorithm=algo)
                 check(f"all_reduce {algo} {dtype} n={n}", x, reference(world, n, dtype, "sum"))
-            for algo in ("direct", "ring", "tree"):
+            for algo in SUPPORTED["reduce"]:
                 root = world - 1
                 x = data(rank, n, dtype)
                 orig = x.copy()
@@ -64,10 +66,12 @@ def all_cases(rank: int, world: int) -> list[str]:
                     x,
                     reference(world, n, dtype, "sum") if rank == root else orig,
                 )
+            for algo in SUPPORTED["broadcast"]:
+                root = world // 2
                 y = data(rank, n, dtype, seed=5) if rank == root else np.zeros(n, dtype)
                 comm.broadcast(y, root, algorithm=algo)
                 check(f"broadcast {algo} {dtype} n={n}", y, data(root, n, dtype, seed=5))
-            for algo in ("direct", "ring", "halving_doubling"):
+            for algo in SUPPORTED["all_gather"]:
                 x = data(rank, n, dtype)
                 out = np.zeros((world, n), dtype)
                 comm.all_gather(out, x, algorithm=algo)
@@ -76,6 +80,7 @@ def all_cases(rank: int, world: int) -> list[str]:
                     out,
                     np.stack([data(r, n, dtype) for r in range(world)]),
                 )
+            for algo in SUPPORTED["reduce_scatter"]:
                 xs = data(rank, world * n, dtype)
                 o = np.zeros(n, dtype)
                 comm.reduce_scatter(o, xs, algorithm=algo)
@@ -85,8 +90,8 @@ def all_cases(rank: int, world: int) -> list[str]:
                     reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n],
                 )
     for op in ("sum", "avg", "max", "min", "prod"):
-        for algo in ("direct", "ring", "tree", "halving_doubling"):
-            for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+        for algo in SUPPORTED["all_reduce"]:
+            for dtype in (np.dtype(np.float32),) + ((np.dtype(ml_dtypes.bfloat16),) if op == "avg" else ()):
                 x = data(rank, 50, dtype, op)
                 comm.all_reduce(x, op, algorithm=algo)
                 check(
@@ -95,6 +100,17 @@ def all_cases(rank: int, world: int) -> list[str]:
                     reference(world, 50, dtype, op),
                     exact=op != "avg",
                 )
+    # every ops dtype (float16, float8, small ints, bool too) through every all_reduce algorithm
+    from opstrata import ops
+
+    for dtype in ops.ALL_DTYPES:
+        for algo in ("direct", "double_tree"):  # the low-precision path is shared by every algorithm
+            x = data(rank, 37, dtype)
+            comm.all_reduce(x, algorithm=algo)
+            check(f"all_reduce {algo} {dtype} (every dtype)", x, reference(world, 37, dtype, "sum"))
+        y = data(rank, 37, dtype, seed=9)
+        comm.broadcast(y, 0, algorithm="double_tree")
+        check(f"broadcast double_tree {dtype} (every dtype)", y, data(0, 37, dtype, seed=9))
     # lists instead of arrays
     x = data(rank, 5, DTYPES[0])
     outs = [np.zeros(5, np.float32) for _ in range(world)]
@@ -112,6 +128,7 @@ def all_cases(rank: int, world: int) -> list[str]:
 def deterministic_cases(rank: int, world: int) -> list[str]:
     """deterministic=True gives the same bits for every algorithm, equal to the rank-order fold."""
     from opstrata import comm
+    from opstrata.comm._algorithms import SUPPORTED
 
     bad = []
     for dtype in (np.float32, ml_dtypes.bfloat16):
@@ -119,14 +136,14 @@ def deterministic_cases(rank: int, world: int) -> list[str]:
             rng = [np.random.default_rng(r) for r in range(world)]
             xs = [g.standard_normal(n).astype(np.float32) * 10.0 ** g.integers(-3, 4, n) for g in rng]
             want = functools.reduce(np.add, [x.astype(dtype).astype(np.float32) for x in xs]).astype(dtype)
-            for algo in ("direct", "ring", "tree", "halving_doubling"):
+            for algo in SUPPORTED["all_reduce"]:
                 x = xs[rank].astype(dtype)
                 comm.all_reduce(x, algorithm=algo, deterministic=True)
                 if x.tobytes() != want.tobytes():
                     bad.append(
                         f"rank {rank}: deterministic all_reduce {algo} {np.dtype(dtype)} n={n} differs"
                     )
-                for ralgo in ("direct", "ring", "tree"):
+                for ralgo in SUPPORTED["reduce"]:
                     y = xs[rank].astype(dtype)
                     comm.reduce(y, 0, algorithm=ralgo, deterministic=True)
                     if rank == 0 and y.tobytes() != want.tobytes():
@@ -162,7 +179,7 @@ def groups_and_p2p(rank: int, world: int) -> list[str]:
         if not np.array_equal(buf, np.arange(1000) + prv):
             bad.append(f"rank {rank}: recv got {buf[:3]}")
     # multi-MiB messages on the default slot / socket chunk sizes
-    for algo in ("direct", "ring", "tree", "halving_doubling"):
+    for algo in ("direct", "ring", "tree", "halving_doubling", "double_tree", "hierarchical"):
         x = data(rank, 700_001, np.dtype(np.float32), seed=3)
         comm.all_reduce(x, algorithm=algo)
         if not np.array_equal(x, reference(world, 700_001, np.dtype(np.float32), "sum", seed=3)):
@@ -234,3 +251,136 @@ def late_peer(rank: int, world: int) -> dict:
     except comm.CommError as e:
         return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t0}
     return {"error": None}
+
+
+def _init_on_host(rank: int, world: int, hosts: list[str], port: int, timeout: float = 30.0) -> None:
+    """Join a tcp group as if this rank ran on ``hosts[rank]`` (OPSTRATA_COMM_HOST simulates hosts)."""
+    from opstrata import comm
+
+    os.environ["OPSTRATA_COMM_HOST"] = hosts[rank]
+    comm.init_process_group(
+        "tcp", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", timeout=timeout
+    )
+
+
+def multi_host_cases(rank: int, world: int, hosts: list[str], port: int) -> list[str]:
+    """Simulated hosts: hierarchical is selected by topology, matches the reference, and says why in the log."""
+    import logging
+
+    from opstrata import comm
+
+    _init_on_host(rank, world, hosts, port)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("opstrata.comm")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+    bad: list[str] = []
+    try:
+        for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.int32)):
+            for n in (1, 1000, 300_001):
+                for op in ("sum", "max"):
+                    x = data(rank, n, dtype, op)
+                    comm.all_reduce(x, op)
+                    if not np.array_equal(x, reference(world, n, dtype, op)):
+                        bad.append(f"rank {rank}: hierarchical all_reduce {op} {dtype} n={n}: {x[:4]}")
+                for root in range(world):
+                    y = data(rank, n, dtype, seed=7) if rank == root else np.zeros(n, dtype)
+                    comm.broadcast(y, root)
+                    if not np.array_equal(y, data(root, n, dtype, seed=7)):
+                        bad.append(f"rank {rank}: hierarchical broadcast root={root} {dtype} n={n}")
+        x = data(rank, 64, np.dtype(np.float32))
+        comm.all_reduce(x, op="avg")
+        if not np.allclose(x, reference(world, 64, np.dtype(np.float32), "avg")):
+            bad.append(f"rank {rank}: hierarchical avg")
+        # deterministic mode gives the rank-order fold's bits, whatever the topology
+        vs = []
+        for r in range(world):
+            gr = np.random.default_rng(r)
+            vs.append((gr.standard_normal(5000) * 10.0 ** gr.integers(-3, 4, 5000)).astype(np.float32))
+        v = vs[rank].copy()
+        comm.all_reduce(v, deterministic=True)
+        if v.tobytes() != functools.reduce(np.add, vs).tobytes():
+            bad.append(f"rank {rank}: deterministic all_reduce on {len(set(hosts))} hosts differs")
+        # all_gather is hierarchical too (hosts' blocks are not contiguous when hosts interleave)
+        for n in (3, 70_001):
+            for dtype in (np.dtype(np.float32), np.dtype(np.int64)):
+                out = np.zeros((world, n), dtype)
+                comm.all_gather(out, data(rank, n, dtype, seed=11))
+                if not np.array_equal(out, np.stack([data(r, n, dtype, seed=11) for r in range(world)])):
+                    bad.append(f"rank {rank}: hierarchical all_gather {dtype} n={n}")
+        # reduce_scatter has no hierarchical algorithm: it runs flat over tcp
+        o = np.zeros(5, np.float32)
+        comm.reduce_scatter(o, data(rank, 5 * world, np.dtype(np.float32)))
+        if not np.array_equal(
+            o, reference(world, 5 * world, np.dtype(np.float32), "sum")[5 * rank : 5 * rank + 5]
+        ):
+            bad.append(f"rank {rank}: reduce_scatter on simulated hosts")
+    finally:
+        comm.destroy_process_group()
+    if not any("all_gather" in m and "algo=hierarchical" in m for m in records):
+        bad.append(f"rank {rank}: all_gather was not hierarchical on {len(set(hosts))} hosts")
+    hier = [m for m in records if "all_reduce" in m and "algo=hierarchical" in m]
+    if not hier or f"group spans {len(set(hosts))} hosts" not in hier[0] or "time=" not in hier[0]:
+        bad.append(f"rank {rank}: debug log lacks the hierarchical choice and its reason: {records[:3]}")
+    if not any("hierarchical:" in m and "inter-host tcp" in m for m in hier):
+        bad.append(f"rank {rank}: debug log lacks the hierarchical layout note: {hier[:2]}")
+    return bad
+
+
+def multi_host_dies(rank: int, world: int, hosts: list[str], port: int, victim: int) -> dict:
+    """A rank of a simulated 2-host group SIGKILLs itself mid hierarchical all_reduce."""
+    from opstrata import comm
+
+    _init_on_host(rank, world, hosts, port, timeout=20.0)
+    x = np.ones(100_000, np.float32)
+    if rank == victim:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    t_kill = time.monotonic() + 0.5
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x, algorithm="hierarchical")
+            x[:] = 1.0
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_kill}
+    finally:
+        comm.destroy_process_group()
+    return {"error": None}
+
+
+def tuned_selection(rank: int, world: int, cache_dirs: list[str], port: int) -> dict:
+    """Each rank gets its own OPSTRATA_CACHE_DIR; every rank must still select from rank 0's table."""
+    import logging
+
+    from opstrata import comm
+
+    os.environ["OPSTRATA_CACHE_DIR"] = cache_dirs[rank]
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    comm.init_process_group(
+        "shm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", timeout=30
+    )
+    logger = logging.getLogger("opstrata.comm")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+    try:
+        group = comm._api._default("test")
+        picks = {nb: group.select("all_reduce", nb, None) for nb in (1024, 8 << 20)}
+        x = np.full(1000, rank + 1.0, np.float32)
+        comm.all_reduce(x)  # must not desync: every rank uses rank 0's table
+        ok = bool(np.all(x == world * (world + 1) / 2))
+        comm.all_reduce(x, algorithm="double_tree")
+        os.environ["OPSTRATA_COMM_ALGO"] = "tree"
+        comm.broadcast(x, 0)
+        del os.environ["OPSTRATA_COMM_ALGO"]
+    finally:
+        comm.destroy_process_group()
+    return {"picks": picks, "ok": ok, "log": [m for m in records if "seq=" in m]}

@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._group import NON_GROUP_MEMBER as NON_GROUP_MEMBER, ProcessGroup as ProcessGroup
 from ._store import FileStore as FileStore, TCPStore as TCPStore
+from ._tuning import CommTuningWarning as CommTuningWarning
 from ._work import Work as Work
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "CommError",
     "CommPeerError",
     "CommTimeoutError",
+    "CommTuningWarning",
     "FileStore",
     "ProcessGroup",
     "TCPStore",

@@ -4,7 +4,10 @@ direct: every rank talks to every rank in one round (small messages). ring: redu
 around the ring, chunks pipelined through the transport's slots (Patarasuk & Yuan 2009). tree: binomial
 tree reduce / broadcast. halving_doubling: recursive halving reduce-scatter + recursive doubling
 all-gather (Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005) with the MPICH fix-up for world sizes
-that are not a power of two. Deterministic mode folds every element in rank order (x0 op x1 op ...).
+that are not a power of two. Deterministic mode folds every element in rank order (x0 op x1 op ...). double_tree (NCCL's two
+complementary binary trees, chunked) lives in _double_tree.py, hierarchical (multi-host) in _hierarchical.py.
+Selection order: per-call ``algorithm=``, ``OPSTRATA_COMM_ALGO``, hierarchical for groups spanning hosts,
+thresholds measured by ``opstrata-comm-tune`` on this machine (_tuning.py), then the built-in table.
 """
 
 from __future__ import annotations
@@ -12,20 +15,25 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _double_tree
 from ._transport import ReduceFn, Transport
 
-ALGORITHMS = ("direct", "ring", "tree", "halving_doubling")
+if TYPE_CHECKING:
+    from ._tuning import TunedTable
+
+ALGORITHMS = ("direct", "ring", "tree", "halving_doubling", "double_tree", "hierarchical")
 KiB, MiB = 1 << 10, 1 << 20
 
 #: Which algorithms each collective implements.
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "all_reduce": ALGORITHMS,
-    "reduce": ("direct", "ring", "tree"),
-    "broadcast": ("direct", "ring", "tree"),
-    "all_gather": ("direct", "ring", "halving_doubling"),
+    "reduce": ("direct", "ring", "tree", "double_tree"),
+    "broadcast": ("direct", "ring", "tree", "double_tree", "hierarchical"),
+    "all_gather": ("direct", "ring", "halving_doubling", "hierarchical"),
     "reduce_scatter": ("direct", "ring", "halving_doubling"),
     "all_to_all": ("direct",),
     "barrier": ("direct",),
@@ -83,8 +91,24 @@ def _pow2(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-def select(collective: str, nbytes: int, world: int, requested: str | None) -> tuple[str, str]:
-    """Return (algorithm, reason) for a call; ``requested`` (per call or OPSTRATA_COMM_ALGO) wins if valid."""
+#: Collectives that have a hierarchical algorithm, chosen for groups that span hosts.
+HIERARCHICAL = ("all_reduce", "broadcast", "all_gather")
+
+
+def select(
+    collective: str,
+    nbytes: int,
+    world: int,
+    requested: str | None,
+    *,
+    backend: str = "shm",
+    hosts: list[int] | None = None,
+    tuned: TunedTable | None = None,
+) -> tuple[str, str]:
+    """Return (algorithm, reason) for a call; ``requested`` (per call or OPSTRATA_COMM_ALGO) wins if valid.
+
+    ``hosts`` is the number of ranks on each host of the group; ``tuned`` the measured thresholds.
+    """
     env = os.environ.get("OPSTRATA_COMM_ALGO") or None
     for source, algo in (("per-call algorithm=", requested), ("OPSTRATA_COMM_ALGO", env)):
         if algo is None:
@@ -101,6 +125,15 @@ def select(collective: str, nbytes: int, world: int, requested: str | None) -> t
                 f"choose one of {SUPPORTED[collective]}"
             )
         # an env override for all collectives falls through to the table for those that lack it
+    if hosts and len(hosts) > 1 and max(hosts) > 1 and collective in HIERARCHICAL:
+        return "hierarchical", (
+            f"group spans {len(hosts)} hosts with {hosts} ranks: intra-host shm, then inter-host between "
+            f"leaders ({nbytes} B, world {world})"
+        )
+    if tuned:
+        got = tuned.lookup(collective, nbytes, world, backend)
+        if got is not None and got[0] in SUPPORTED[collective] and got[0] != "hierarchical":
+            return got
     for coll, bound, cond, algo, why in THRESHOLDS:
         if coll == collective and nbytes <= bound and (cond == "any" or _pow2(world)):
             return algo, f"{why} ({nbytes} B, world {world})"
@@ -304,7 +337,7 @@ def all_reduce(c: Ctx, buf: np.ndarray, fn: ReduceFn, algo: str, deterministic: 
         rs_direct(c, blocks, fn)  # folds in rank order: the bits do not depend on the algorithm
         if algo == "halving_doubling" and _pow2(n):
             ag_doubling(c, blocks)
-        elif algo in ("ring", "tree", "halving_doubling"):
+        elif algo != "direct":
             ag_ring(c, blocks)
         else:
             ag_direct(c, blocks)
@@ -320,6 +353,9 @@ def all_reduce(c: Ctx, buf: np.ndarray, fn: ReduceFn, algo: str, deterministic: 
         return ""
     if algo == "halving_doubling":
         return _all_reduce_hd(c, buf, fn)
+    if algo == "double_tree":
+        _double_tree.plan(n, c.rank, buf, fn, root=0, up=True, down=True).run(c.ex)
+        return ""
     raise ValueError(f"all_reduce: unknown algorithm {algo!r}")
 
 

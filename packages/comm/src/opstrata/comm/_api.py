@@ -163,7 +163,8 @@ def _rendezvous(store: Store, rank: int, world: int, t: float) -> None:
             f"init_process_group: more than world_size={world} ranks joined; make RANK unique per process, "
             "and with file:// use a fresh directory per job (this one may hold a previous job's keys)"
         )
-    store.set(f"proc/{rank}", f"{os.getpid()}|{socket.gethostname()}".encode())
+    host = os.environ.get("OPSTRATA_COMM_HOST") or socket.gethostname()  # the override simulates hosts
+    store.set(f"proc/{rank}", f"{os.getpid()}|{host}".encode())
     procs = [
         store.get(f"proc/{j}", t, what=f"init_process_group (rank {rank} waits for rank {j})")
         for j in range(world)

@@ -17,9 +17,10 @@ import numpy as np
 
 from opstrata import ops
 
-from . import _algorithms as alg
+from . import _algorithms as alg, _double_tree, _tuning
 from ._algorithms import Blocks, Ctx
 from ._errors import CommDesyncError, CommError
+from ._hierarchical import Hierarchy, Topology
 from ._store import Store
 from ._transport import Transport
 from ._work import Work, Worker
@@ -106,11 +107,36 @@ class ProcessGroup:
         self._p2p_send: dict[int, int] = collections.defaultdict(int)
         self._p2p_recv: dict[int, int] = collections.defaultdict(int)
         self.recorder: collections.deque[str] = collections.deque(maxlen=256)
+        self.topology = Topology(transport.hosts, self.rank)
+        self.tuned = _tuning.shared_table(
+            store, self.rank, timeout, f"process group {gid} set-up (rank {self.rank})"
+        )
+        self._hier: Hierarchy | None = None
         self._worker = Worker(f"opstrata-comm-g{gid}")
         self._closed = False
 
     def __repr__(self) -> str:
         return f"ProcessGroup(gid={self.gid}, backend={self.backend!r}, ranks={self.ranks}, rank={self.rank})"
+
+    def select(self, collective: str, nbytes: int, requested: str | None) -> tuple[str, str]:
+        """(algorithm, reason) for a call on this group: override, topology, tuned thresholds, built-in table."""
+        topo = self.topology
+        return alg.select(
+            collective,
+            nbytes,
+            self.size,
+            requested,
+            backend=self.backend,
+            hosts=[topo.hosts.count(h) for h in topo.order],
+            tuned=self.tuned,
+        )
+
+    def _hierarchy(self) -> Hierarchy:
+        """The group's per-host shm level, made on first use (inside a collective every rank runs)."""
+        if self._hier is None:
+            job = getattr(self.store, "base", self.store).get("job_id", self.timeout).decode()
+            self._hier = Hierarchy(self.transport, self.store, job=job, gid=self.gid, timeout=self.timeout)
+        return self._hier
 
     def group_rank(self, global_rank: int, what: str) -> int:
         """Translate a global rank (torch convention for src/dst) into this group's rank."""
@@ -162,13 +188,14 @@ class ProcessGroup:
             self.recorder.append(f"{header} done {ms:.3f}ms")
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
-                    "[opstrata.comm rank %d] %s seq=%d algo=%s bytes=%d world=%d time=%.3fms why=%s%s",
+                    "[opstrata.comm rank %d] %s seq=%d algo=%s bytes=%d world=%d backend=%s time=%.3fms why=%s%s",
                     self.global_rank,
                     name,
                     seq,
                     algo,
                     nbytes,
                     self.size,
+                    self.backend,
                     ms,
                     why,
                     f"; {note}" if note else "",
@@ -209,13 +236,16 @@ class ProcessGroup:
         _check_array(x, "all_reduce")
         _check_op(op, x.dtype, "all_reduce")
         det = self.deterministic if deterministic is None else deterministic
-        algo, why = alg.select("all_reduce", x.nbytes, self.size, algorithm)
+        algo, why = self.select("all_reduce", x.nbytes, algorithm)
         fn, acc, n = _fn(op), _acc(x.dtype), self.size
 
         def body(c: Ctx) -> str:
             flat = x.reshape(-1)
             work = flat if acc == x.dtype else flat.astype(acc)
-            note = alg.all_reduce(c, work, fn, algo, det) if n > 1 else ""
+            if n > 1 and algo == "hierarchical" and not det:
+                note = self._hierarchy().all_reduce(c, work, fn)
+            else:
+                note = alg.all_reduce(c, work, fn, algo, det) if n > 1 else ""
             if op == "avg":
                 np.divide(work, n, out=work, casting="unsafe")
             if work is not flat:
@@ -239,7 +269,7 @@ class ProcessGroup:
         _check_op(op, x.dtype, "reduce")
         root = self.group_rank(dst, "reduce")
         det = self.deterministic if deterministic is None else deterministic
-        algo, why = alg.select("reduce", x.nbytes, self.size, algorithm)
+        algo, why = self.select("reduce", x.nbytes, algorithm)
         fn, acc, n, r = _fn(op), _acc(x.dtype), self.size, self.rank
 
         def body(c: Ctx) -> str:
@@ -248,6 +278,8 @@ class ProcessGroup:
             if n > 1:
                 if algo == "tree" and not det:
                     alg.tree_reduce(c, work, fn, root)
+                elif algo == "double_tree" and not det:
+                    _double_tree.plan(n, r, work, fn, root=root, up=True, down=False).run(c.ex)
                 else:
                     blocks = Blocks(work, n)
                     (alg.rs_ring if algo == "ring" and not det else alg.rs_direct)(c, blocks, fn)
@@ -269,11 +301,17 @@ class ProcessGroup:
         """Copy ``x`` from ``src`` into every rank's ``x``."""
         _check_array(x, "broadcast")
         root = self.group_rank(src, "broadcast")
-        algo, why = alg.select("broadcast", x.nbytes, self.size, algorithm)
+        algo, why = self.select("broadcast", x.nbytes, algorithm)
 
         def body(c: Ctx) -> str:
-            if self.size > 1:
-                buf = x.reshape(-1)
+            if self.size == 1:
+                return ""
+            buf = x.reshape(-1)
+            if algo == "hierarchical":
+                return self._hierarchy().broadcast(c, buf, root)
+            if algo == "double_tree":
+                _double_tree.plan(self.size, self.rank, buf, None, root=root, up=False, down=True).run(c.ex)
+            else:
                 {"direct": alg.direct_broadcast, "tree": alg.tree_broadcast, "ring": alg.ring_broadcast}[
                     algo
                 ](c, buf, root)
@@ -286,7 +324,7 @@ class ProcessGroup:
         """Gather every rank's ``x`` into ``out`` (a list of arrays or one array of world_size * x.size)."""
         _check_array(x, "all_gather")
         outs = _parts(out, self.size, x, "all_gather", "out")
-        algo, why = alg.select("all_gather", x.nbytes * self.size, self.size, algorithm)
+        algo, why = self.select("all_gather", x.nbytes * self.size, algorithm)
         n, r = self.size, self.rank
 
         def body(c: Ctx) -> str:
@@ -297,6 +335,8 @@ class ProcessGroup:
             if n > 1:
                 if algo == "direct":
                     alg.ag_direct(c, blocks)
+                elif algo == "hierarchical":
+                    note = self._hierarchy().all_gather(c, blocks)
                 elif algo == "halving_doubling" and alg._pow2(n):
                     alg.ag_doubling(c, blocks)
                 else:
@@ -324,7 +364,7 @@ class ProcessGroup:
         _check_op(op, out.dtype, "reduce_scatter")
         parts = _parts(xs, self.size, out, "reduce_scatter", "x")
         det = self.deterministic if deterministic is None else deterministic
-        algo, why = alg.select("reduce_scatter", out.nbytes * self.size, self.size, algorithm)
+        algo, why = self.select("reduce_scatter", out.nbytes * self.size, algorithm)
         fn, acc, n, r = _fn(op), _acc(out.dtype), self.size, self.rank
 
         def body(c: Ctx) -> str:
@@ -440,6 +480,8 @@ class ProcessGroup:
             return
         self._closed = True
         self._worker.stop(self.timeout)
+        if self._hier is not None:
+            self._hier.close()
         self.transport.close()
 
 

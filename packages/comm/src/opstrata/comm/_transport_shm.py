@@ -5,6 +5,12 @@ j, a channel: write counter (bumped by j), read counter (bumped by r) on separat
 ``nslots`` slots of ``slot`` bytes. A sender copies a chunk into the next free slot of the receiver's
 segment; the receiver reduces straight out of that slot into its buffer (no staging copy). Segments are
 unlinked as soon as every rank has mapped them, so a killed rank leaks nothing in /dev/shm.
+
+Waiting: a rank with nothing to move spins briefly, then raises its "sleeping" flag and blocks in select()
+on a datagram socket in Linux's abstract namespace (nothing on disk to leak); a peer that publishes a chunk
+or frees a slot sends it one byte when the flag is up. Blocking instead of polling leaves the cores to the
+ranks that have work, which matters most when ranks outnumber cores. A short select timeout bounds the
+cost of a wake-up lost to the flag/counter race, and keeps the liveness checks running.
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from __future__ import annotations
 import _posixshmem  # the POSIX shm_open/shm_unlink binding behind multiprocessing.shared_memory
 import contextlib
 import os
+import select
+import socket
+import sys
+import time
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
@@ -21,6 +31,9 @@ from ._transport import Op, Transport
 
 _HDR = 64
 _CH_HDR = 128
+_SLEEPING = 4  # header word: 1 while this rank blocks on its wake-up socket
+_SPINS = 64  # idle rounds of sched_yield before blocking
+_BLOCK_S = 0.002  # longest block between re-checks (lost wake-up, liveness)
 
 
 def _open(name: str, size: int = 0) -> shared_memory.SharedMemory:
@@ -80,6 +93,16 @@ class ShmTransport(Transport):
             ) from None
         self._unlinked = False
         self._maps: dict[int, shared_memory.SharedMemory] = {}
+        self._wake_addr = [f"\0{prefix}r{j}w".encode() for j in range(size)]
+        self._wake: socket.socket | None = None
+        if sys.platform.startswith("linux"):  # abstract socket names are Linux-only; elsewhere: poll
+            self._wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                self._wake.bind(self._wake_addr[rank])
+                self._wake.setblocking(False)
+            except OSError:
+                self._wake.close()
+                self._wake = None
         try:
             self._setup(name, ch, timeout)
         except BaseException:
@@ -120,10 +143,12 @@ class ShmTransport(Transport):
     def _progress(self, ops: list[Op]) -> bool:
         moved = False
         S, K = self.slot, self.nslots
+        touched = []
         for o in ops:
             n = o.data.nbytes
             if o.off >= n:
                 continue
+            before = o.off
             if o.send:
                 w, r, d = self._out_w[o.peer], self._out_r[o.peer], self._out_d[o.peer]
                 wv = int(w[0])
@@ -150,7 +175,33 @@ class ShmTransport(Transport):
                     rv += 1
                     r[0] = rv
                     moved = True
+            if o.off != before:
+                touched.append(o.peer)
+        for p in touched:  # wake peers blocked waiting for this chunk or for this free slot
+            if self._peer_hdr[p][_SLEEPING]:
+                self._wake_peer(p)
         return moved
+
+    def _wake_peer(self, peer: int) -> None:
+        if self._wake is not None:
+            with contextlib.suppress(OSError):  # full queue (already woken) or peer gone
+                self._wake.sendto(b"w", self._wake_addr[peer])
+
+    def _idle(self, ops: list[Op], spins: int) -> None:
+        if spins < _SPINS or self._wake is None:
+            time.sleep(0 if spins < _SPINS else min(1e-3, 2e-5 * 2 ** min(spins - _SPINS, 6)))
+            return
+        self._hdr[_SLEEPING] = 1
+        try:
+            if self._progress(ops):  # a chunk arrived between the last check and raising the flag
+                return
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._wake], [], [], _BLOCK_S)
+            with contextlib.suppress(OSError):
+                while self._wake.recv(64):
+                    pass
+        finally:
+            self._hdr[_SLEEPING] = 0
 
     def _read_abort(self, force: bool = False) -> tuple[int, int, int] | None:
         if self._own is None or int(self._hdr[1]) == 0:
@@ -171,6 +222,9 @@ class ShmTransport(Transport):
         if own is not None and not self._unlinked:
             _unlink(own.name)
             self._unlinked = True
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
         for shm in [own, *self._maps.values()]:
             if shm is not None:
                 with contextlib.suppress(BufferError, OSError):
