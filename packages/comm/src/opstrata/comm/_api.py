@@ -92,6 +92,7 @@ def init_process_group(
 
     ``init_method`` is ``env://`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), ``tcp://host:port`` or
     ``file://path`` (a directory shared by the ranks, fresh per job). ``timeout`` bounds every wait.
+    ``backend="mpi"`` takes rank and world size from MPI (run under ``mpiexec -n N``).
     """
     if _S.default is not None:
         raise RuntimeError("init_process_group: already initialised; call destroy_process_group() first")
