@@ -2,7 +2,7 @@
 
 Joins the default group with backend='mpi' (rank and world size from MPI), runs ``CASE(rank, world,
 *args)`` from _mpi_cases / _cases and writes ``{"ok", "value", "error"}`` to OUT_DIR/rank<r>.json
-(temp file + rename). CONFIG_JSON holds ``args``, ``timeout`` and per-rank ``timeouts``.
+(temp file + rename). CONFIG_JSON holds ``args``, ``timeout``, per-rank ``timeouts`` and ``init``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main() -> int:
 
         rank = MPI.COMM_WORLD.Get_rank()
         timeout = config.get("timeouts", {}).get(str(rank), config.get("timeout", 30.0))
-        comm.init_process_group("mpi", timeout=timeout)
+        store = os.path.join(out_dir, "store")  # config "init": "file" meets in a FileStore instead
+        init = f"file://{store}" if config.get("init") == "file" else "env://"
+        comm.init_process_group("mpi", timeout=timeout, init_method=init)
         result = {"ok": True, "value": fn(rank, comm.get_world_size(), *config.get("args", [])), "error": ""}
     except BaseException as e:  # reported to the test through the result file
         result = {"ok": False, "value": None, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}

@@ -133,7 +133,8 @@ def test_native_collective_timeout_raises_instead_of_hanging(mpiexec: str, tmp_p
 
 
 def test_desync_reported_on_every_rank(mpiexec: str, tmp_path: Path) -> None:
-    values = _values(*launch(mpiexec, 3, "desync", tmp_path, limit=60, args=["shape"]))
+    # also: an explicit init_method (file://) instead of the store address rank 0 broadcasts over MPI
+    values = _values(*launch(mpiexec, 3, "desync", tmp_path, limit=60, args=["shape"], init="file"))
     assert all(v["error"] == "CommDesyncError" for v in values), values
     msgs = " ".join(v["msg"] for v in values)
     assert "shape=[5]" in msgs and "shape=[4]" in msgs and "seq=1" in msgs

@@ -135,9 +135,9 @@ def mpi_rendezvous(
                 "mpiexec -n N python script.py (opstrata-launch and torchrun start N separate one-rank MPI jobs), "
                 "or use backend='shm'/'tcp' under opstrata-launch"
             )
+    world = _world_comm(MPI, timeout)
     if init_method != "env://" or (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
         return mpi_rank, mpi_size, init_method
-    world = _world_comm(MPI, timeout)
     mine = np.zeros(_NAME_BYTES, np.uint8)
     raw = socket.gethostname().encode()[:_NAME_BYTES]
     mine[: len(raw)] = np.frombuffer(raw, np.uint8)
