@@ -130,6 +130,31 @@ def native_cases(rank: int, world: int) -> list[str]:
     return bad
 
 
+def random_shapes(rank: int, world: int) -> list[str]:
+    """Seeded random shapes (0-d, empty, multi-dim, sizes not divisible by the world) on every path."""
+    from opstrata import comm
+
+    bad = []
+    rng = np.random.default_rng(1234)  # the same draws on every rank
+    for case in range(12):
+        shape = tuple(int(d) for d in rng.integers(0, 9, rng.integers(0, 4)))
+        dtype = [np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float16)][case % 3]
+        n = int(np.prod(shape))
+        for algo in ("direct", "ring", "tree", "halving_doubling", "native"):
+            x = data(rank, n, dtype, seed=case).reshape(shape)
+            comm.all_reduce(x, algorithm=algo)
+            want = reference(world, n, dtype, "sum", seed=case).reshape(shape)
+            if x.shape != shape or not np.array_equal(x, want):
+                bad.append(f"rank {rank}: all_reduce {algo} {dtype}{list(shape)} differs from the reference")
+        for algo in ("ring", "native"):
+            out = np.zeros((world, *shape), dtype)
+            comm.all_gather(out, data(rank, n, dtype, seed=case).reshape(shape), algorithm=algo)
+            want = np.stack([data(r, n, dtype, seed=case).reshape(shape) for r in range(world)])
+            if not np.array_equal(out, want):
+                bad.append(f"rank {rank}: all_gather {algo} {dtype}{list(shape)} differs from the reference")
+    return bad
+
+
 def mpi_matrix(rank: int, world: int) -> list[str]:
     """The shm/tcp matrix (every collective x algorithm x dtype), determinism, groups/p2p/async, and native."""
     from opstrata import comm
@@ -137,7 +162,7 @@ def mpi_matrix(rank: int, world: int) -> list[str]:
     bad = []
     if comm.get_backend() != "mpi" or type(comm._api._S.default.transport).__name__ != "MpiTransport":
         bad.append(f"rank {rank}: default group is not on the MPI transport")
-    for fn in (all_cases, deterministic_cases, groups_and_p2p, native_cases):
+    for fn in (all_cases, deterministic_cases, groups_and_p2p, native_cases, random_shapes):
         bad += [f"{fn.__name__}: {b}" for b in fn(rank, world)]
     return bad
 
