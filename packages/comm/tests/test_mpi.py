@@ -189,3 +189,32 @@ def test_world_size_that_mpi_contradicts_is_an_error(mpiexec: str) -> None:
     )
     assert p.returncode == 0, p.stderr
     assert "WORLD_SIZE" in p.stdout and "rank 0 of 1" in p.stdout and "mpiexec -n N" in p.stdout, p.stdout
+
+
+def test_mpi_subgroup_needs_an_mpi_default_group() -> None:
+    from opstrata import comm
+    from opstrata.comm.testing import free_port
+
+    comm.init_process_group(
+        "shm", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}", timeout=10
+    )
+    try:
+        with pytest.raises(ValueError, match=r"default group initialised with backend='mpi'"):
+            comm.new_group([0], backend="mpi")
+    finally:
+        comm.destroy_process_group()
+
+
+def test_chunk_size_and_native_switch(monkeypatch) -> None:
+    from opstrata.comm._group_mpi import wants_native
+    from opstrata.comm._transport_mpi import _chunk_bytes
+
+    monkeypatch.setenv("OPSTRATA_COMM_MPI_CHUNK", "1000")
+    assert _chunk_bytes() == 1024  # rounded up to 64 bytes
+    monkeypatch.setenv("OPSTRATA_COMM_MPI_CHUNK", "0")
+    with pytest.raises(ValueError, match="OPSTRATA_COMM_MPI_CHUNK"):
+        _chunk_bytes()
+    monkeypatch.delenv("OPSTRATA_COMM_ALGO", raising=False)
+    assert wants_native("native") and not wants_native("ring") and not wants_native(None)
+    monkeypatch.setenv("OPSTRATA_COMM_ALGO", "native")
+    assert wants_native(None) and not wants_native("ring")  # a per-call algorithm wins over the env

@@ -188,12 +188,12 @@ class MpiTransport(Transport):
         timeout: float,
     ) -> None:
         super().__init__(rank, size, store, pids=pids, hosts=hosts)
-        self.MPI = MPI = load_mpi()
         if _world is None:
             raise ValueError(
                 "backend='mpi' for a group needs the default group initialised with backend='mpi' (under "
                 "mpiexec), so that opstrata's ranks are MPI's ranks; call init_process_group('mpi') first"
             )
+        self.MPI = MPI = load_mpi()
         world = _world
         if world.Get_size() <= max(members) or world.Get_rank() != members[rank]:
             raise ValueError(
