@@ -176,3 +176,35 @@ def test_external_data_file_missing(tmp_path) -> None:
     (tmp_path / "m.data").unlink()
     with pytest.raises(GraphError, match=r"from_onnx\('.*m.onnx'\).*external data"):
         from_onnx(tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "attrs", "match"),
+    [
+        (["x", "x", "x", "", "pk", "pv"], ["y"], {}, "past_key, past_value .*KV cache"),
+        (["x", "x", "x"], ["y", "present_k"], {}, "present_key / present_value / qk_matmul_output"),
+        (["x", "x", "x"], ["y"], {"softcap": 30.0}, r"\{'softcap': 30.0\}"),
+        (["x", "x", "x"], ["y"], {"q_num_heads": 2}, "only one of the two given"),
+        (["x", "x", "x"], ["y"], {"left_window_size": 4}, "left_window_size"),
+    ],
+)
+def test_unsupported_attention_forms(inputs, outputs, attrs, match) -> None:
+    node = oh.make_node("Attention", inputs, outputs, name="attn", **attrs)
+    extra = [oh.make_node("Identity", [o], [f"{o}_copy"]) for o in outputs[1:]]
+    g = oh.make_graph(
+        [node, *extra], "g", [oh.make_tensor_value_info(n, FLOAT, [1, 2, 3, 4]) for n in ("x", "pk", "pv")],
+        [oh.make_tensor_value_info("y", FLOAT, None)] + [oh.make_tensor_value_info(f"{o}_copy", FLOAT, None) for o in outputs[1:]],
+    )  # fmt: skip
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 25)])
+    with pytest.raises(UnsupportedOpError, match=r"node 'attn' \(ai.onnx::Attention, opset 25\)") as info:
+        from_onnx(m)
+    assert info.match(match)
+
+
+def test_rms_normalization_stash_type_other_than_float32_is_unsupported() -> None:
+    inits = [oh.make_tensor("w", FLOAT, [4], [1.0] * 4)]
+    m = _model(
+        [oh.make_node("RMSNormalization", ["x", "w"], ["y"], name="rms", stash_type=11)], inits, opset=23
+    )
+    with pytest.raises(UnsupportedOpError, match=r"node 'rms'.*stash_type=11.*float32"):
+        from_onnx(m)

@@ -91,15 +91,23 @@ def _fused_graph(opset: int) -> tuple[Graph, dict[str, np.ndarray]]:
     return g, {"x": rng.standard_normal((2, 5, 16)).astype(np.float32), "mask": mask}
 
 
-@pytest.mark.parametrize("opset", [13, 17, 18, onnx.defs.onnx_opset_version()])
-def test_fused_opstrata_ops_export_as_functions(opset: int) -> None:
+@pytest.mark.parametrize("opset", [13, 17, 18, 23, 24, 25, onnx.defs.onnx_opset_version()])
+def test_fused_opstrata_ops_export_as_standard_ops_or_functions(opset: int) -> None:
     g, feeds = _fused_graph(opset)
     m = _exported_matches(g, feeds, opset)
-    assert {f.name.rsplit("_", 1)[0] for f in m.functions} == {"RMSNorm", "Linear", "Attention"}
-    assert len(m.functions) == 4  # two Attention variants (causal / masked)
+    functions = {f.name.rsplit("_", 1)[0] for f in m.functions}
+    standard = [n.op_type for n in m.graph.node if n.op_type in ("RMSNormalization", "Attention")]
+    if opset < 23:  # no standard form yet: model-local functions
+        assert functions == {"RMSNorm", "Linear", "Attention"} and len(m.functions) == 4 and standard == []
+    elif opset < 25:  # the (B, 1, 1, S) padding mask broadcasts over queries: onnxruntime wants opset 25
+        assert functions == {"Linear", "Attention"} and standard == ["RMSNormalization", "Attention"]
+    else:
+        assert functions == {"Linear"} and standard == ["RMSNormalization", "Attention", "Attention"]
     assert g.value("y").shape == ("batch", 2, "seq", 8)
-    back = from_onnx(m)  # functions are inlined on import
-    assert not any(n.domain for n in back.nodes)
+    back = from_onnx(m)  # functions are inlined on import; standard ops come back as the fused nodes
+    counts = back.op_counts()
+    assert counts.get("ai.opstrata::RMSNorm", 0) == (opset >= 23)
+    assert counts.get("ai.opstrata::Attention", 0) == len(standard) - (opset >= 23)
     _close(run_graph(back, feeds)["y"], run_graph(g, feeds)["y"])
 
 
@@ -157,3 +165,53 @@ def test_export_rejects_bad_opset_and_untyped_values() -> None:
         to_onnx(g, opset=9)
     with pytest.raises(GraphError, match=r"value 'y': has no dtype.*run infer_shapes"):
         to_onnx(g)
+
+
+def _attention_graph(opset: int, n: int | str, m: int | str, *, causal: int, mask: tuple | None) -> Graph:
+    g = Graph("attn", opset_imports={"": opset})
+    g.add_input("q", np.float32, (2, 4, n, 8))
+    for t in "kv":
+        g.add_input(t, np.float32, (2, 2, m, 8))  # GQA: 2 kv heads for 4 query heads
+    ins = ["q", "k", "v"]
+    if mask is not None:
+        g.add_input("mask", np.bool_, mask)
+        ins.append("mask")
+    g.add_node("Attention", ins, ["y"], {"causal": causal}, domain=OPSTRATA_DOMAIN)
+    g.outputs.append("y")
+    return g
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "causal", "mask", "opset", "standard"),
+    [
+        ("seq", "seq", 1, None, 23, True),  # provably equal lengths: ONNX's causal is opstrata's
+        (3, 5, 1, None, 25, False),  # bottom-right (opstrata) vs top-left (ONNX): keep the function
+        ("n", "m", 1, None, 28, False),  # not provably equal
+        (3, 5, 0, (2, 1, 1, 5), 24, False),  # mask broadcast over queries: onnxruntime needs opset 25
+        (3, 5, 0, (2, 1, 1, 5), 25, True),
+        (3, 5, 0, (2, 1, 3, 5), 23, True),
+        ("seq", "seq", 1, None, 22, False),  # no standard Attention before opset 23
+    ],
+)
+def test_attention_standard_op_only_where_onnxruntime_agrees(n, m, causal, mask, opset, standard) -> None:
+    g = _attention_graph(opset, n, m, causal=causal, mask=mask)
+    dims = {"seq": 5, "n": 3, "m": 5}
+    nn, mm = (dims.get(d, d) for d in (n, m))  # type: ignore[arg-type]
+    feeds = {"q": rng.standard_normal((2, 4, nn, 8)).astype(np.float32)}
+    feeds |= {t: rng.standard_normal((2, 2, mm, 8)).astype(np.float32) for t in "kv"}
+    if mask is not None:
+        feeds["mask"] = np.broadcast_to(np.arange(mm) != 1, mask).copy()
+    exported = _exported_matches(g, feeds, opset)
+    assert [x.op_type for x in exported.graph.node] == (["Attention"] if standard else ["Attention_0"])
+    back = from_onnx(exported)  # the standard op comes back as the fused node, a function inlined
+    assert back.op_counts().get("ai.opstrata::Attention", 0) == int(standard)
+    _close(run_graph(back, feeds)["y"], run_graph(g, feeds)["y"])
+
+
+def test_rms_norm_without_weight_stays_a_function() -> None:
+    g = Graph("rms", opset_imports={"": 23})
+    g.add_input("x", np.float32, ("batch", 8))
+    g.add_node("RMSNorm", ["x"], ["y"], {"epsilon": 1e-6}, domain=OPSTRATA_DOMAIN)
+    g.outputs.append("y")
+    m = _exported_matches(g, {"x": rng.standard_normal((3, 8)).astype(np.float32)}, 23)
+    assert [n.op_type for n in m.graph.node] == ["RMSNorm_0"]  # RMSNormalization requires a scale

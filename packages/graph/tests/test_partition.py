@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,9 @@ from opstrata.graph import OPSTRATA_DOMAIN, Graph, GraphError, Node
 from opstrata.graph.testing import (
     ModelBuilder,
     bert_block_model,
+    fused_llama,
     gpt_block_model,
+    gpt_gqa_model,
     mlp_model,
     ort_run,
     random_feeds,
@@ -27,134 +28,6 @@ DIMS = {"batch": 2, "seq": 5}
 
 
 # --------------------------------------------------------------------------- models
-
-
-def _heads(b: ModelBuilder, x: str, heads: int, d: int) -> str:
-    """(B, S, H*D) -> (B, H, S, D) with the Shape/Gather/Concat/Reshape chain torch exports."""
-    bs = b.op("Gather", [b.op("Shape", [x]), b.ints([0, 1])], axis=0)
-    return b.op(
-        "Transpose",
-        [b.op("Reshape", [x, b.op("Concat", [bs, b.ints([heads, d])], axis=0)])],
-        perm=[0, 2, 1, 3],
-    )
-
-
-def _repeat_kv(b: ModelBuilder, x: str, kv: int, rep: int, d: int) -> str:
-    """(B, Hkv, S, D) -> (B, Hkv*rep, S, D) as torch exports ``repeat_kv`` (Unsqueeze, Expand, Reshape)."""
-    shape = b.op("Shape", [x])
-    bb = b.op("Gather", [shape, b.ints([0])], axis=0)
-    ss = b.op("Gather", [shape, b.ints([2])], axis=0)
-    e = b.op(
-        "Expand", [b.unsqueeze(x, [2]), b.op("Concat", [bb, b.ints([kv, rep]), ss, b.ints([d])], axis=0)]
-    )
-    return b.op("Reshape", [e, b.op("Concat", [bb, b.ints([kv * rep]), ss, b.ints([d])], axis=0)])
-
-
-def gpt_gqa_model(
-    *, layers: int = 2, hidden: int = 32, heads: int = 8, kv_heads: int = 4, seed: int = 0
-) -> Any:
-    """A decoder of ``layers`` pre-LN blocks with grouped-query attention (separate Q/K/V MatMul+Add,
-    repeat_kv, Trilu/Where causal mask) and an Erf-GELU MLP; input ``x`` (batch, seq, hidden)."""
-    b = ModelBuilder("gpt_gqa", 17, seed)
-    d = hidden // heads
-    x = b.input("x", ["batch", "seq", hidden])
-    seq = b.op("Gather", [b.op("Shape", [x]), b.const(np.array(1, np.int64))], axis=0)
-    ss = b.op("Concat", [b.unsqueeze(seq, [0]), b.unsqueeze(seq, [0])], axis=0)
-    ones = b.op(
-        "ConstantOfShape", [ss], value=onnx.helper.make_tensor("one", onnx.TensorProto.FLOAT, [1], [1.0])
-    )
-    future = b.op("Equal", [b.op("Trilu", [ones], upper=0), b.scalar(0.0)])
-    for _ in range(layers):
-        h = b.layer_norm(x, hidden, decomposed=False)
-        q = _heads(b, b.linear(h, hidden, heads * d), heads, d)
-        k = _repeat_kv(
-            b, _heads(b, b.linear(h, hidden, kv_heads * d), kv_heads, d), kv_heads, heads // kv_heads, d
-        )
-        v = _repeat_kv(
-            b, _heads(b, b.linear(h, hidden, kv_heads * d), kv_heads, d), kv_heads, heads // kv_heads, d
-        )
-        kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
-        s = b.op("Mul", [b.op("MatMul", [q, kt]), b.scalar(1 / math.sqrt(d))])
-        p = b.op("Softmax", [b.op("Where", [future, b.scalar(-np.inf), s])], axis=-1)
-        ctx = b.op("Transpose", [b.op("MatMul", [p, v])], perm=[0, 2, 1, 3])
-        attn = b.linear(b.op("Reshape", [ctx, b.ints([0, 0, heads * d])]), heads * d, hidden)
-        x = b.op("Add", [x, attn])
-        mlp = b.linear(
-            b.gelu_erf(b.linear(b.layer_norm(x, hidden, decomposed=False), hidden, 2 * hidden)),
-            2 * hidden,
-            hidden,
-        )
-        x = b.op("Add", [x, mlp])
-    b.nodes.append(onnx.helper.make_node("Identity", [x], ["y"], name="out"))
-    b.output("y")
-    return b.build()
-
-
-def fused_llama(
-    *,
-    layers: int = 2,
-    hidden: int = 32,
-    heads: int = 4,
-    kv_heads: int = 2,
-    ffn: int = 48,
-    fused_qkv: bool = False,
-    seed: int = 0,
-) -> Graph:
-    """The fused form the passes produce: RMSNorm, ai.opstrata::Linear (W (out, in)), fused GQA Attention
-    (causal) behind Reshape/Transpose, SwiGLU MLP; built directly in the IR. Input ``x`` (batch, seq, hidden)."""
-    rng = np.random.default_rng(seed)
-    d = hidden // heads
-    g = Graph("llama", opset_imports={"": 17, OPSTRATA_DOMAIN: 1})
-    g.add_input("x", np.float32, ("batch", "seq", hidden))
-
-    def w(name: str, *shape: int) -> str:
-        g.add_initializer(name, (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32))
-        return name
-
-    def linear(x: str, name: str, d_in: int, d_out: int, bias: bool = True) -> str:
-        ins = [x, w(f"{name}.w", d_out, d_in)] + ([w(f"{name}.b", d_out)] if bias else [])
-        g.add_node("Linear", ins, [name], name=name, domain=OPSTRATA_DOMAIN)
-        return name
-
-    def node(op: str, ins: list[str], out: str, **attrs: Any) -> str:
-        g.add_node(
-            op, ins, [out], attrs, name=out, domain=OPSTRATA_DOMAIN if op in ("RMSNorm", "Attention") else ""
-        )
-        return out
-
-    x = "x"
-    for i in range(layers):
-        p = f"l{i}"
-        h = node("RMSNorm", [x, w(f"{p}.norm1", hidden)], f"{p}.norm1_out", epsilon=1e-6)
-        qkv, parts = [], [("q", heads), ("k", kv_heads), ("v", kv_heads)]
-        if fused_qkv:  # one projection, then Split into unequal (GQA) parts
-            both = linear(h, f"{p}.qkv", hidden, (heads + 2 * kv_heads) * d)
-            g.add_node(
-                "Split",
-                [both],
-                [f"{p}.{nm}" for nm, _ in parts],
-                {"axis": 2, "split": [nh * d for _, nh in parts]},
-            )
-        for nm, nh in parts:
-            t = f"{p}.{nm}" if fused_qkv else linear(h, f"{p}.{nm}", hidden, nh * d)
-            g.add_initializer(f"{p}.{nm}_shape", np.array([0, 0, nh, d], np.int64))
-            r = node("Reshape", [t, f"{p}.{nm}_shape"], f"{p}.{nm}_heads")
-            qkv.append(node("Transpose", [r], f"{p}.{nm}_bhsd", perm=[0, 2, 1, 3]))
-        a = node("Attention", qkv, f"{p}.attn", causal=1)
-        g.add_initializer(f"{p}.merge_shape", np.array([0, 0, heads * d], np.int64))
-        m = node(
-            "Reshape",
-            [node("Transpose", [a], f"{p}.attn_bshd", perm=[0, 2, 1, 3]), f"{p}.merge_shape"],
-            f"{p}.merged",
-        )
-        x = node("Add", [x, linear(m, f"{p}.o", heads * d, hidden)], f"{p}.res1")
-        h2 = node("RMSNorm", [x, w(f"{p}.norm2", hidden)], f"{p}.norm2_out", epsilon=1e-6)
-        gate = linear(h2, f"{p}.gate", hidden, ffn, bias=False)
-        silu = node("Mul", [gate, node("Sigmoid", [gate], f"{p}.sig")], f"{p}.silu")
-        act = node("Mul", [silu, linear(h2, f"{p}.up", hidden, ffn, bias=False)], f"{p}.swiglu")
-        x = node("Add", [x, linear(act, f"{p}.down", ffn, hidden)], f"{p}.res2")
-    g.outputs.append(x)
-    return og.infer_shapes(g)
 
 
 # --------------------------------------------------------------------------- helpers

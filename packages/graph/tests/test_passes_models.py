@@ -9,7 +9,9 @@ import opstrata.graph as og
 from opstrata.graph.testing import (
     bert_block_model,
     cnn_model,
+    fused_llama,
     gpt_block_model,
+    gpt_gqa_model,
     mlp_model,
     ort_run,
     random_feeds,
@@ -111,3 +113,64 @@ def test_level3_fuses_elementwise_chain_in_bert():
     plan = og.compile(og.from_onnx(bert_block_model()), level=3)
     fused = [n for n in plan.graph.nodes if n.op_type == "FusedElementwise"]
     assert len(fused) == 1 and [s[0] for s in fused[0].attrs["expr"]] == ["Sub", "Mul"]  # (1 - m) * -1e4
+
+
+# --------------------------------------------------------------------------- standard Attention / RMSNormalization
+
+NEWEST = 28
+
+
+@pytest.mark.parametrize("opset", [23, 25, NEWEST])
+@pytest.mark.parametrize(
+    ("name", "build", "standard"),
+    [
+        ("gpt", lambda: gpt_block_model(), {"Attention": 1}),  # causal, equal lengths
+        ("bert", lambda: bert_block_model(), {"Attention": 1}),  # (B, 1, 1, S) padding mask: opset >= 25
+        ("gpt_gqa", lambda: gpt_gqa_model(layers=2), {"Attention": 2}),  # repeat_kv + causal
+    ],
+)
+def test_compiled_export_uses_standard_attention(name, build, standard, opset):
+    import onnx
+
+    if opset > onnx.defs.onnx_opset_version():
+        pytest.skip(f"onnx knows opsets up to {onnx.defs.onnx_opset_version()}")
+    proto = build()
+    feeds = random_feeds(proto, DIMS, int_high=50)
+    ref = ort_run(proto, feeds)
+    plan = og.compile(og.from_onnx(proto), level=3)
+    exported = og.to_onnx(plan.graph, opset=opset)
+    onnx.checker.check_model(exported, full_check=True)
+    ops = [n.op_type for n in exported.graph.node]
+    want = 0 if name == "bert" and opset < 25 else standard["Attention"]
+    assert ops.count("Attention") == want, ops
+    for k, v in ort_run(exported, feeds).items():
+        np.testing.assert_allclose(v, ref[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} opset {opset}")
+    back = og.from_onnx(exported)  # ONNX Attention reads back as the fused node
+    assert back.op_counts().get("ai.opstrata::Attention", 0) == want
+    for k, v in og.run_graph(back, feeds).items():
+        np.testing.assert_allclose(v, ref[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [17, 23, 25])
+def test_llama_gqa_rms_norm_round_trip(opset):
+    """The fused GQA + RMSNorm form: standard Attention (K/V with 2 of 4 heads) and RMSNormalization from 23."""
+    import onnx
+
+    g = fused_llama(layers=2, heads=4, kv_heads=2)
+    feeds = random_feeds(g, DIMS)
+    want = og.run_graph(g, feeds)
+    plan = og.compile(g, level=3)
+    exported = og.to_onnx(plan.graph, opset=opset)
+    onnx.checker.check_model(exported, full_check=True)
+    ops = [n.op_type for n in exported.graph.node]
+    assert ops.count("Attention") == (2 if opset >= 23 else 0)
+    assert ops.count("RMSNormalization") == (4 if opset >= 23 else 0)  # SkipRMSNorm writes one too
+    for k, v in ort_run(exported, feeds).items():
+        np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5, err_msg=f"opset {opset}")
+    back = og.from_onnx(exported)
+    if opset >= 23:
+        attn = [n for n in back.nodes if n.op_type == "Attention"]
+        assert len(attn) == 2 and [back.value(x).shape[1] for x in attn[0].inputs[:3]] == [4, 2, 2]
+        assert back.op_counts()["ai.opstrata::RMSNorm"] == 4
+    for k, v in og.run_graph(back, feeds).items():
+        np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5)

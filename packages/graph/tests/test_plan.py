@@ -93,7 +93,9 @@ def test_save_load_keeps_memory_plan_and_fused_attrs(tmp_path):
     q = og.Plan.load(p.save(tmp_path / "bert.plan"))
     assert q.memory == p.memory and q.input_shapes == p.input_shapes
     fe = next(n for n in q.graph.nodes if n.op_type == "FusedElementwise")
-    assert fe.attrs["expr"] == [["Sub", ["x0", "x1"]], ["Mul", ["t0", "x2"]]]
+    assert fe.attrs["expr"] == [["Sub", ["c0", "x0"]], ["Mul", ["t0", "c1"]]]  # (1 - m) * -1e4
+    assert fe.attrs["consts"] == [1.0, -10000.0]
+    assert fe.attrs == next(n for n in p.graph.nodes if n.op_type == "FusedElementwise").attrs
 
 
 def test_save_is_atomic_on_failure(tmp_path, gpt_plan, monkeypatch):

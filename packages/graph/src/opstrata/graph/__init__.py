@@ -23,6 +23,7 @@ from ._fuse_gelu import fuse_gelu as fuse_gelu
 from ._fuse_linear import fuse_linear as fuse_linear
 from ._fuse_norm import fuse_layer_norm as fuse_layer_norm, fuse_rms_norm as fuse_rms_norm
 from ._fuse_skip_norm import fuse_skip_norm as fuse_skip_norm
+from ._fused_codegen import fused_kernel as fused_kernel
 from ._identity import remove_identities as remove_identities
 from ._ir import OPSTRATA_DOMAIN as OPSTRATA_DOMAIN, Graph as Graph, Node as Node, Value as Value
 
@@ -113,6 +114,7 @@ __all__ = [
     "fuse_linear",
     "fuse_rms_norm",
     "fuse_skip_norm",
+    "fused_kernel",
     "infer_shapes",
     "is_static",
     "kernels_of",

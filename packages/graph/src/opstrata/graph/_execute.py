@@ -17,6 +17,7 @@ import numpy as np
 import opstrata.ops as ops
 
 from ._errors import GraphError
+from ._fused_codegen import result_dtype, run_fused
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._shape_rules import conv_pads
 
@@ -392,15 +393,32 @@ def _skip_norm(n: Node, x: list[Any]) -> list[Arr]:
 _STEP_NODES: dict[str, Node] = {}
 
 
-@kernel("FusedElementwise", OPSTRATA_DOMAIN)
-def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
-    """Evaluate the expression step by step on the same kernels as the unfused ops (code generation later)."""
+def fused_steps(n: Node, x: list[Any]) -> Arr:
+    """A FusedElementwise expression evaluated step by step on the ops kernels of its unfused ops."""
     t: list[Arr] = []
+    consts = n.attrs.get("consts") or []
+    dt = result_dtype(n, [a.dtype for a in x])
     for op, refs in n.attrs["expr"]:
-        args = [x[int(r[1:])] if r[0] == "x" else t[int(r[1:])] for r in refs]
+        args = [
+            x[int(r[1:])]
+            if r[0] == "x"
+            else t[int(r[1:])]
+            if r[0] == "t"
+            else np.asarray(consts[int(r[1:])], dt)
+            for r in refs
+        ]
         step = _STEP_NODES.setdefault(op, Node(op, [], [], name=f"{n.name}/{op}"))
         t.append(KERNELS[("", op)](step, args)[0])
-    return [t[-1]]
+    return t[-1]
+
+
+@kernel("FusedElementwise", OPSTRATA_DOMAIN)
+def _fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
+    """On ``cpu``: one generated kernel (opstrata.ops codegen). Elsewhere (``ref``, plugin devices):
+    step by step, so that device's own kernels run."""
+    if ops.get_default_device() == "cpu":
+        return [run_fused(n, x)]
+    return [fused_steps(n, x)]
 
 
 @kernel("RMSNorm", OPSTRATA_DOMAIN)

@@ -5,7 +5,7 @@
 | ``Linear`` | x, w (out, in), b? | ``activation`` = "" / relu / gelu / gelu_tanh / sigmoid / tanh | y |
 | ``SkipLayerNorm`` | x, skip, gamma, beta? | ``axis``, ``epsilon`` | y, sum? (``x + skip``) |
 | ``SkipRMSNorm`` | x, skip, w? | ``axis``, ``epsilon`` | y, sum? |
-| ``FusedElementwise`` | x0, x1, ... | ``expr``: steps ``[op, [refs]]``, ref ``"x<i>"`` / ``"t<j>"`` | the last step |
+| ``FusedElementwise`` | x0, x1, ... | ``expr``: steps ``[op, [refs]]``, ref ``"x<i>"`` / ``"t<j>"`` / ``"c<k>"``; ``consts``: floats | the last step |
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ._onnx_export import (
     _gelu_body,
     _layer_norm_body,
     _linear_body,
-    _rms_norm_body,
+    _rms_norm_export,
     export_as_function,
     export_standard_from,
     register_export,
@@ -39,7 +39,7 @@ ACTIVATIONS = {
 }
 
 
-def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str) -> None:
+def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str, n_consts: int = 0) -> None:
     """Validate a FusedElementwise expression (GraphError naming the bad step)."""
     from ._errors import GraphError
 
@@ -54,13 +54,12 @@ def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str) -> None:
                 f"use {sorted(ELEMENTWISE_UNARY)} (1 ref) or {sorted(ELEMENTWISE_BINARY)} (2 refs)",
             )  # fmt: skip
         for r in refs:
-            ok = (r[:1] == "x" and r[1:].isdigit() and int(r[1:]) < n_inputs) or (
-                r[:1] == "t" and r[1:].isdigit() and int(r[1:]) < j
-            )
-            if not ok:
+            limit = {"x": n_inputs, "t": j, "c": n_consts}.get(r[:1], 0)
+            if not (r[1:].isdigit() and int(r[1:]) < limit):
                 raise GraphError(
-                    where, f"step {j} refers to '{r}', which is neither an input x0..x{n_inputs - 1} nor an earlier step",
-                    "refs are 'x<i>' (node input i) or 't<j>' (result of step j < this one)",
+                    where, f"step {j} refers to '{r}', which is neither an input x0..x{n_inputs - 1}, "
+                    f"an earlier step nor one of the {n_consts} consts",
+                    "refs are 'x<i>' (node input i), 't<j>' (result of step j < this one) or 'c<k>' (consts[k])",
                 )  # fmt: skip
 
 
@@ -74,9 +73,20 @@ def _skip_norm(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 
 def _fused_elementwise(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    check_expr(n.attrs.get("expr") or [], len(n.inputs), f"node '{n.name}' ({n.qualified_type})")
-    floats = [i for i in range(len(n.inputs)) if (d := ctx.dtype(i)) is not None and d.kind == "f"]
-    return [(ctx.same_dtype(floats) if floats else ctx.dtype(0), _bcast(ctx, range(len(n.inputs))))]
+    from ._errors import GraphError
+
+    where = f"node '{n.name}' ({n.qualified_type})"
+    consts = n.attrs.get("consts") or []
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in consts):
+        raise GraphError(where, f"consts must be numbers, got {consts!r}", "give consts as a list of floats")
+    check_expr(n.attrs.get("expr") or [], len(n.inputs), where, len(consts))
+    from ._fused_codegen import result_dtype
+
+    dts = [ctx.dtype(i) for i in range(len(n.inputs))]
+    dt = (
+        result_dtype(n, dts) if all(d is not None for d in dts) else None
+    )  # ONNX typing: Pow keeps its base's
+    return [(dt, _bcast(ctx, range(len(n.inputs))))]
 
 
 RULES[(OPSTRATA_DOMAIN, "SkipLayerNorm")] = _skip_norm
@@ -111,7 +121,6 @@ def _linear_act_body(node: Node, ctx: ExportContext) -> None:
 
 
 _layer_norm_export = export_standard_from(17, _layer_norm_body)
-_rms_norm_export = export_as_function(_rms_norm_body)
 
 
 def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
@@ -128,10 +137,22 @@ def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
 
 
 def _fused_elementwise_body(node: Node, ctx: ExportContext) -> None:
+    from ._fused_codegen import result_dtype
+
     names: list[str] = []
     expr = node.attrs["expr"]
+    consts = node.attrs.get("consts") or []
+    dt = result_dtype(node, [ctx.dtype_of(x) for x in node.inputs])
+    const_names = [ctx.scalar(float(c), dt, f"c{k}") for k, c in enumerate(consts)]
     for j, (op, refs) in enumerate(expr):
-        args = [node.inputs[int(r[1:])] if r[0] == "x" else names[int(r[1:])] for r in refs]
+        args = [
+            node.inputs[int(r[1:])]
+            if r[0] == "x"
+            else names[int(r[1:])]
+            if r[0] == "t"
+            else const_names[int(r[1:])]
+            for r in refs
+        ]
         out = node.outputs[0] if j == len(expr) - 1 else ctx.fresh(f"t{j}")
         if op == "Pow":  # ONNX Pow takes any exponent dtype; keep the base's
             ctx.emit("Pow", args, [out])

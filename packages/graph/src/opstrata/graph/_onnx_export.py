@@ -17,7 +17,7 @@ import numpy as np
 from ._errors import GraphError
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._onnx_types import dtype_to_onnx, require_onnx, tensor_type_of
-from ._symbolic import Shape
+from ._symbolic import Shape, dims_equal
 
 __all__ = ["ExportContext", "export_as_function", "register_export", "to_onnx"]
 
@@ -350,8 +350,26 @@ def _shape_slice(ctx: ExportContext, x: str, out: str, start: int, end: int | No
     ctx.emit("Slice", [full, ctx.ints([start], "starts"), ctx.ints(ends, "ends")], [out])
 
 
+def _repeat_kv_heads(ctx: ExportContext, x: str, heads: int) -> str:
+    """(B, Hkv, M, D) -> (B, heads, M, D), each kv head repeated for its query-head group (GQA)."""
+    s = ctx.shape_of(x)
+    if s is None or len(s) != 4 or not isinstance(s[1], int) or not isinstance(s[3], int) or heads % s[1]:
+        raise GraphError(
+            f"export of attention input '{x}'", f"grouped-query attention needs static kv heads and head "
+            f"size dividing {heads} query heads, got shape {s}", "run infer_shapes with static head counts",
+        )  # fmt: skip
+    u, e, r = ctx.fresh(f"{x}_u"), ctx.fresh(f"{x}_rep"), ctx.fresh(f"{x}_heads")
+    ctx.emit("Unsqueeze", [x, ctx.ints([2], "axes")], [u])
+    ctx.emit("Expand", [u, ctx.ints([1, 1, heads // s[1], 1, 1], "rep")], [e])
+    ctx.emit("Reshape", [e, ctx.ints([0, heads, -1, s[3]], "shape")], [r])
+    return r
+
+
 def _attention_body(node: Node, ctx: ExportContext) -> None:
     q, k, v = node.inputs[:3]
+    qs, ks = ctx.shape_of(q), ctx.shape_of(k)
+    if qs is not None and ks is not None and isinstance(qs[1], int) and qs[1] != ks[1]:
+        k, v = (_repeat_kv_heads(ctx, t, qs[1]) for t in (k, v))
     mask = node.inputs[3] if len(node.inputs) > 3 else ""
     kt, s = ctx.fresh("k_t"), ctx.fresh("scores")
     ctx.emit("Transpose", [k], [kt], perm=[0, 1, 3, 2])
@@ -407,8 +425,66 @@ register_export("CumSum", _cumsum)
 register_export("LayerNormalization", export_standard_from(17, _layer_norm_body))
 register_export("Gelu", export_standard_from(20, _gelu_body))
 register_export("Linear", export_as_function(_linear_body), domain=OPSTRATA_DOMAIN)
-register_export("RMSNorm", export_as_function(_rms_norm_body), domain=OPSTRATA_DOMAIN)
-register_export("Attention", export_as_function(_attention_body), domain=OPSTRATA_DOMAIN)
+
+
+#: First opset with the standard ``Attention`` and ``RMSNormalization`` ops.
+ATTENTION_OPSET = RMS_NORM_OPSET = 23
+#: onnxruntime (1.32) broadcasts ``attn_mask`` over the query axis only from this opset's kernel on.
+ATTENTION_MASK_BROADCAST_OPSET = 25
+
+
+def _rms_norm_export(node: Node, ctx: ExportContext) -> None:
+    """``RMSNormalization`` from opset 23 (it needs a scale input); else, or without a weight, a function."""
+    if ctx.opset >= RMS_NORM_OPSET and len(node.inputs) > 1 and node.inputs[1]:
+        a = node.attrs
+        ctx.emit(
+            "RMSNormalization", node.inputs[:2], node.outputs[:1],
+            axis=a.get("axis", -1), epsilon=float(a.get("epsilon", 1e-6)),
+        )  # fmt: skip
+    else:
+        ctx.call_function(node, _rms_norm_body)
+
+
+def standard_attention_blocker(node: Node, ctx: ExportContext) -> str | None:
+    """Why ``node`` cannot be the standard ONNX ``Attention`` at ``ctx.opset`` (None: it can).
+
+    ONNX Attention's ``is_causal`` without a KV cache is top-left aligned (query i sees keys j <= i);
+    opstrata's is bottom-right (j <= i + M - N): they agree only when N == M provably. onnxruntime
+    1.32 rejects an ``attn_mask`` that broadcasts over the query axis below opset 25.
+    """
+    if ctx.opset < ATTENTION_OPSET:
+        return f"opset {ctx.opset} < {ATTENTION_OPSET}"
+    q, k, v = (ctx.shape_of(x) for x in node.inputs[:3])
+    if any(s is None or len(s) != 4 for s in (q, k, v)):
+        return "q/k/v are not known to be 4-D"
+    if node.attrs.get("causal") and not dims_equal(q[2], k[2]):  # type: ignore[index]
+        return f"causal with query length {q[2]} and key length {k[2]} not provably equal"  # type: ignore[index]
+    mask = node.inputs[3] if len(node.inputs) > 3 else ""
+    if mask:
+        ms = ctx.shape_of(mask)
+        if ctx.dtype_of(mask) not in (np.dtype(bool), ctx.dtype_of(node.inputs[0])):
+            return f"mask dtype {ctx.dtype_of(mask)} is neither bool nor q's"
+        if ctx.opset < ATTENTION_MASK_BROADCAST_OPSET and (
+            ms is None or len(ms) < 2 or not dims_equal(ms[-2], q[2])  # type: ignore[index]
+        ):
+            return f"mask {ms} broadcasts over the query axis (onnxruntime needs opset >= 25 for that)"
+    return None
+
+
+def _attention_export(node: Node, ctx: ExportContext) -> None:
+    """The standard ``Attention`` (opset >= 23) where it computes the same; else the function."""
+    if standard_attention_blocker(node, ctx) is None:
+        scale = node.attrs.get("scale")
+        ctx.emit(
+            "Attention", [x for x in node.inputs if x], node.outputs[:1],
+            is_causal=int(bool(node.attrs.get("causal", 0))), scale=None if scale is None else float(scale),
+        )  # fmt: skip
+    else:
+        ctx.call_function(node, _attention_body)
+
+
+register_export("RMSNorm", _rms_norm_export, domain=OPSTRATA_DOMAIN)
+register_export("Attention", _attention_export, domain=OPSTRATA_DOMAIN)
 
 
 # --------------------------------------------------------------------------- driver

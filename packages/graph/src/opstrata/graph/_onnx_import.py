@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ._errors import GraphError, UnsupportedOpError
-from ._ir import Graph, Node
+from ._ir import OPSTRATA_DOMAIN, Graph, Node
+from ._onnx_attention import CAUSAL_TOP_LEFT, resolve_causal
 from ._onnx_types import dtype_from_onnx, require_onnx, shape_from_type
 from ._shape_infer import infer_shapes
 from ._validate import _check_annotations, _check_definitions, _check_uses, toposorted
@@ -288,6 +289,79 @@ def _layer_norm(ctx: ImportContext) -> None:
     ctx.emit("LayerNormalization", ctx.inputs, ctx.outputs[:1], attrs)
 
 
+@importer("RMSNormalization")
+def _rms_normalization(ctx: ImportContext) -> None:
+    if int(ctx.attrs.get("stash_type", 1)) != 1:
+        raise ctx.unsupported(
+            f"RMSNormalization with stash_type={ctx.attrs['stash_type']} is not supported; opstrata "
+            "computes the statistics in float32 (stash_type=1)"
+        )
+    attrs = {"axis": int(ctx.attrs.get("axis", -1)), "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    ctx.emit("RMSNorm", ctx.inputs[:2], ctx.outputs[:1], attrs, domain=OPSTRATA_DOMAIN)
+
+
+#: Attention attributes whose non-default values opstrata's fused attention has no equivalent for.
+_ATTENTION_DEFAULTS = {"softcap": 0.0, "left_window_size": -1, "right_window_size": -1}
+
+
+@importer("Attention")
+def _attention(ctx: ImportContext) -> None:
+    """4-D ONNX Attention -> ``ai.opstrata::Attention``; causal is marked for :func:`resolve_causal`."""
+    extra = [n for i, n in enumerate(("past_key", "past_value", "nonpad_kv_seqlen"), 4) if ctx.input(i)]
+    if extra:
+        raise ctx.unsupported(
+            f"Attention with {', '.join(extra)} (a KV cache inside the op) is not supported"
+        )
+    if any(ctx.is_used(k) for k in (1, 2, 3)):
+        raise ctx.unsupported(
+            "Attention's present_key / present_value / qk_matmul_output outputs are not supported"
+        )
+    odd = {k: ctx.attrs[k] for k, d in _ATTENTION_DEFAULTS.items() if k in ctx.attrs and ctx.attrs[k] != d}
+    heads = (ctx.attrs.get("q_num_heads"), ctx.attrs.get("kv_num_heads"))
+    if (heads[0] is None) != (heads[1] is None):
+        odd["q_num_heads/kv_num_heads"] = "only one of the two given"
+    if "softmax_precision" in ctx.attrs and ctx.attrs["softmax_precision"] != 1:
+        odd["softmax_precision"] = ctx.attrs["softmax_precision"]
+    if odd:
+        raise ctx.unsupported(
+            f"Attention with {odd} is not supported; opstrata reads 4-D (B, H, S, D) q/k/v with "
+            "is_causal, scale and attn_mask"
+        )
+    attrs: dict[str, Any] = {"causal": int(ctx.attrs.get("is_causal", 0))}
+    if "scale" in ctx.attrs:
+        attrs["scale"] = float(ctx.attrs["scale"])
+    if attrs["causal"]:
+        attrs[CAUSAL_TOP_LEFT] = 1
+    if heads[0] is None:
+        ctx.emit("Attention", ctx.inputs[:4], ctx.outputs[:1], attrs, domain=OPSTRATA_DOMAIN)
+        return
+    # 3-D (B, S, H*D) inputs: split heads, attend, merge (what the ONNX spec's function does)
+    q_heads, kv_heads = heads
+    qkv = [
+        _split_heads(ctx, x, h, t)
+        for x, h, t in zip(ctx.inputs[:3], (q_heads, kv_heads, kv_heads), "qkv", strict=True)
+    ]
+    y4 = ctx.fresh("y_heads")
+    ctx.emit("Attention", [*qkv, *ctx.inputs[3:4]], [y4], attrs, domain=OPSTRATA_DOMAIN)
+    yt = ctx.fresh("y_bshd")
+    ctx.emit("Transpose", [y4], [yt], {"perm": [0, 2, 1, 3]})
+    ctx.emit("Reshape", [yt, _ints(ctx, [0, 0, -1], "merge")], ctx.outputs[:1])
+
+
+def _ints(ctx: ImportContext, values: list[int], hint: str) -> str:
+    name = ctx.fresh(hint)
+    ctx.graph.add_initializer(name, np.array(values, np.int64))
+    return name
+
+
+def _split_heads(ctx: ImportContext, x: str, heads: int, hint: str) -> str:
+    """(B, S, heads*D) -> (B, heads, S, D)."""
+    r, t = ctx.fresh(f"{hint}_bshd"), ctx.fresh(f"{hint}_bhsd")
+    ctx.emit("Reshape", [x, _ints(ctx, [0, 0, int(heads), -1], f"{hint}_shape")], [r])
+    ctx.emit("Transpose", [r], [t], {"perm": [0, 2, 1, 3]})
+    return t
+
+
 @importer("ReduceSum ReduceMean ReduceMax ReduceMin")
 def _reduce(ctx: ImportContext) -> None:
     axes_is_input = ctx.since >= 18 or (ctx.op_type == "ReduceSum" and ctx.since >= 13)
@@ -519,6 +593,9 @@ def from_onnx(model: str | os.PathLike[str] | bytes | Any, *, infer: bool = True
     graph.nodes = toposorted(graph)
     _check_annotations(graph)
     graph.opset_imports = {("" if d == "ai.onnx" else d): v for d, v in graph.opset_imports.items()}
+    if any(CAUSAL_TOP_LEFT in n.attrs for n in graph.nodes):
+        infer_shapes(graph)  # resolve_causal compares the query and key lengths
+        resolve_causal(graph)
     if infer:
         infer_shapes(graph)
     return graph

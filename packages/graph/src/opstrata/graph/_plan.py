@@ -20,6 +20,7 @@ import opstrata.ops as ops
 
 from ._errors import GraphError
 from ._execute import KERNELS, run_graph
+from ._fused_codegen import CODEGEN
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._memory import MemoryPlan, MemoryPlanner
 from ._pipeline import PassReport, optimize
@@ -58,7 +59,8 @@ _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sig
 
 @dataclass(frozen=True)
 class KernelBinding:
-    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host / collective."""
+    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host /
+    collective / codegen (a FusedElementwise chain compiled by the ops code generator)."""
 
     node: str
     op_type: str
@@ -68,16 +70,22 @@ class KernelBinding:
 
     @property
     def is_fallback(self) -> bool:
-        return self.path not in ("native", _HOST, _COLLECTIVE)
+        return self.path not in ("native", _HOST, _COLLECTIVE, CODEGEN)
 
 
 def _key(r: Any) -> tuple:
     return (r.op, r.device, r.path, r.dtype, r.reason, r.via)
 
 
-def kernels_of(node: Node) -> list[str]:
-    """The opstrata.ops kernels (or ``"host"``) the executor calls for ``node``."""
+def kernels_of(node: Node, device: str | None = None) -> list[str]:
+    """The opstrata.ops kernels (or ``"host"``) the executor calls for ``node`` on ``device``.
+
+    A FusedElementwise node is one generated kernel (``"codegen"``) on ``cpu``; on other devices
+    (``ref``, plugins) it runs step by step on that device's kernels, which are listed.
+    """
     if node.domain == OPSTRATA_DOMAIN and node.op_type == "FusedElementwise":
+        if (device or ops.get_default_device()) == "cpu":
+            return [CODEGEN]
         return [k for op, _ in node.attrs["expr"] for k in _OPS[op].split()]
     names = _OPS.get(node.qualified_type)
     if names is None:
@@ -108,9 +116,9 @@ def _bind(g: Graph, device: str) -> list[KernelBinding]:
                 "lower it to supported ops before compiling",
             )  # fmt: skip
         dt = _primary_dtype(g, n)
-        for k in kernels_of(n):
-            if k == _COLLECTIVE:
-                out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _COLLECTIVE))
+        for k in kernels_of(n, device):
+            if k in (_COLLECTIVE, CODEGEN):
+                out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), k))
                 continue
             if k == _HOST or (n.op_type == "Div" and dt is not None and dt.kind in "iu"):
                 out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _HOST))

@@ -8,6 +8,7 @@ __version__: str = _check_compatible("opstrata-runtime")
 
 from ._allocator import Block as Block, CachingAllocator as CachingAllocator
 from ._arena import Arena as Arena
+from ._decoder import DecoderLayer as DecoderLayer, DecoderWeights as DecoderWeights
 from ._errors import (
     ExecutionError as ExecutionError,
     InvalidArgument as InvalidArgument,
@@ -16,6 +17,8 @@ from ._errors import (
     RuntimeFailure as RuntimeFailure,
 )
 from ._flops import node_flops as node_flops
+from ._generate import DecoderRunner as DecoderRunner, GenerateOutput as GenerateOutput, generate as generate
+from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
 from ._session import InferenceSession as InferenceSession, NodeArg as NodeArg
@@ -24,16 +27,23 @@ __all__ = [
     "Arena",
     "Block",
     "CachingAllocator",
+    "DecoderLayer",
+    "DecoderRunner",
+    "DecoderWeights",
     "ExecutionError",
+    "GenerateOutput",
     "InferenceSession",
     "InvalidArgument",
     "InvalidModel",
+    "KVCacheFullError",
     "NodeArg",
     "NodeEvent",
     "OutOfMemoryError",
+    "PagedKVCache",
     "Profiler",
     "RuntimeFailure",
     "SessionOptions",
     "__version__",
+    "generate",
     "node_flops",
 ]

@@ -1,0 +1,62 @@
+"""An InferenceSession runs a fused elementwise chain through the ops code generator (graph's codegen kernel)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from opstrata.graph import _execute
+from opstrata.graph.testing import ModelBuilder, ort_run, random_feeds
+from opstrata.runtime import InferenceSession, SessionOptions
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+
+def _chain_model():
+    """``h = x @ W + b``; y = tanh(h) * sigmoid(h) + h * h * h * 0.044715 (matches no level-2 pattern)."""
+    b = ModelBuilder("chain", 17)
+    x = b.input("x", ["batch", 16])
+    h = b.op("Add", [b.op("MatMul", [x, b.weight([16, 32])]), b.weight([32], "b", 0.1)])
+    ts = b.op("Mul", [b.op("Tanh", [h]), b.op("Sigmoid", [h])])
+    cube = b.op("Mul", [b.op("Mul", [b.op("Mul", [h, h]), h]), b.scalar(0.044715)])
+    y = b.op("Add", [ts, b.op("Mul", [cube, b.scalar(1 / math.sqrt(2))])])
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"], name="out"))
+    b.output("y")
+    return b.build()
+
+
+@pytest.mark.parametrize("arena", [True, False])
+def test_session_runs_the_generated_kernel_and_matches_onnxruntime(monkeypatch, arena: bool) -> None:
+    model = _chain_model()
+    calls: list[str] = []
+    real = _execute.run_fused
+    monkeypatch.setattr(_execute, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
+    sess = InferenceSession(
+        model, SessionOptions(graph_optimization_level=3, enable_profiling=True, enable_mem_arena=arena)
+    )
+    fused = [b for b in sess.plan.bindings if b.op_type == "ai.opstrata::FusedElementwise"]
+    assert [(b.kernel, b.path) for b in fused] == [("codegen", "codegen")] and sess.plan.fallbacks == []
+    node = next(n for n in sess.graph.nodes if n.op_type == "FusedElementwise")
+    assert len(node.attrs["expr"]) >= 8 and node.attrs["consts"]  # the whole chain, constants folded
+    feeds = random_feeds(model, {"batch": 6})
+    want = ort_run(model, feeds)["y"]
+    (got,) = sess.run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert calls == [node.name]
+    events = [e for e in sess.profiler.events if e.op_type == "FusedElementwise"]
+    assert [(e.kernels, e.fallback) for e in events] == [(("codegen",), False)]
+
+
+def test_ref_session_steps_through_the_chain(monkeypatch) -> None:
+    model = _chain_model()
+    calls: list[str] = []
+    monkeypatch.setattr(_execute, "run_fused", lambda n, x: calls.append(n.name))
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3), device="ref")
+    kernels = {b.kernel for b in sess.plan.bindings if b.op_type == "ai.opstrata::FusedElementwise"}
+    assert "codegen" not in kernels and {"tanh", "sigmoid", "mul", "add"} <= kernels
+    feeds = random_feeds(model, {"batch": 3})
+    np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+    assert calls == []
