@@ -145,7 +145,9 @@ def test_killed_rank_ends_the_job_without_a_hang(mpiexec: str, tmp_path: Path) -
     rc, results, text = launch(mpiexec, 3, "die_mid_all_reduce", tmp_path, limit=90, args=[1], timeout=20.0)
     assert rc != 0, text
     assert time.monotonic() - t0 < 60, text
-    for r in (0, 2):  # survivors either raised CommPeerError naming rank 1 or were ended by mpiexec
+    # MPICH's Hydra terminates the survivors at once (BAD TERMINATION); a launcher that lets them run
+    # would see them raise CommPeerError naming rank 1, which is all a survivor may report here
+    for r in (0, 2):
         res = results[r]
         if res is not None:
             assert res["ok"] and res["value"]["error"] == "CommPeerError", res
