@@ -302,14 +302,12 @@ class MpiTransport(Transport):
                 self.abandon(r, buf)
 
     def abandon(self, req: Any, buf: object) -> None:
-        """Give up on ``req``: cancel it when it is a receive, keep ``buf`` alive for as long as MPI may use it."""
+        """Give up on ``req``: try to cancel it (MPI cannot cancel a collective), keep ``buf`` alive for good."""
         with contextlib.suppress(Exception):
             req.Cancel()
         self._orphans.append((req, buf))
 
-    def wait(
-        self, reqs: Sequence[Any], bufs: Sequence[object], *, what: str, deadline: float, call: str
-    ) -> None:
+    def wait(self, reqs: Sequence[Any], bufs: object, *, what: str, deadline: float, call: str) -> None:
         """Wait for native collective requests with the group's deadline and liveness checks."""
         if self.aborted is not None:
             raise type(self.aborted)(f"{what}: the group was aborted earlier: {self.aborted}")
