@@ -22,6 +22,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 MAIN = HERE / "_mpi_main.py"
+EXTRA = os.environ.get("OPSTRATA_COMM_MPIEXEC_ARGS", "").split()  # e.g. "-launcher fork" where ssh is missing
 
 
 def _find_mpiexec() -> tuple[str | None, bool]:
@@ -42,7 +43,7 @@ def _probe() -> str | None:
     code = "import sys; from mpi4py import MPI; sys.stdout.write(f'size={MPI.COMM_WORLD.Get_size()};')"
     try:
         p = subprocess.run(
-            [exe, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            [exe, *EXTRA, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True, timeout=60
         )
         ok, out = p.returncode == 0 and p.stdout.count("size=2;") == 2, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
@@ -79,7 +80,7 @@ def launch(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPSTRATA_COMM_ALGO", None)
     env.update(config.pop("env", {}))
-    cmd = [mpiexec, "-n", str(world), sys.executable, str(MAIN), str(out), case, json.dumps(config)]
+    cmd = [mpiexec, *EXTRA, "-n", str(world), sys.executable, str(MAIN), str(out), case, json.dumps(config)]
     p = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     )
