@@ -162,6 +162,11 @@ def mpi_rendezvous(
     return mpi_rank, mpi_size, f"tcp://{host}:{int(port[0])}"
 
 
+def _collective(what: str) -> str:
+    """'all_reduce seq=3' out of 'all_reduce seq=3 (group 0, rank 1)': the same key on every rank."""
+    return what.split(" (group")[0]
+
+
 def _chunk_bytes() -> int:
     env = os.environ.get("OPSTRATA_COMM_MPI_CHUNK")
     chunk = int(env) if env else 1 << 20
@@ -205,6 +210,7 @@ class MpiTransport(Transport):
         self._ops: list[Op] = []
         self._orphans: list[tuple[Any, object]] = []  # (request, buffer) abandoned by a failed exchange
         self._what = "mpi"
+        self._marked = ""
         what = f"mpi setup of group {gid} on rank {rank}"
         deadline = time.monotonic() + timeout
         if size == world.Get_size():
@@ -322,17 +328,36 @@ class MpiTransport(Transport):
                     last_check = now
                     self.check_health(what, peers)
                 if now > deadline:
+                    absent = self._absent(what, peers)
+                    who = (
+                        f"peer ranks {absent}, which never reached this collective"
+                        if absent
+                        else f"peer ranks {peers} (all reached this collective; MPI does not say which is stuck)"
+                    )
                     raise CommTimeoutError(
-                        f"{what}: rank {self.rank} timed out in MPI's native {call} waiting on peer ranks "
-                        f"{peers} (MPI's collectives do not say which peer is missing; the header check with "
-                        f"left neighbour rank {(self.rank - 1) % self.size} had passed); a peer is slow, stuck "
-                        "in other code or calling a different collective. Raise timeout= / OPSTRATA_COMM_TIMEOUT "
-                        "if it is just slow"
+                        f"{what}: rank {self.rank} timed out in MPI's native {call} waiting on {who}; a peer is "
+                        "slow, stuck in other code or calling a different collective. Raise timeout= / "
+                        "OPSTRATA_COMM_TIMEOUT if it is just slow"
                     )
         except BaseException:
             for r in reqs:
                 self.abandon(r, bufs)
             raise
+
+    def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
+        """Also mark, once per collective that blocks this long, that this rank reached it (see _absent)."""
+        if what != self._marked:
+            self._marked = what
+            with contextlib.suppress(CommError, OSError):
+                self.store.set(f"reached/{_collective(what)}/{self.rank}", b"1")
+        super().check_health(what, waiting_on, force)
+
+    def _absent(self, what: str, peers: list[int]) -> list[int]:
+        """Peers with no mark for this collective: MPI's native calls cannot name the rank they wait for."""
+        try:
+            return [p for p in peers if self.store.try_get(f"reached/{_collective(what)}/{p}") is None]
+        except (CommError, OSError):
+            return []
 
     def _testall(self, reqs: Sequence[Any], what: str, peers: list[int], call: str) -> bool:
         try:
