@@ -57,8 +57,8 @@ def test_uninitialised_and_env_errors(monkeypatch) -> None:
         comm.init_process_group("shm")
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         comm.init_process_group("shm", rank=0, world_size=1)
-    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
-        comm.init_process_group("mpi", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
+        comm.init_process_group("nccl", rank=0, world_size=1)
 
 
 def test_env_init(monkeypatch) -> None:

@@ -17,13 +17,15 @@ import numpy as np
 
 from ._errors import CommError
 from ._group import NON_GROUP_MEMBER, ProcessGroup
+from ._group_mpi import MpiProcessGroup
 from ._store import FileStore, PrefixStore, Store, TCPStore
 from ._transport import Transport
+from ._transport_mpi import MpiTransport, mpi_rendezvous
 from ._transport_shm import ShmTransport
 from ._transport_tcp import TcpTransport
 from ._work import Work
 
-BACKENDS = ("shm", "tcp")
+BACKENDS = ("shm", "tcp", "mpi")
 DEFAULT_TIMEOUT = 300.0
 log = logging.getLogger("opstrata.comm")
 
@@ -90,14 +92,16 @@ def init_process_group(
 
     ``init_method`` is ``env://`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), ``tcp://host:port`` or
     ``file://path`` (a directory shared by the ranks, fresh per job). ``timeout`` bounds every wait.
+    ``backend="mpi"`` takes rank and world size from MPI (run under ``mpiexec -n N``).
     """
     if _S.default is not None:
         raise RuntimeError("init_process_group: already initialised; call destroy_process_group() first")
     if backend not in BACKENDS:
-        hint = " (the MPI transport is not implemented yet)" if backend == "mpi" else ""
-        raise ValueError(f"init_process_group: unknown backend {backend!r}{hint}; expected one of {BACKENDS}")
+        raise ValueError(f"init_process_group: unknown backend {backend!r}; expected one of {BACKENDS}")
     _setup_debug_logging()
     t = _seconds(timeout)
+    if backend == "mpi":  # rank and world size from MPI (mpiexec); rank 0 may pick the store's address
+        rank, world_size, init_method = mpi_rendezvous(rank, world_size, init_method, t)
     rank, world = _env_int("RANK", rank), _env_int("WORLD_SIZE", world_size)
     if world < 1 or not 0 <= rank < world:
         raise ValueError(
@@ -131,7 +135,7 @@ def init_process_group(
         _rendezvous(store, rank, world, t)
         _S.master_addr, _S.backend, _S.timeout = addr, backend, t
         transport = _make_transport(backend, 0, list(range(world)), PrefixStore("g0/", store), t)
-        _S.default = ProcessGroup(
+        _S.default = _group_class(backend)(
             0,
             list(range(world)),
             rank,
@@ -180,9 +184,15 @@ def _make_transport(backend: str, gid: int, ranks: list[int], store: Store, t: f
         return ShmTransport(
             r, len(ranks), store, pids=pids, hosts=hosts, prefix=f"opst_{_S.job}_g{gid}", timeout=t
         )
+    if backend == "mpi":
+        return MpiTransport(r, len(ranks), store, pids=pids, hosts=hosts, members=ranks, gid=gid, timeout=t)
     return TcpTransport(
         r, len(ranks), store, pids=pids, hosts=hosts, gid=gid, master_addr=_S.master_addr, timeout=t
     )
+
+
+def _group_class(backend: str) -> type[ProcessGroup]:
+    return MpiProcessGroup if backend == "mpi" else ProcessGroup
 
 
 def _reset(store: Store | None) -> None:
@@ -287,7 +297,7 @@ def new_group(
     assert _S.store is not None
     store = PrefixStore(f"g{gid}/", _S.store)
     transport = _make_transport(b, gid, members, store, t)
-    g = ProcessGroup(
+    g = _group_class(b)(
         gid,
         members,
         _S.rank,
