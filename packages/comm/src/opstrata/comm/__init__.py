@@ -33,6 +33,10 @@ from ._errors import (
 )
 from ._group import NON_GROUP_MEMBER as NON_GROUP_MEMBER, ProcessGroup as ProcessGroup
 from ._store import FileStore as FileStore, TCPStore as TCPStore
+from ._tensor_parallel import (
+    get_tensor_parallel_group as get_tensor_parallel_group,
+    set_tensor_parallel_group as set_tensor_parallel_group,
+)
 from ._work import Work as Work
 
 __all__ = [
@@ -56,6 +60,7 @@ __all__ = [
     "destroy_process_group",
     "get_backend",
     "get_rank",
+    "get_tensor_parallel_group",
     "get_world_size",
     "init_process_group",
     "is_initialized",
@@ -64,4 +69,5 @@ __all__ = [
     "reduce",
     "reduce_scatter",
     "send",
+    "set_tensor_parallel_group",
 ]

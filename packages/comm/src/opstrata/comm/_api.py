@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from . import _tensor_parallel
 from ._errors import CommError
 from ._group import NON_GROUP_MEMBER, ProcessGroup
 from ._store import FileStore, PrefixStore, Store, TCPStore
@@ -142,6 +143,7 @@ def init_process_group(
             deterministic=deterministic,
         )
         _S.groups.append(_S.default)
+        _tensor_parallel.install(_S.default)  # graph AllReduce nodes now reduce across these processes
     except BaseException:
         _reset(store)
         raise
@@ -185,6 +187,7 @@ def _make_transport(backend: str, gid: int, ranks: list[int], store: Store, t: f
 
 
 def _reset(store: Store | None) -> None:
+    _tensor_parallel.uninstall()
     for g in _S.groups:
         with contextlib.suppress(Exception):
             g.close()

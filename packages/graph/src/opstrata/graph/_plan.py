@@ -32,7 +32,7 @@ FORMAT = "opstrata-plan"
 FORMAT_VERSION = 1
 
 _HOST = "host"
-_COLLECTIVE = "collective"  # runs through the collectives backend (comm), not an ops kernel
+_COLLECTIVE = "collective"  # plans saved before AllReduce bound to ops' all_reduce carry this path
 # IR op -> the opstrata.ops kernels its executor function calls ("" = none: metadata only)
 _OPS: dict[str, str] = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Sqrt": "sqrt", "Exp": "exp",
@@ -51,14 +51,14 @@ _OPS: dict[str, str] = {
     "Not": _HOST, "And": _HOST, "Or": _HOST, "Xor": _HOST,
     "ai.opstrata::Linear": "linear", "ai.opstrata::RMSNorm": "rms_norm",
     "ai.opstrata::Attention": "attention", "ai.opstrata::SkipLayerNorm": "add layer_norm",
-    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": _COLLECTIVE,
+    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": "all_reduce",
 }  # fmt: skip
 _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sigmoid", "tanh": "tanh"}
 
 
 @dataclass(frozen=True)
 class KernelBinding:
-    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host / collective."""
+    """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host."""
 
     node: str
     op_type: str
@@ -109,9 +109,6 @@ def _bind(g: Graph, device: str) -> list[KernelBinding]:
             )  # fmt: skip
         dt = _primary_dtype(g, n)
         for k in kernels_of(n):
-            if k == _COLLECTIVE:
-                out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _COLLECTIVE))
-                continue
             if k == _HOST or (n.op_type == "Div" and dt is not None and dt.kind in "iu"):
                 out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), _HOST))
                 continue
