@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 TP_DIMS = {"batch": 2, "seq": 5}
 
 
@@ -61,3 +63,70 @@ def tp_subgroup_rank(rank: int, world: int) -> dict[str, Any]:
     comm.set_tensor_parallel_group(mine)
     assert comm.get_tensor_parallel_group() is mine
     return {"out": sess.run(None, feeds)[0], "wrong_size": wrong_size}
+
+
+# --------------------------------------------------------------------------- data parallel
+
+DP_SHAPES: list[tuple[str, tuple[int, ...], str]] = [
+    ("emb", (50, 16), "float32"),
+    ("w1", (64, 16), "float32"),
+    ("b1", (64,), "float32"),
+    ("w2", (8, 64), "float64"),  # a dtype change starts a new bucket
+    ("b2", (8,), "float64"),
+    ("scale", (), "float32"),
+]
+
+
+def dp_params() -> dict[str, np.ndarray]:
+    return {n: np.zeros(s, d) for n, s, d in DP_SHAPES}
+
+
+def dp_grad(name: str, step: int, rank: int) -> np.ndarray:
+    """Rank- and step-dependent gradient of parameter ``name``."""
+    _, shape, dtype = next(x for x in DP_SHAPES if x[0] == name)
+    seed = 1000 * step + 10 * rank + [x[0] for x in DP_SHAPES].index(name)
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def dp_rank(rank: int, world: int, cap_mb: float, steps: int) -> dict[str, Any]:
+    """Bucketed async averaging of gradients; odd ranks add their gradients in a shuffled order."""
+    from opstrata import comm
+
+    b = comm.GradientBucketer(dp_params(), bucket_cap_mb=cap_mb)
+    names = [n for n, _, _ in DP_SHAPES][::-1]  # backward order
+    out: list[dict[str, np.ndarray]] = []
+    early: list[int] = []
+    for step in range(steps):
+        order = list(names)
+        if rank % 2:
+            np.random.default_rng(step).shuffle(order)
+        first = set(b.buckets[0].names)
+        for n in order:
+            b.add_grad(n, dp_grad(n, step, rank))
+            if rank % 2 == 0 and first and n in first:
+                first.discard(n)
+                if not first:
+                    early.append(b.launched)  # launched before the remaining grads were added
+        out.append({k: v.copy() for k, v in b.wait(timeout=60).items()})
+    return {"grads": out, "early": early, "nbuckets": len(b.buckets)}
+
+
+def dp_timeout_rank(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 withholds its gradients: rank 0's wait(timeout) raises in time, naming the bucket."""
+    import time
+
+    from opstrata import comm
+
+    b = comm.GradientBucketer(dp_params(), bucket_cap_mb=1.0)
+    msg, elapsed = "", 0.0
+    if rank == 1:
+        time.sleep(3.0)
+    for n, _, _ in DP_SHAPES[::-1]:
+        b.add_grad(n, dp_grad(n, 0, rank))
+    t0 = time.monotonic()
+    try:
+        b.wait(timeout=0.5)
+    except comm.CommTimeoutError as exc:
+        msg, elapsed = str(exc), time.monotonic() - t0
+    comm.barrier()  # queued behind the late all-reduces: both ranks leave together
+    return {"msg": msg, "elapsed": elapsed}

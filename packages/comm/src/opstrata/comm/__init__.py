@@ -25,6 +25,11 @@ from ._api import (
     reduce_scatter as reduce_scatter,
     send as send,
 )
+from ._data_parallel import (
+    Bucket as Bucket,
+    GradientBucketer as GradientBucketer,
+    broadcast_parameters as broadcast_parameters,
+)
 from ._errors import (
     CommDesyncError as CommDesyncError,
     CommError as CommError,
@@ -43,11 +48,13 @@ __all__ = [
     "ALGORITHMS",
     "NON_GROUP_MEMBER",
     "THRESHOLDS",
+    "Bucket",
     "CommDesyncError",
     "CommError",
     "CommPeerError",
     "CommTimeoutError",
     "FileStore",
+    "GradientBucketer",
     "ProcessGroup",
     "TCPStore",
     "Work",
@@ -57,6 +64,7 @@ __all__ = [
     "all_to_all",
     "barrier",
     "broadcast",
+    "broadcast_parameters",
     "destroy_process_group",
     "get_backend",
     "get_rank",
