@@ -88,11 +88,11 @@ def dp_grad(name: str, step: int, rank: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def dp_rank(rank: int, world: int, cap_mb: float, steps: int) -> dict[str, Any]:
+def dp_rank(rank: int, world: int, cap_mb: float, steps: int, overlap: bool = True) -> dict[str, Any]:
     """Bucketed async averaging of gradients; odd ranks add their gradients in a shuffled order."""
     from opstrata import comm
 
-    b = comm.GradientBucketer(dp_params(), bucket_cap_mb=cap_mb)
+    b = comm.GradientBucketer(dp_params(), bucket_cap_mb=cap_mb, overlap=overlap)
     names = [n for n, _, _ in DP_SHAPES][::-1]  # backward order
     out: list[dict[str, np.ndarray]] = []
     early: list[int] = []

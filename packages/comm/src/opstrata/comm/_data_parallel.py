@@ -76,7 +76,8 @@ class GradientBucketer:
     ``params`` lists the model's parameters in forward (registration) order; buckets are filled in
     reverse. Per step: call :meth:`add_grad` for every parameter as its gradient is ready, then
     :meth:`wait`, which returns the averaged gradients (views into the bucket buffers, valid until the
-    next step's ``add_grad``).
+    next step's ``add_grad``). ``overlap=False`` holds every bucket back until :meth:`wait` (all-reduce
+    after backward: same buckets, no overlap — the baseline of ``benchmarks/bench_overlap.py``).
 
     >>> # b = GradientBucketer({"w1": w1, "b1": b1, "w2": w2}, bucket_cap_mb=25)
     >>> # b.add_grad("w2", dw2); ...; grads = b.wait(timeout=60)   # grads["w1"] is the rank average
@@ -89,6 +90,7 @@ class GradientBucketer:
         bucket_cap_mb: float = 25.0,
         group: ProcessGroup | None = None,
         op: str = "avg",
+        overlap: bool = True,
     ) -> None:
         if (
             isinstance(bucket_cap_mb, bool)
@@ -104,7 +106,7 @@ class GradientBucketer:
             raise ValueError(
                 "GradientBucketer: this rank is not a member of the group (new_group returned NON_GROUP_MEMBER)"
             )
-        self.op, self._group = op, group
+        self.op, self._group, self.overlap = op, group, bool(overlap)
         self.cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         named = _named(params)
         self.shapes = {n: tuple(p.shape) for n, p in named}
@@ -172,6 +174,10 @@ class GradientBucketer:
         lo, hi = b.offsets[name]
         b.buffer[lo:hi] = g.reshape(-1)
         b.pending.discard(name)
+        if self.overlap:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
         while self._next_launch < len(self.buckets) and not self.buckets[self._next_launch].pending:
             self._launch(self.buckets[self._next_launch])
             self._next_launch += 1
@@ -199,6 +205,7 @@ class GradientBucketer:
                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; every rank must add every parameter's "
                 "gradient each step (add zeros for parameters the batch did not use), or collectives desync"
             )
+        self._launch_ready()  # with overlap=False nothing went out yet
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             for b in self.buckets:
