@@ -111,8 +111,9 @@ def dp_rank(rank: int, world: int, cap_mb: float, steps: int, overlap: bool = Tr
     return {"grads": out, "early": early, "nbuckets": len(b.buckets)}
 
 
-def dp_timeout_rank(rank: int, world: int) -> dict[str, Any]:
-    """Rank 1 withholds its gradients: rank 0's wait(timeout) raises in time, naming the bucket."""
+def dp_timeout_rank(rank: int, world: int, flag: str) -> dict[str, Any]:
+    """Rank 1 withholds its gradients until rank 0's wait(timeout) raised (it then creates ``flag``)."""
+    import os
     import time
 
     from opstrata import comm
@@ -120,7 +121,9 @@ def dp_timeout_rank(rank: int, world: int) -> dict[str, Any]:
     b = comm.GradientBucketer(dp_params(), bucket_cap_mb=1.0)
     msg, elapsed = "", 0.0
     if rank == 1:
-        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.01)
     for n, _, _ in DP_SHAPES[::-1]:
         b.add_grad(n, dp_grad(n, 0, rank))
     t0 = time.monotonic()
@@ -128,5 +131,7 @@ def dp_timeout_rank(rank: int, world: int) -> dict[str, Any]:
         b.wait(timeout=0.5)
     except comm.CommTimeoutError as exc:
         msg, elapsed = str(exc), time.monotonic() - t0
+    if rank == 0:
+        open(flag, "w").close()
     comm.barrier()  # queued behind the late all-reduces: both ranks leave together
     return {"msg": msg, "elapsed": elapsed}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from _parallel_cases import DP_SHAPES, dp_grad, dp_params, dp_rank, dp_timeout_rank
@@ -125,8 +127,8 @@ def test_bucketed_average_matches_numpy(world: int, cap_mb: float, overlap: bool
             assert r.value["early"] == [1 if overlap else 0] * steps
 
 
-def test_wait_timeout_names_the_bucket_and_is_bounded() -> None:
-    res = run_ranks(dp_timeout_rank, 2, timeout=60, comm_timeout=20)
+def test_wait_timeout_names_the_bucket_and_is_bounded(tmp_path: Path) -> None:
+    res = run_ranks(dp_timeout_rank, 2, args=(str(tmp_path / "timed_out"),), timeout=90, comm_timeout=30)
     r0 = res[0].value
     assert "GradientBucketer.wait: bucket 0 of 3" in r0["msg"] and "within 0.5 s" in r0["msg"]
     assert r0["elapsed"] < 2.0
