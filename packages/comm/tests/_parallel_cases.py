@@ -92,6 +92,9 @@ def dp_rank(rank: int, world: int, cap_mb: float, steps: int, overlap: bool = Tr
     """Bucketed async averaging of gradients; odd ranks add their gradients in a shuffled order."""
     from opstrata import comm
 
+    replica = {n: np.full(p.shape, rank + 1, p.dtype) for n, p in dp_params().items()}
+    comm.broadcast_parameters(replica, src=world - 1)
+    synced = all(np.all(p == world) for p in replica.values())
     b = comm.GradientBucketer(dp_params(), bucket_cap_mb=cap_mb, overlap=overlap)
     names = [n for n, _, _ in DP_SHAPES][::-1]  # backward order
     out: list[dict[str, np.ndarray]] = []
@@ -108,7 +111,7 @@ def dp_rank(rank: int, world: int, cap_mb: float, steps: int, overlap: bool = Tr
                 if not first:
                     early.append(b.launched)  # launched before the remaining grads were added
         out.append({k: v.copy() for k, v in b.wait(timeout=60).items()})
-    return {"grads": out, "early": early, "nbuckets": len(b.buckets)}
+    return {"grads": out, "early": early, "nbuckets": len(b.buckets), "synced": synced}
 
 
 def dp_timeout_rank(rank: int, world: int, flag: str) -> dict[str, Any]:

@@ -123,6 +123,7 @@ def test_bucketed_average_matches_numpy(world: int, cap_mb: float, overlap: bool
                 assert got.dtype == np.dtype(dtype)
                 np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-12, atol=1e-7)
     for r in res:
+        assert r.value["synced"]  # broadcast_parameters gave every rank the last rank's values
         if r.rank % 2 == 0:  # overlap: the first bucket went out while later gradients were still to come
             assert r.value["early"] == [1 if overlap else 0] * steps
 

@@ -53,3 +53,15 @@ def test_without_a_process_group_the_rank_graph_names_the_fix() -> None:
     sess = InferenceSession(og.partition(g, tp=2, on_unmatched="replicate")[0])
     with pytest.raises(ExecutionError, match=r"AllReduce.*init_process_group"):
         sess.run(None, random_feeds(g, TP_DIMS))
+
+
+def test_set_tensor_parallel_group_errors() -> None:
+    from opstrata import comm
+
+    with pytest.raises(ValueError, match="not a member of that group"):
+        comm.set_tensor_parallel_group(comm.NON_GROUP_MEMBER)
+    with pytest.raises(TypeError, match="expected a ProcessGroup from new_group"):
+        comm.set_tensor_parallel_group("tp")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="call init_process_group"):
+        comm.set_tensor_parallel_group(None)
+    assert comm.get_tensor_parallel_group() is None

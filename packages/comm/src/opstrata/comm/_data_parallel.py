@@ -122,7 +122,7 @@ class GradientBucketer:
             if (
                 cur is None
                 or cur.dtype != p.dtype
-                or (size and (size + p.size) * p.itemsize > self.cap_bytes)
+                or (cur.names and (size + p.size) * p.itemsize > self.cap_bytes)
             ):
                 if cur is not None:
                     cur.buffer = np.zeros(size, cur.dtype)
