@@ -62,7 +62,10 @@ def tp_subgroup_rank(rank: int, world: int) -> dict[str, Any]:
         wrong_size = str(exc)
     comm.set_tensor_parallel_group(mine)
     assert comm.get_tensor_parallel_group() is mine
-    return {"out": sess.run(None, feeds)[0], "wrong_size": wrong_size}
+    out = sess.run(None, feeds)[0]
+    comm.destroy_process_group(mine)
+    assert comm.get_tensor_parallel_group() is not mine  # back to the default group
+    return {"out": out, "wrong_size": wrong_size}
 
 
 # --------------------------------------------------------------------------- data parallel

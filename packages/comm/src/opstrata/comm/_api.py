@@ -222,6 +222,7 @@ def _group(group: Any, what: str) -> ProcessGroup:
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down ``group`` (or everything, with the default group): stop workers, close transports."""
     if group is not None and group is not _S.default:
+        _tensor_parallel.forget(group)
         group.close()
         if group in _S.groups:
             _S.groups.remove(group)

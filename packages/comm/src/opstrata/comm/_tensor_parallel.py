@@ -73,6 +73,12 @@ def get_tensor_parallel_group() -> ProcessGroup | None:
     return _state["tp"] or _state["default"]
 
 
+def forget(group: ProcessGroup) -> None:
+    """A destroyed subgroup stops being the tensor-parallel group (AllReduce nodes use the default again)."""
+    if _state["tp"] is group:
+        _state["tp"] = None
+
+
 def install(default: ProcessGroup) -> None:
     """Register comm's ``all_reduce`` kernel for ``default`` (called by ``init_process_group``)."""
     _state["default"], _state["tp"] = default, None
