@@ -286,6 +286,29 @@ def test_allreduce_without_backend_is_an_error_unless_group_of_one() -> None:
     )
 
 
+def test_allreduce_runs_the_registered_ops_kernel_without_a_backend() -> None:
+    """A higher-priority all_reduce kernel (what opstrata.comm registers) serves AllReduce nodes."""
+    import opstrata.ops as ops
+    from opstrata.ops.testing import isolated_registry
+
+    g = Graph("ar")
+    g.add_input("x", np.float32, (3,))
+    g.add_node("AllReduce", ["x"], ["y"], {"op": "max", "group_size": 2}, domain=OPSTRATA_DOMAIN)
+    g.outputs.append("y")
+    calls: list[tuple[str, int]] = []
+
+    def fake(x: np.ndarray, *, op: str = "sum", group_size: int = 1) -> np.ndarray:
+        calls.append((op, group_size))
+        return np.asarray(x) + 10
+
+    with isolated_registry():
+        ops.register("all_reduce", device="cpu", priority=10)(fake)
+        assert og.run_graph(g, {"x": np.arange(3, dtype=np.float32)})["y"].tolist() == [10, 11, 12]
+        with og.use_collectives(_Identity()):  # an installed backend (the simulator) still comes first
+            assert og.run_graph(g, {"x": np.arange(3, dtype=np.float32)})["y"].tolist() == [0, 1, 2]
+    assert calls == [("max", 2)]
+
+
 def test_allreduce_shape_rule_checks_attrs() -> None:
     g = Graph("ar")
     g.add_input("x", np.float32, ("batch", 4))
@@ -491,14 +514,14 @@ def test_shape_constant_shared_by_split_and_replicated_reshapes() -> None:
     assert r1.initializers[r1.producer("t").inputs[1]].tolist() == [0, 0, 16]
 
 
-def test_compiled_rank_graphs_bind_allreduce_as_collective_and_match_whole_model() -> None:
+def test_compiled_rank_graphs_bind_allreduce_to_the_ops_kernel_and_match_whole_model() -> None:
     g = og.from_onnx(mlp_model())
     feeds = random_feeds(g, {"batch": 3})
     want = og.run_graph(g, feeds)
     plans = [og.compile(rg, level=2) for rg in og.partition(g, tp=2)]
     for plan in plans:
         coll = [b for b in plan.bindings if b.op_type == f"{OPSTRATA_DOMAIN}::AllReduce"]
-        assert coll and all(b.path == "collective" and not b.is_fallback for b in coll)
+        assert coll and all(b.kernel == "all_reduce" and b.path == "native" for b in coll)
         assert not plan.fallbacks
     got = og.simulate_tensor_parallel([p.graph for p in plans], feeds)
     for rank_out in got:

@@ -25,6 +25,11 @@ from ._api import (
     reduce_scatter as reduce_scatter,
     send as send,
 )
+from ._data_parallel import (
+    Bucket as Bucket,
+    GradientBucketer as GradientBucketer,
+    broadcast_parameters as broadcast_parameters,
+)
 from ._errors import (
     CommDesyncError as CommDesyncError,
     CommError as CommError,
@@ -33,6 +38,10 @@ from ._errors import (
 )
 from ._group import NON_GROUP_MEMBER as NON_GROUP_MEMBER, ProcessGroup as ProcessGroup
 from ._store import FileStore as FileStore, TCPStore as TCPStore
+from ._tensor_parallel import (
+    get_tensor_parallel_group as get_tensor_parallel_group,
+    set_tensor_parallel_group as set_tensor_parallel_group,
+)
 from ._tuning import CommTuningWarning as CommTuningWarning
 from ._work import Work as Work
 
@@ -40,12 +49,14 @@ __all__ = [
     "ALGORITHMS",
     "NON_GROUP_MEMBER",
     "THRESHOLDS",
+    "Bucket",
     "CommDesyncError",
     "CommError",
     "CommPeerError",
     "CommTimeoutError",
     "CommTuningWarning",
     "FileStore",
+    "GradientBucketer",
     "ProcessGroup",
     "TCPStore",
     "Work",
@@ -55,9 +66,11 @@ __all__ = [
     "all_to_all",
     "barrier",
     "broadcast",
+    "broadcast_parameters",
     "destroy_process_group",
     "get_backend",
     "get_rank",
+    "get_tensor_parallel_group",
     "get_world_size",
     "init_process_group",
     "is_initialized",
@@ -66,4 +79,5 @@ __all__ = [
     "reduce",
     "reduce_scatter",
     "send",
+    "set_tensor_parallel_group",
 ]

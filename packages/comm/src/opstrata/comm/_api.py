@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from . import _tensor_parallel
 from ._errors import CommError
 from ._group import NON_GROUP_MEMBER, ProcessGroup
 from ._group_mpi import MpiProcessGroup
@@ -146,6 +147,7 @@ def init_process_group(
             deterministic=deterministic,
         )
         _S.groups.append(_S.default)
+        _tensor_parallel.install(_S.default)  # graph AllReduce nodes now reduce across these processes
     except BaseException:
         _reset(store)
         raise
@@ -196,6 +198,7 @@ def _group_class(backend: str) -> type[ProcessGroup]:
 
 
 def _reset(store: Store | None) -> None:
+    _tensor_parallel.uninstall()
     for g in _S.groups:
         with contextlib.suppress(Exception):
             g.close()
@@ -230,6 +233,7 @@ def _group(group: Any, what: str) -> ProcessGroup:
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down ``group`` (or everything, with the default group): stop workers, close transports."""
     if group is not None and group is not _S.default:
+        _tensor_parallel.forget(group)
         group.close()
         if group in _S.groups:
             _S.groups.remove(group)

@@ -2,9 +2,11 @@
 
 Tensor-parallel rank graphs (Megatron-LM, Shoeybi et al. 2019) end each row-parallel layer with an
 AllReduce. The op is registered in the existing tables (``RULES``, the exporters, ``KERNELS``) so the
-rest of the package needs no special case. Executing it needs a *collective backend* — an object
-with ``all_reduce(x, *, op, node) -> ndarray`` — installed with :func:`use_collectives`: the
-in-process simulator (``simulate_tensor_parallel``) is one, opstrata.comm's process groups another.
+rest of the package needs no special case. It executes through the ``all_reduce`` op of opstrata.ops
+(so plans bind it like any kernel): ops' kernel is a world of one, and opstrata.comm registers the
+multi-process kernel when a process group is initialised. A *collective backend* — an object with
+``all_reduce(x, *, op, node) -> ndarray`` — installed with :func:`use_collectives` takes precedence:
+the in-process simulator (``simulate_tensor_parallel``) is one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
+
+import opstrata.ops as ops
 
 from ._errors import GraphError
 from ._execute import kernel
@@ -116,15 +120,24 @@ register_export(ALL_REDUCE, _export_all_reduce, domain=OPSTRATA_DOMAIN)
 
 @kernel(ALL_REDUCE, OPSTRATA_DOMAIN)
 def _all_reduce(n: Node, x: list[Any]) -> list[np.ndarray]:
+    """The installed backend if any (the simulator), else the ``all_reduce`` op of opstrata.ops.
+
+    ops' own kernel is a world of one; opstrata.comm registers the multi-process kernel at
+    ``init_process_group``, so a rank graph runs its collectives wherever it is executed.
+    """
     op, size = _attrs(n)
     backend = _BACKEND.get()
-    if backend is None:
-        if size == 1:
-            return [x[0]]
+    if backend is not None:
+        return [np.asarray(backend.all_reduce(x[0], op=op, node=n))]
+    try:
+        return [ops.all_reduce(x[0], op=op, group_size=size)]
+    except ops.OpError as exc:
+        if exc.argument != "group_size":
+            raise
         raise GraphError(
             f"node '{n.name}' ({n.qualified_type})",
-            f"an AllReduce over {size} ranks needs the other ranks, and no collective backend is installed",
-            "run the rank graphs together with opstrata.graph.simulate_tensor_parallel(rank_graphs, feeds) "
-            "or under opstrata.comm (which installs a backend with use_collectives)",
-        )
-    return [np.asarray(backend.all_reduce(x[0], op=op, node=n))]
+            f"an AllReduce over {size} ranks needs the other ranks, and no collective kernel is registered",
+            "call opstrata.comm.init_process_group in each rank's process (it registers the all_reduce "
+            "kernel), or run the rank graphs together with "
+            "opstrata.graph.simulate_tensor_parallel(rank_graphs, feeds)",
+        ) from exc

@@ -33,7 +33,7 @@ FORMAT = "opstrata-plan"
 FORMAT_VERSION = 1
 
 _HOST = "host"
-_COLLECTIVE = "collective"  # runs through the collectives backend (comm), not an ops kernel
+_COLLECTIVE = "collective"  # plans saved before AllReduce bound to ops' all_reduce carry this path
 # IR op -> the opstrata.ops kernels its executor function calls ("" = none: metadata only)
 _OPS: dict[str, str] = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Sqrt": "sqrt", "Exp": "exp",
@@ -52,7 +52,7 @@ _OPS: dict[str, str] = {
     "Not": _HOST, "And": _HOST, "Or": _HOST, "Xor": _HOST,
     "ai.opstrata::Linear": "linear", "ai.opstrata::RMSNorm": "rms_norm",
     "ai.opstrata::Attention": "attention", "ai.opstrata::SkipLayerNorm": "add layer_norm",
-    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": _COLLECTIVE,
+    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": "all_reduce",
 }  # fmt: skip
 _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sigmoid", "tanh": "tanh"}
 
@@ -60,7 +60,7 @@ _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sig
 @dataclass(frozen=True)
 class KernelBinding:
     """The ops kernel one node runs on: ``path`` is native / decomposition / device:<name> / host /
-    collective / codegen (a FusedElementwise chain compiled by the ops code generator)."""
+    codegen (a FusedElementwise chain compiled by the ops code generator)."""
 
     node: str
     op_type: str
@@ -117,7 +117,7 @@ def _bind(g: Graph, device: str) -> list[KernelBinding]:
             )  # fmt: skip
         dt = _primary_dtype(g, n)
         for k in kernels_of(n, device):
-            if k in (_COLLECTIVE, CODEGEN):
+            if k == CODEGEN:
                 out.append(KernelBinding(n.name, n.qualified_type, k, str(dt), k))
                 continue
             if k == _HOST or (n.op_type == "Div" and dt is not None and dt.kind in "iu"):

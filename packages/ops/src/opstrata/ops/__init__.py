@@ -36,6 +36,7 @@ from ._backward_softmax import (
     log_softmax_backward as log_softmax_backward,
     softmax_backward as softmax_backward,
 )
+from ._collective import all_reduce as all_reduce
 from ._conv import conv2d as conv2d
 from ._devices import (
     device as device,
@@ -171,6 +172,7 @@ __all__ = [
     "add",
     "add_layer_norm",
     "add_rms_norm",
+    "all_reduce",
     "argmax",
     "as_dtype",
     "attention",

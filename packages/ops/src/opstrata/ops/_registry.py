@@ -137,12 +137,32 @@ def register_decomposition(name: str, fn: F | None = None, *, dtypes: Iterable[A
     return deco if fn is None else deco(fn)
 
 
-def unregister(name: str, *, device: str | None = None, decomposition: bool = True) -> int:
-    """Remove op ``name``'s kernels (on ``device``, or all) and its decomposition; return how many."""
+def unregister(
+    name: str,
+    *,
+    device: str | None = None,
+    decomposition: bool = True,
+    kernel: Callable[..., Any] | None = None,
+) -> int:
+    """Remove op ``name``'s kernels (on ``device``, or all) and its decomposition; return how many.
+
+    With ``kernel``, only the entries registering that function go (a plugin removing its own override
+    leaves the op's other kernels and its decomposition in place).
+    """
     removed = 0
     by_device = _REGISTRY.kernels.get(name, {})
     for dev in [device] if device is not None else list(by_device):
-        removed += len(by_device.pop(dev, []))
+        if kernel is None:
+            removed += len(by_device.pop(dev, []))
+            continue
+        keep = [e for e in by_device.get(dev, []) if e.fn is not kernel]
+        removed += len(by_device.get(dev, [])) - len(keep)
+        if keep:
+            by_device[dev] = keep
+        else:
+            by_device.pop(dev, None)
+    if kernel is not None:
+        decomposition = False
     if device is None and decomposition and _REGISTRY.decomps.pop(name, None) is not None:
         removed += 1
     if not by_device:
