@@ -3,8 +3,9 @@
 The executor's generic path calls a node's kernel, which returns fresh arrays, and copies them
 into the node's planned arena views; for the large results of a transformer block the fresh
 allocations (page faults) and copies cost as much as a few elementwise passes each. Here GEMMs write
-through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; an
-epilogue activation then runs on that view), and ``SkipLayerNorm`` writes its residual sum with
+through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; a
+Linear's relu runs in place on that view, its bias + gelu with ``ops.bias_act(..., out=)``,
+tile by tile while each tile is in cache), and ``SkipLayerNorm`` writes its residual sum with
 ``ops.add(..., out=)`` (into the output's view when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
 """
@@ -39,6 +40,18 @@ def _linear(args: list[Any], dsts: list[np.ndarray]) -> object:
     return ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
 
 
+def _linear_bias_act(act: str, args: list[Any], dsts: list[np.ndarray]) -> object:
+    """GEMM into the arena view, then bias + activation in place over cache-sized tiles (one DRAM pass)."""
+    y = ops.linear(args[0], args[1], None, out=dsts[0])
+    return ops.bias_act(y, args[2] if len(args) > 2 else None, act=act, out=y)
+
+
+def _linear_relu(args: list[Any], dsts: list[np.ndarray]) -> object:
+    """GEMM (+ bias) into the arena view, then relu in place (``max`` keeps NaN, as ``ops.relu``)."""
+    y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    return np.maximum(y, y.dtype.type(0), out=y)
+
+
 def _linear_act(act: Callable[[np.ndarray], np.ndarray], args: list[Any], dsts: list[np.ndarray]) -> object:
     y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
     np.copyto(y, act(y))
@@ -70,4 +83,8 @@ def into_kernel(node: Node) -> Into | None:
     act = node.attrs.get("activation") or ""
     if not act:
         return _linear
+    if act == "relu":
+        return _linear_relu
+    if act in ("gelu", "gelu_tanh"):  # ops.bias_act's names: the bias joins the tiled epilogue
+        return partial(_linear_bias_act, act)
     return partial(_linear_act, _ACTIVATIONS[act]) if act in _ACTIVATIONS else None
