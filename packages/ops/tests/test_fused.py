@@ -119,7 +119,7 @@ def test_bias_act_out_errors() -> None:
     x = rnd((4, 6), float32)
     with pytest.raises(OpError, match="bias_act: argument 'out' expected an ndarray of shape \\(4, 6\\)"):
         ops.bias_act(x, out=np.empty((4, 5), np.float32))
-    with pytest.raises(OpError, match="argument 'out' expected an ndarray of shape .* and dtype float32"):
+    with pytest.raises(OpError, match=r"argument 'out' expected an ndarray of shape .* and dtype float32"):
         ops.bias_act(x, out=np.empty((4, 6), np.float64))
     big = rnd((5, 6), float32)
     with pytest.raises(
