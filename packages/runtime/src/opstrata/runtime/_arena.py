@@ -1,11 +1,11 @@
 """One preallocated arena per input-shape signature: every intermediate is a view at its planned offset.
 
 The layout is opstrata.graph's static memory plan (greedy-by-size offsets, in-place reuse). That
-plan gives each node output its own buffer and does not model views: a result that numpy returns as
-a view of another buffer (reshape, transpose, slice) is copied into its own slot, because the base
-may be reused while the view is still read. The one exception, :func:`view_aliases`, is checked
-against the plan: a reshape-like view is kept when no value written during its lifetime overlaps
-the bytes it points at.
+plan places a reshape-like output on its input's bytes (the same buffer, kept live until the view's
+last read); any other result that numpy returns as a view of another buffer (transpose, slice) is
+copied into its own slot, because the base may be reused while the view is still read.
+:func:`view_aliases` checks the plan: a reshape-like view is kept when no value written during its
+lifetime overlaps the bytes it points at (an in-place write at its last read is elementwise, safe).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ def view_aliases(graph: Graph, plan: MemoryPlan) -> set[str]:
     """
     region: dict[str, tuple[int, int] | None] = {}  # value -> arena bytes it points at (None: outside)
     writes: list[list[tuple[int, int]]] = []  # per step: byte ranges its outputs write
-    for n in graph.nodes:
-        writes.append(
-            [(plan.offsets[o], plan.offsets[o] + plan.sizes[o]) for o in n.outputs if o in plan.offsets]
-        )
+    last_ok: list[list[tuple[int, int]]] = []  # per step: ... except in-place outputs (elementwise over
+    for n in graph.nodes:  # their input's own bytes, safe at the view's last read)
+        w = [(o, (plan.offsets[o], plan.offsets[o] + plan.sizes[o])) for o in n.outputs if o in plan.offsets]
+        writes.append([r for _, r in w])
+        last_ok.append([r for o, r in w if o not in plan.inplace])
     out: set[str] = set()
     for i, n in enumerate(graph.nodes):
         for o in n.outputs:
@@ -44,8 +45,11 @@ def view_aliases(graph: Graph, plan: MemoryPlan) -> set[str]:
             continue
         r = region.get(x)  # None: a feed or initializer
         last = plan.lifetimes[v][1]
+        end = min(last, len(writes) - 1)
         if r is not None and any(
-            a < r[1] and r[0] < b for j in range(i + 1, min(last, len(writes) - 1) + 1) for a, b in writes[j]
+            a < r[1] and r[0] < b
+            for j in range(i + 1, end + 1)
+            for a, b in (last_ok[j] if j == last else writes[j])
         ):
             continue
         region[v] = r
