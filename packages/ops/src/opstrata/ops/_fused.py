@@ -22,7 +22,7 @@ import numpy as np
 from ._activation import gelu_ref, gelu_tanh_tile, gelu_tile_f32, relu_ref, silu_ref
 from ._chunking import as_rows, fit, row_block, row_tile, scratch, tile_shape, tiles
 from ._dtypes import bool_, compute_dtype
-from ._elementwise import FLOATS, cast_back, check_out, checked, const, ieee, nd, upcast
+from ._elementwise import FLOATS, cast_back, check_out, check_out_overlap, checked, const, ieee, nd, upcast
 from ._errors import OpError
 from ._reduce import normalize_axis
 from ._registry import call, register, register_decomposition
@@ -87,19 +87,11 @@ def bias_act(
     if out is None:
         return call("bias_act", x, bias, residual, act=act, device=device)
     check_out("bias_act", out, x.shape, x.dtype)
-    for name, a in (("x", x), ("bias", bias), ("residual", residual)):
-        if a is not None and not (name == "x" and _same_view(a, out)) and np.shares_memory(a, out):
-            raise OpError("bias_act", "out", f"a buffer that is x itself or does not overlap {name}", "an overlapping view")  # fmt: skip
+    check_out_overlap("bias_act", out, x, bias=bias, residual=residual)
     got = call("bias_act", x, bias, residual, act=act, out=out, device=device)
     if got is not out:
         np.copyto(out, got)
     return out
-
-
-def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
-    """True when ``a`` and ``b`` are the same elements in the same layout (in-place is safe)."""
-    ia, ib = a.__array_interface__, b.__array_interface__
-    return ia["data"] == ib["data"] and a.shape == b.shape and a.strides == b.strides
 
 
 @register("bias_act", device="ref", dtypes=FLOATS)

@@ -6,7 +6,8 @@ allocations (page faults) and copies cost as much as a few elementwise passes ea
 through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; a
 Linear's relu runs in place on that view, its bias + gelu with ``ops.bias_act(..., out=)``,
 tile by tile while each tile is in cache), and ``SkipLayerNorm`` writes its residual sum with
-``ops.add(..., out=)`` (into the output's view when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
+``ops.add(..., out=)`` (into the output's view when the sum is not an output) and normalizes it into
+the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
 """
 
@@ -65,8 +66,7 @@ def _matmul(args: list[Any], dsts: list[np.ndarray]) -> object:
 def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarray]) -> object:
     y, s = dsts if len(dsts) == 2 else (dsts[0], dsts[0])  # no sum output: y's view holds it first
     ops.add(args[0], args[1], out=s)  # the residual sum
-    np.copyto(y, ops.layer_norm(s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps))
-    return y
+    return ops.layer_norm(s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps, out=y)
 
 
 def into_kernel(node: Node) -> Into | None:
