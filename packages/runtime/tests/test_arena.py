@@ -194,3 +194,47 @@ def test_session_memory_limit_raises_out_of_memory(models) -> None:
     with pytest.raises(OutOfMemoryError, match=r"limit 4096 B.*tried to allocate .*empty_cache\(\)"):
         sess.run(None, random_feeds(model, dims))
     assert sess.allocator.stats()["allocated_bytes"] == 0  # blocks given back after the failure
+
+
+def test_reshape_steps_on_arena_bytes_are_skipped_not_run(monkeypatch, models) -> None:
+    """A reshape whose output the plan put on its input's bytes has nothing to do; one of a feed does."""
+    from opstrata.graph import EXECUTOR_KERNELS as KERNELS
+    from opstrata.runtime._executor import Schedule
+
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3, enable_profiling=True))
+    want = InferenceSession(model, SessionOptions(enable_mem_arena=False)).run(None, feeds)[0]
+    sess.run(None, feeds)
+    arena = next(iter(sess.arenas.values()))
+    skip = sess._schedule.view_steps(arena)
+    by_name = {sess._schedule.steps[i].node.name: sess._schedule.steps[i].node for i in skip}
+    assert sum(n.op_type == "Reshape" for n in by_name.values()) >= 4  # head split / merge after GEMMs
+    for n in by_name.values():
+        assert arena.is_view_of(n.outputs[0], n.inputs[0])
+    ran = []
+    real = Schedule.exec_arena
+    monkeypatch.setattr(
+        Schedule, "exec_arena", lambda self, st, *a: ran.append(st.node.name) or real(self, st, *a)
+    )
+    sess2 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    np.testing.assert_array_equal(sess2.run(None, feeds)[0], want)
+    assert not set(ran) & set(by_name)  # skipped steps never call their kernel
+    graph_inputs = set(sess.graph.inputs)
+    feed_views = [
+        n.name for n in sess.graph.nodes if n.op_type == "Unsqueeze" and n.inputs[0] in graph_inputs
+    ]
+    assert feed_views and set(feed_views) <= set(ran)  # a view of a feed still runs (feeds change per run)
+    chained = [
+        n.name for n in sess.graph.nodes if n.op_type == "Unsqueeze" and n.inputs[0] not in graph_inputs
+    ]
+    assert set(chained) <= set(ran)  # ...and so does a view of that view (its bytes are not in the arena)
+    names = {e.name for e in sess.profiler.events}
+    assert set(by_name) <= names  # the profile still lists every node
+    # an overridden Reshape kernel is called, not skipped
+    calls = []
+    stock = KERNELS[("", "Reshape")]
+    monkeypatch.setitem(KERNELS, ("", "Reshape"), lambda n, x: calls.append(n.name) or stock(n, x))
+    sess3 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    np.testing.assert_array_equal(sess3.run(None, feeds)[0], want)
+    assert {n.name for n in by_name.values() if n.op_type == "Reshape"} <= set(calls)

@@ -67,6 +67,7 @@ class Arena:
         #: values kept as views of another value's bytes (see :func:`view_aliases`), not copied in
         self.aliases = frozenset(aliases or ())
         self._alias_slots: frozenset[int] | None = None  # filled by the executor
+        self._view_steps: frozenset[int] | None = None  # filled by the executor (Schedule.view_steps)
         self.nbytes = plan.arena_bytes
         self.buffer = np.empty(self.nbytes, np.uint8)  # the one allocation for every intermediate
         self.views: dict[str, np.ndarray] = {}
@@ -75,6 +76,15 @@ class Arena:
             shape = plan.shapes[name]
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             self.views[name] = self.buffer[off : off + n].view(dt).reshape(shape)
+
+    def is_view_of(self, v: str, x: str) -> bool:
+        """True when ``v``'s arena view is ``x``'s bytes reshaped (same offset, dtype, element count):
+        a reshape-like node from x to v then has nothing to do."""
+        a, b = self.views.get(v), self.views.get(x)
+        return (
+            a is not None and b is not None and self.plan.offsets[v] == self.plan.offsets[x]
+            and a.dtype == b.dtype and a.size == b.size
+        )  # fmt: skip
 
     def owns(self, x: np.ndarray) -> bool:
         """True when ``x`` is a view into this arena (numpy keeps the owning array as ``base``)."""
