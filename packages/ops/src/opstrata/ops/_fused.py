@@ -19,10 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from ._activation import gelu_ref, gelu_tanh_tile, gelu_tile_f32, relu_ref, silu_ref
+from ._activation import GELU_TILE, gelu_half_tile_f32, gelu_ref, gelu_tanh_tile, relu_ref, silu_ref
 from ._chunking import as_rows, fit, row_block, row_tile, scratch, tile_shape, tiles
 from ._dtypes import bool_, compute_dtype
-from ._elementwise import FLOATS, cast_back, check_out, check_out_overlap, checked, const, ieee, nd, upcast
+from ._elementwise import (
+    FLOATS,
+    cast_back,
+    check_out,
+    check_out_overlap,
+    checked,
+    const,
+    ieee,
+    nd,
+    same_view,
+    upcast,
+)
 from ._errors import OpError
 from ._reduce import normalize_axis
 from ._registry import call, register, register_decomposition
@@ -137,11 +148,12 @@ def _gelu_tanh_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray)
 
 
 def _gelu_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> None:
-    """o = 0.5 h (1 + erf(h / sqrt 2)): float32 by the gelu kernel's folded rational erf, float64 by Cephes."""
+    """o = 0.5 h (1 + erf(h / sqrt 2)): float32 by the gelu kernel's tanh-polynomial erf, float64 by Cephes."""
     from ._erf import erf_values
 
-    if h.dtype == np.float32:
-        gelu_tile_f32(h, o, t, q)
+    if h.dtype == np.float32:  # the gelu kernel's tile: bit-identical to gelu(h) on cpu
+        h *= 0.5
+        gelu_half_tile_f32(h, t, q, o)
         return
     np.multiply(h, _SQRT1_2, out=t)
     erf_values(t, out=t)
@@ -164,7 +176,8 @@ def _relu_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> N
     np.maximum(h, t, out=o)
 
 
-#: ``block(h, t, q, o)``: ``o = act(h)`` with ``h`` (clobbered), ``t``, ``q`` scratch; ``o`` is written last
+#: ``block(h, t, q, o)``: ``o = act(h)`` with ``h`` (clobbered), ``t``, ``q`` scratch; ``o`` is written
+#: last and may be ``h`` itself
 _ACT_BLOCKS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]] = {
     "gelu": _gelu_block,
     "gelu_tanh": _gelu_tanh_block,
@@ -194,14 +207,26 @@ def bias_act_cpu(
     x2 = as_rows(x, shape)
     b2 = None if bias is None else as_rows(nd(bias), shape)
     r2 = None if residual is None else as_rows(nd(residual), shape)
-    tile = tile_shape(*x2.shape)
-    h_buf, t_buf, q_buf, y_buf = scratch(tile, cdt, 4)
+    block, direct = _ACT_BLOCKS[act], cdt == x.dtype
+    in_place = direct and residual is None and same_view(x, out)
+    # in place (a GEMM epilogue): each tile of out is h itself, so ~3 tile buffers live, not 5: smaller
+    # tiles for the ~20-pass gelu keep them in L2
+    block_elems = GELU_TILE if in_place and act in ("gelu", "gelu_tanh") else None
+    tile = tile_shape(*x2.shape, block_elems)
+    t_buf, q_buf, *more = scratch(tile, cdt, 2 if in_place else 4)
     b_tile = None if b2 is None else row_tile(b2, *tile, cdt)
     r_tile = None if r2 is None else row_tile(r2, *tile, cdt)
-    block, direct = _ACT_BLOCKS[act], cdt == x.dtype
-    for rs, cs in tiles(*x2.shape):
+    for rs, cs in tiles(*x2.shape, block_elems):
         xs = x2[rs, cs]
-        h, t, q = fit(h_buf, xs), fit(t_buf, xs), fit(q_buf, xs)
+        t, q = fit(t_buf, xs), fit(q_buf, xs)
+        if in_place:  # h is the tile of out itself (x's rows view is read-only: write through out's)
+            h = o2[rs, cs]
+            if b2 is not None:
+                np.add(h, b2[rs, cs] if b_tile is None else fit(b_tile, xs), out=h)
+            block(h, t, q, h)
+            continue
+        h_buf, y_buf = more
+        h = fit(h_buf, xs)
         if b2 is None:
             np.copyto(h, xs)
         else:
