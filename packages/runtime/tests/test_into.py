@@ -66,10 +66,14 @@ def test_a_failing_gemm_names_the_node(monkeypatch, models) -> None:
     model, dims = models["gpt"]
     sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
 
-    def broken(*args, **kwargs):
-        raise FloatingPointError("simulated BLAS fault")
+    real = ops.call
 
-    monkeypatch.setattr(ops, "matmul", broken)
+    def broken(op, *args, **kwargs):
+        if op == "matmul":
+            raise FloatingPointError("simulated BLAS fault")
+        return real(op, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "call", broken)
     with pytest.raises(
         ExecutionError, match=r"node 'lm_head' \(MatMul\): kernel .* FloatingPointError: simulated BLAS fault"
     ):

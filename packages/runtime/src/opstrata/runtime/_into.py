@@ -37,36 +37,50 @@ _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }  # fmt: skip
 
 
+def _call_into(op: str, out: np.ndarray, *args: Any, **kw: Any) -> np.ndarray:
+    """``ops.call(op, ..., out=out)``: the registered kernel without the public wrapper's ``out=`` checks,
+    which the memory plan already guarantees (shape, dtype, no partial overlap); the kernels still
+    validate their operands. A kernel that returned a fresh result (a fallback) is copied in."""
+    r = ops.call(op, *args, out=out, **kw)
+    if r is not out:
+        np.copyto(out, r)
+    return out
+
+
+def _bias(args: list[Any]) -> Any:
+    return args[2] if len(args) > 2 else None
+
+
 def _linear(args: list[Any], dsts: list[np.ndarray]) -> object:
-    return ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    return _call_into("linear", dsts[0], args[0], args[1], _bias(args))
 
 
 def _linear_bias_act(act: str, args: list[Any], dsts: list[np.ndarray]) -> object:
     """GEMM into the arena view, then bias + activation in place over cache-sized tiles (one DRAM pass)."""
-    y = ops.linear(args[0], args[1], None, out=dsts[0])
-    return ops.bias_act(y, args[2] if len(args) > 2 else None, act=act, out=y)
+    y = _call_into("linear", dsts[0], args[0], args[1], None)
+    return _call_into("bias_act", y, y, _bias(args), None, act=act)
 
 
 def _linear_relu(args: list[Any], dsts: list[np.ndarray]) -> object:
     """GEMM (+ bias) into the arena view, then relu in place (``max`` keeps NaN, as ``ops.relu``)."""
-    y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    y = _call_into("linear", dsts[0], args[0], args[1], _bias(args))
     return np.maximum(y, y.dtype.type(0), out=y)
 
 
 def _linear_act(act: Callable[[np.ndarray], np.ndarray], args: list[Any], dsts: list[np.ndarray]) -> object:
-    y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    y = _call_into("linear", dsts[0], args[0], args[1], _bias(args))
     np.copyto(y, act(y))
     return y
 
 
 def _matmul(args: list[Any], dsts: list[np.ndarray]) -> object:
-    return ops.matmul(args[0], args[1], out=dsts[0])
+    return _call_into("matmul", dsts[0], args[0], args[1])
 
 
 def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarray]) -> object:
     y, s = dsts if len(dsts) == 2 else (dsts[0], dsts[0])  # no sum output: y's view holds it first
     ops.add(args[0], args[1], out=s)  # the residual sum
-    return ops.layer_norm(s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps, out=y)
+    return _call_into("layer_norm", y, s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps)
 
 
 def into_kernel(node: Node) -> Into | None:
