@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import opstrata.runtime as rt
+from opstrata.runtime._beam import beam_search
 
 pytest.importorskip("onnx")
 
@@ -226,17 +227,10 @@ def test_num_beams_1_is_greedy_and_equals_the_reference_with_one_beam(gqa: tuple
         assert cut == ref_eos[0][1] == toks[: toks.index(eos) + 1]
 
 
-def test_the_best_beam_is_at_least_as_likely_as_greedy(gqa: tuple) -> None:
-    w, sess = gqa
-    for prompt in PROMPTS:
-        greedy = rt.generate(w, prompt, max_new_tokens=6).new_tokens[0]
-        logp = _log_softmax_last(sess, [prompt + greedy[:i] for i in range(6)][:1])  # warm shape
-        total = 0.0
-        for i, tok in enumerate(greedy):
-            logp = _log_softmax_last(sess, [prompt + greedy[:i]])
-            total += logp[0, tok]
-        beam = rt.generate(w, prompt, max_new_tokens=6, num_beams=4, length_penalty=0.0)
-        assert beam.scores is not None and beam.scores[0] >= total - 1e-5
+@pytest.fixture(scope="module")
+def small() -> tuple[rt.DecoderWeights, rt.InferenceSession]:
+    w = rt.DecoderWeights.random(vocab=12, hidden=16, heads=2, kv_heads=1, layers=1, max_pos=16, seed=5)
+    return w, rt.InferenceSession(w.to_onnx())
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -260,12 +254,6 @@ def test_beam_search_property_equals_the_reference(
         sess, w, prompts, k=k, r=r, max_new=max_new, block_size=block_size, skip_ties=True,
         eos_token_id=eos, length_penalty=length_penalty, early_stopping=early_stopping,
     )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def small() -> tuple[rt.DecoderWeights, rt.InferenceSession]:
-    w = rt.DecoderWeights.random(vocab=12, hidden=16, heads=2, kv_heads=1, layers=1, max_pos=16, seed=5)
-    return w, rt.InferenceSession(w.to_onnx())
 
 
 def test_a_cache_too_small_for_the_beams_raises_and_frees_everything(gqa: tuple) -> None:
@@ -312,3 +300,83 @@ def test_more_return_sequences_than_tokens_is_an_error() -> None:
         rt.generate(w, [0, 1], num_beams=5, num_return_sequences=4, max_new_tokens=2)
     out = rt.generate(w, [0, 1], num_beams=5, num_return_sequences=3, max_new_tokens=1)
     assert sorted(t[0] for t in out.new_tokens) == [0, 1, 2]  # every token once, a vocabulary of 3
+
+
+class _ScriptedRunner:
+    """Stands in for DecoderRunner: next-token probabilities looked up by a sequence's new tokens.
+
+    The tokens live in the cache itself (as 1-wide K/V), so the lookup reads them back through the
+    block tables: forks and copy on write must carry every beam's history correctly.
+    """
+
+    def __init__(self, table: dict[tuple[int, ...], list[float]], vocab: int, prompt_len: int) -> None:
+        self.cache = rt.PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=1, num_blocks=64, block_size=2)
+        self.table, self.vocab, self.prompt_len = table, vocab, prompt_len
+        self.attention_seconds = 0.0
+
+    def forward(self, seqs: list[int], tokens: np.ndarray) -> np.ndarray:
+        slots = self.cache.reserve(list(seqs), tokens.shape[1])
+        values = tokens.reshape(-1, 1, 1).astype(np.float32)
+        self.cache.write(0, slots, values, values)
+        k, _, lengths = self.cache.gather(0, list(seqs))
+        rows = []
+        for row, n in zip(k[:, 0, :, 0], lengths, strict=True):
+            new = tuple(int(t) for t in row[self.prompt_len : n])
+            rows.append(np.log(self.table.get(new, [1 / self.vocab] * self.vocab)))
+        return np.array(rows)
+
+
+def _scripted(
+    table: dict[tuple[int, ...], list[float]], k: int, max_new: int, r: int, **kw: object
+) -> tuple[list[list[int]], list[str], list[float]]:
+    runner = _ScriptedRunner(table, vocab=5, prompt_len=1)
+    out = beam_search(
+        runner, [np.array([4])], num_beams=k, max_new_tokens=max_new, eos_token_id=0, num_return_sequences=r,
+        on_step=None, on_forward=lambda: None, timings={"decode_steps": 0},
+        **{"length_penalty": 1.0, "early_stopping": False, **kw},  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert runner.cache.sequences() == []
+    return out
+
+
+def _score(*probs: float) -> float:
+    return float(np.sum(np.log(probs))) / len(probs)
+
+
+def test_an_eos_candidate_outside_the_best_num_beams_is_not_a_hypothesis() -> None:
+    """Step 2 ranks: (1,eos) (2,eos) (3,4) (3,eos) ...: the eos at rank 3 = num_beams is skipped (as in HF)."""
+    table = {
+        (): [0.01, 0.4, 0.3, 0.28, 0.01],
+        (1,): [0.9, 0.04, 0.03, 0.02, 0.01],
+        (2,): [0.9, 0.05, 0.02, 0.02, 0.01],
+        (3,): [0.45, 0.01, 0.01, 0.01, 0.52],
+    }
+    new, reasons, scores = _scripted(table, k=3, max_new=3, r=3, early_stopping=True)
+    # (3, eos) never counts: the third hypothesis is (3, 4, eos) one step later (uniform there)
+    assert new == [[1, 0], [2, 0], [3, 4, 0]] and reasons == ["eos"] * 3
+    np.testing.assert_allclose(scores, [_score(0.4, 0.9), _score(0.3, 0.9), _score(0.28, 0.52, 0.2)])
+
+
+def test_early_stopping_true_drops_the_running_beams_once_num_beams_hypotheses_exist() -> None:
+    table = {(): [0.349, 0.4, 0.249, 0.001, 0.001], (1,): [0.4, 0.0005, 0.0005, 0.598, 0.001]}
+    new, reasons, scores = _scripted(table, k=2, max_new=2, r=2, early_stopping=True)
+    assert new == [[1, 0], [0]] and reasons == ["eos", "eos"]  # not (1, 3), though it scores higher
+    np.testing.assert_allclose(scores, [_score(0.4, 0.4), _score(0.349)])
+    new, _, _ = _scripted(table, k=2, max_new=2, r=2, early_stopping=False)
+    assert new == [[1, 3], [1, 0]]  # at the last step the running beams join the hypotheses
+
+
+def test_early_stopping_never_keeps_searching_while_a_longer_hypothesis_could_win() -> None:
+    """After step 2 the worst hypothesis equals the best candidate at its length (False stops), but
+    at max_new_tokens = 3 the bound is higher ("never" goes on and finds a better 3-token one)."""
+    table = {
+        (): [0.6, 0.3, 0.098, 0.001, 0.001],
+        (1,): [0.52, 0.001, 0.001, 0.477, 0.001],
+        (1, 3): [0.05, 0.001, 0.001, 0.001, 0.947],
+    }
+    new, _, scores = _scripted(table, k=2, max_new=3, r=2, early_stopping=False)
+    assert new == [[0], [1, 0]]
+    np.testing.assert_allclose(scores, [_score(0.6), _score(0.3, 0.52)])
+    new, reasons, scores = _scripted(table, k=2, max_new=3, r=2, early_stopping="never")
+    assert new == [[0], [1, 3, 4]] and reasons == ["eos", "length"]
+    np.testing.assert_allclose(scores, [_score(0.6), _score(0.3, 0.477, 0.947)])
