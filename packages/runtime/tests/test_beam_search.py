@@ -176,6 +176,9 @@ def test_beam_search_equals_the_reference_on_a_ragged_batch(gqa: tuple, k: int) 
     # beams share more than the prompt: the peak holds fewer blocks than k unshared sequences would
     unshared = sum(k * -(-(len(p) + 7) // 4) for p in PROMPTS)
     assert out.kv_stats["used_blocks"] < unshared and out.kv_stats["num_forks"] > 0
+    steps: list[tuple[int, int]] = []  # on_step sees every running beam's new token, the last step too
+    rt.generate(w, PROMPTS, num_beams=k, max_new_tokens=8, on_step=lambda i, t: steps.append((i, len(t))))
+    assert steps == [(i, 3 * k) for i in range(8)]
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,7 @@ def beam_search(
             last = step == max_new_tokens - 1
             feed_seqs: list[int] = []
             feed_tokens: list[int] = []
+            step_tokens: list[int] = []  # the running beams' new tokens, for on_step
             for bi in list(states):
                 st = states[bi]
                 logp = _log_softmax(st.logits) + st.sums[:, None]  # (beams, V)
@@ -136,6 +137,8 @@ def beam_search(
                     if len(keep) == k:
                         break
                 done = st.finished.is_done(float(flat[cand[0]]), step + 1, max_new_tokens, early_stopping)
+                if not done:
+                    step_tokens += [tok for _, tok, _ in keep]
                 if last and not done:
                     for beam, tok, s in keep:
                         st.finished.add(st.tokens[beam] + [tok], s, "length")
@@ -159,7 +162,7 @@ def beam_search(
                 feed_seqs += seqs
                 feed_tokens += [tok for _, tok, _ in keep]
             if on_step is not None:
-                on_step(step, np.array(feed_tokens, np.int64))
+                on_step(step, np.array(step_tokens, np.int64))
             if not states:
                 break
             logits = runner.forward(feed_seqs, np.array(feed_tokens, np.int64)[:, None])
