@@ -151,6 +151,8 @@ def _check_against_reference(
     assert out.scores is not None
     np.testing.assert_allclose(out.scores, [s for s, _, _ in want], rtol=1e-5, atol=1e-5)
     assert all(used <= bound for used, bound in held), held
+    peak_bound = sum(_blocks_bound(len(p), len(p) + max_new - 1, k, block_size) for p in prompts)
+    assert out.kv_stats["used_blocks"] <= peak_bound  # the fullest step, K/V of the new tokens written
     assert cache.sequences() == [] and cache.num_free_blocks == num_blocks  # nothing leaked
     cache.check_invariants()
     return out, list(refs)
