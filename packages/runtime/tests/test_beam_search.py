@@ -1,12 +1,13 @@
 """generate(num_beams=k): equals a brute-force beam search that recomputes every hypothesis without a cache.
 
-The reference follows transformers' ``BeamSearchScorer`` written out plainly: every step runs each
-beam's whole sequence through an ``InferenceSession`` on the exported model, sorts all (beam, token)
+The reference is transformers' (5.x) beam search written out plainly: every step runs each beam's
+whole sequence through an ``InferenceSession`` on the exported model, sorts all (beam, token)
 candidates with Python's ``sorted``, and keeps hypotheses in a list. Cached and recomputed logits
 differ by ~1e-6 per step, so the reference also reports the smallest gap between two scores a
-decision rested on (the last kept beam vs the next candidate, an eos at the ``num_beams`` cut, a new
-hypothesis vs the worst kept, the stop rule, the final order): a gap under ``TIE`` could flip the
-decision either way, and such cases are skipped (property test) or must not occur (fixed cases).
+decision rested on (the last kept beam vs the next candidate, a candidate at the ``num_beams`` cut
+when it can finish, a new hypothesis vs the worst kept, the stop rule, the final order): a gap under
+``TIE`` could flip the decision either way, and such cases are skipped (property test) or must not
+occur (fixed cases).
 """
 
 from __future__ import annotations
@@ -58,39 +59,34 @@ def reference_beam_search(
             del finished[k:]
 
     for step in range(max_new):
+        last = step == max_new - 1  # every candidate ends here
         logp = _log_softmax_last(sess, [prompt + toks for _, toks in beams])
         cands = sorted(
             ((total + logp[i, tok], i, tok) for i, (total, _) in enumerate(beams) for tok in range(logp.shape[1])),
             key=lambda c: -c[0],
         )  # fmt: skip
-        if len(cands) > k and eos in (cands[k - 1][2], cands[k][2]):
-            gaps.append(cands[k - 1][0] - cands[k][0])  # is the eos among the best k?
+        if len(cands) > k and (last or eos in (cands[k - 1][2], cands[k][2])):
+            gaps.append(cands[k - 1][0] - cands[k][0])  # which candidates are among the best k?
         running = []
         for rank, (total, i, tok) in enumerate(cands[: 2 * k]):
-            if tok == eos:
-                if rank < k:
-                    add(beams[i][1] + [tok], total, "eos")
-            else:
+            if rank < k and (tok == eos or last):  # the best k candidates that end are hypotheses
+                add(beams[i][1] + [tok], total, "eos" if tok == eos else "length")
+            elif tok != eos and not last and len(running) < k:
                 running.append((total, beams[i][1] + [tok]))
                 if len(running) == k:
                     following = [c[0] for c in cands[rank + 1 :] if c[2] != eos][:1]
                     gaps += [total - c for c in following]  # the last beam kept vs the first dropped
-                    break
-        if len(finished) == k:  # done?
+        if not running:
+            break
+        if len(finished) == k:  # can the best running beam still beat the worst hypothesis?
             if early_stopping is True:
                 break
             n = max_new if early_stopping == "never" and length_penalty > 0 else step + 1
-            best_possible = cands[0][0] / n**length_penalty
-            if not (cands[0][2] == eos and n == step + 1):  # else exact: the best is a finished eos
-                gaps.append(abs(finished[-1][0] - best_possible))
+            best_possible = running[0][0] / n**length_penalty
+            gaps.append(abs(finished[-1][0] - best_possible))
             if finished[-1][0] >= best_possible:
                 break
-        if step == max_new - 1:
-            for total, toks in running:
-                add(toks, total, "length")
         beams = running
-        if not beams:
-            break
     gaps += [a[0] - b[0] for a, b in itertools.pairwise(finished)]
     return finished, min(gaps)
 
@@ -355,25 +351,34 @@ def test_an_eos_candidate_outside_the_best_num_beams_is_not_a_hypothesis() -> No
         (1,): [0.9, 0.04, 0.03, 0.02, 0.01],
         (2,): [0.9, 0.05, 0.02, 0.02, 0.01],
         (3,): [0.45, 0.01, 0.01, 0.01, 0.52],
+        (3, 4): [0.5, 0.2, 0.1, 0.1, 0.1],
     }
     new, reasons, scores = _scripted(table, k=3, max_new=3, r=3, early_stopping=True)
-    # (3, eos) never counts: the third hypothesis is (3, 4, eos) one step later (uniform there)
+    # (3, eos) never counts: the third hypothesis is (3, 4, eos) one step later
     assert new == [[1, 0], [2, 0], [3, 4, 0]] and reasons == ["eos"] * 3
-    np.testing.assert_allclose(scores, [_score(0.4, 0.9), _score(0.3, 0.9), _score(0.28, 0.52, 0.2)])
+    np.testing.assert_allclose(scores, [_score(0.4, 0.9), _score(0.3, 0.9), _score(0.28, 0.52, 0.5)])
 
 
 def test_early_stopping_true_drops_the_running_beams_once_num_beams_hypotheses_exist() -> None:
-    table = {(): [0.349, 0.4, 0.249, 0.001, 0.001], (1,): [0.4, 0.0005, 0.0005, 0.598, 0.001]}
-    new, reasons, scores = _scripted(table, k=2, max_new=2, r=2, early_stopping=True)
-    assert new == [[1, 0], [0]] and reasons == ["eos", "eos"]  # not (1, 3), though it scores higher
+    table = {
+        (): [0.349, 0.4, 0.249, 0.001, 0.001],
+        (1,): [0.4, 0.0005, 0.0005, 0.598, 0.001],
+        (1, 3): [0.1, 0.6, 0.1, 0.1, 0.1],
+    }
+    new, reasons, scores = _scripted(table, k=2, max_new=3, r=2, early_stopping=True)
+    assert new == [[1, 0], [0]] and reasons == ["eos", "eos"]  # not (1, 3, 1), though it scores higher
     np.testing.assert_allclose(scores, [_score(0.4, 0.4), _score(0.349)])
-    new, _, _ = _scripted(table, k=2, max_new=2, r=2, early_stopping=False)
-    assert new == [[1, 3], [1, 0]]  # at the last step the running beams join the hypotheses
+    new, reasons, scores = _scripted(table, k=2, max_new=3, r=2, early_stopping=False)
+    assert new == [[1, 3, 1], [1, 0]] and reasons == ["length", "eos"]  # (1, 3) could still win: it did
+    np.testing.assert_allclose(scores, [_score(0.4, 0.598, 0.6), _score(0.4, 0.4)])
+    # at max_new_tokens the best num_beams candidates all finish, running or eos, even with early stopping
+    new, reasons, _ = _scripted(table, k=2, max_new=2, r=2, early_stopping=True)
+    assert new == [[1, 3], [1, 0]] and reasons == ["length", "eos"]
 
 
 def test_early_stopping_never_keeps_searching_while_a_longer_hypothesis_could_win() -> None:
-    """After step 2 the worst hypothesis equals the best candidate at its length (False stops), but
-    at max_new_tokens = 3 the bound is higher ("never" goes on and finds a better 3-token one)."""
+    """After step 2 the best running beam cannot beat the worst hypothesis at its length (False stops),
+    but it could at max_new_tokens = 3 ("never" goes on and finds a better 3-token hypothesis)."""
     table = {
         (): [0.6, 0.3, 0.098, 0.001, 0.001],
         (1,): [0.52, 0.001, 0.001, 0.477, 0.001],

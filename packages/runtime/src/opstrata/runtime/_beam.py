@@ -1,13 +1,13 @@
-"""Beam search over the paged KV cache, with Hugging Face transformers' semantics.
+"""Beam search over the paged KV cache, with Hugging Face transformers' semantics (its 5.x beam search).
 
 Per prompt, each step scores every (beam, token) pair as the beam's summed log-probability plus the
 token's log-softmax, takes the best ``2 * num_beams`` candidates (ties: lower beam, then lower token
-id), turns the eos candidates among the first ``num_beams`` into finished hypotheses and keeps the
-first ``num_beams`` others as the next beams. A finished hypothesis of ``n`` new tokens (eos
-included) scores ``sum_logprobs / n ** length_penalty``; the best ``num_beams`` are kept. Surviving
-beams continue their parent's cache sequence (the first child) or ``fork`` it (copy on write shares
-every block), beams without a child are ``free``d, so a prompt holds at most its shared prompt blocks
-plus ``num_beams`` sequences' own blocks.
+id), turns those among the first ``num_beams`` that end (eos, or any token at ``max_new_tokens``)
+into finished hypotheses and keeps the best ``num_beams`` that do not end as the next beams. A
+finished hypothesis of ``n`` new tokens (eos included) scores ``sum_logprobs / n ** length_penalty``;
+the best ``num_beams`` are kept. Surviving beams continue their parent's cache sequence (the first
+child) or ``fork`` it (copy on write shares every block), beams without a child are ``free``d, so a
+prompt holds at most its shared prompt blocks plus ``num_beams`` sequences' own blocks.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ class _Finished:
             del self.items[self.num_beams :]
 
     def is_done(self, best_sum: float, new_len: int, max_new: int, early_stopping: bool | str) -> bool:
-        """transformers' stop rule: ``num_beams`` hypotheses, and (unless ``early_stopping=True``) no
-        running beam can beat the worst of them (``False``: at its current length; ``"never"``: at the
-        length the penalty favours most)."""
+        """transformers' stop rule: ``num_beams`` hypotheses, and (unless ``early_stopping=True``) the best
+        running beam's sum ``best_sum`` cannot beat the worst of them (``False``: at its current length
+        ``new_len``; ``"never"``: at the length the penalty favours most)."""
         if len(self.items) < self.num_beams:
             return False
         if early_stopping is True:
@@ -129,24 +129,18 @@ def beam_search(
                 keep: list[tuple[int, int, float]] = []  # (parent beam, token, sum_logprobs)
                 for rank, c in enumerate(cand.tolist()):
                     beam, tok = divmod(c, vocab)
-                    if eos_token_id is not None and tok == eos_token_id:
-                        if rank < k:  # an eos outside the best num_beams is not a hypothesis (as in HF)
-                            st.finished.add(st.tokens[beam] + [tok], float(flat[c]), "eos")
-                        continue
-                    keep.append((beam, tok, float(flat[c])))
-                    if len(keep) == k:
-                        break
-                done = st.finished.is_done(float(flat[cand[0]]), step + 1, max_new_tokens, early_stopping)
-                if not done:
-                    step_tokens += [tok for _, tok, _ in keep]
-                if last and not done:
-                    for beam, tok, s in keep:
-                        st.finished.add(st.tokens[beam] + [tok], s, "length")
-                if last or done or not keep:
-                    for seq in st.seqs:
+                    ends = eos_token_id is not None and tok == eos_token_id
+                    if rank < k and (ends or last):  # only the best num_beams candidates can finish
+                        st.finished.add(st.tokens[beam] + [tok], float(flat[c]), "eos" if ends else "length")
+                        step_tokens += [tok] if last else []
+                    elif not ends and not last and len(keep) < k:
+                        keep.append((beam, tok, float(flat[c])))
+                if not keep or st.finished.is_done(keep[0][2], step + 1, max_new_tokens, early_stopping):
+                    for seq in st.seqs:  # stopped: the last step, no running beam, or none can win
                         cache.free(seq)
                     del states[bi]
                     continue
+                step_tokens += [tok for _, tok, _ in keep]
                 # the first child of a beam continues its sequence, later ones fork it (copy on write)
                 taken: set[int] = set()
                 seqs = []
