@@ -134,7 +134,7 @@ def _check_against_reference(
     def on_step(step: int, tokens: np.ndarray) -> None:  # beams hold prompt + step tokens here
         cache.check_invariants()
         bound = sum(_blocks_bound(len(p), len(p) + step, k, block_size) for p in prompts)
-        held.append((cache.num_blocks - cache.num_free_blocks, bound))
+        held.append((int(cache.stats()["used_blocks"]), bound))
 
     out = rt.generate(
         w, prompts, num_beams=k, num_return_sequences=r, max_new_tokens=max_new, block_size=block_size,
