@@ -152,10 +152,14 @@ def _random_graph(draw):
     g.add_input("x", np.float32, ("n", 8))
     avail = ["x"]
     for i in range(draw(st.integers(1, 14))):
-        op = draw(st.sampled_from(["Relu", "Exp", "Add", "Mul", "MatMul"]))
+        op = draw(st.sampled_from(["Relu", "Exp", "Add", "Mul", "MatMul", "Reshape", "Identity"]))
         a = draw(st.sampled_from(avail))
         out = f"v{i}"
-        if op == "MatMul":
+        if op == "Reshape":  # a view with the same shape, through the shape [-1, k]
+            shape = f"s{i}"
+            g.add_initializer(shape, np.array([-1, g.values[a].shape[1]], np.int64))
+            g.add_node("Reshape", [a, shape], [out])
+        elif op == "MatMul":
             w = f"w{i}"
             g.add_initializer(
                 w, np.ones((g.values[a].shape[1], draw(st.sampled_from([4, 8, 16]))), np.float32)
@@ -172,9 +176,49 @@ def _random_graph(draw):
     return g
 
 
+def _assert_no_write_under_a_live_view(g: og.Graph, mp: og.MemoryPlan) -> None:
+    """A non-view node writing a buffer in place: every earlier value on that buffer is dead by then."""
+    views = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+    root = {}
+    for v in mp.offsets:
+        r = v
+        while r in mp.inplace:
+            r = mp.inplace[r]
+        root[v] = r
+    for o, src in mp.inplace.items():
+        step = mp.lifetimes[o][0]
+        if g.nodes[step].op_type in views:
+            continue
+        for v in mp.offsets:
+            if v != o and root[v] == root[src] and mp.lifetimes[v][0] < step:
+                assert mp.lifetimes[v][1] <= step, (o, v)  # v is still read after o overwrote it
+
+
 @settings(max_examples=60, deadline=None)
 @given(_random_graph(), st.integers(1, 5))
 def test_random_graphs_plan_validly(g, n):
     mp = og.plan_memory(g, {"n": n})
     _assert_valid(mp)
+    _assert_no_write_under_a_live_view(g, mp)
     assert mp.lower_bound_bytes <= mp.arena_bytes <= mp.no_reuse_bytes
+
+
+def test_reshape_shares_its_input_bytes_and_blocks_in_place_writes_while_read():
+    g = og.Graph("views")
+    g.add_input("x", np.float32, (4, 8))
+    g.add_initializer("flat", np.array([32], np.int64))
+    g.add_node("Exp", ["x"], ["a"])
+    g.add_node("Reshape", ["a", "flat"], ["v"])  # a view of a; a is still read below
+    g.add_node("Neg", ["a"], ["b"])  # a dies here, but v is live: b must not overwrite a's bytes
+    g.add_node("Reshape", ["b", "flat"], ["bf"])
+    g.add_node("Add", ["v", "bf"], ["y"])  # v and bf die here: in place is fine
+    g.outputs.append("y")
+    mp = og.plan_memory(g)
+    assert mp.inplace["v"] == "a" and mp.offsets["v"] == mp.offsets["a"]
+    assert mp.inplace["bf"] == "b" and "b" not in mp.inplace
+    assert mp.offsets["b"] != mp.offsets["a"]
+    assert mp.inplace["y"] in ("v", "bf")
+    _assert_valid(mp)
+    _assert_no_write_under_a_live_view(g, mp)
+    assert mp.arena_bytes == mp.lower_bound_bytes == 256  # two 128-byte buffers, views cost nothing
+    assert "v" not in og.plan_memory(g, inplace=False).inplace

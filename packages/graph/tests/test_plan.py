@@ -204,6 +204,21 @@ def test_compile_unknown_op_is_clear():
         og.compile(g, level=0)
 
 
+def test_linear_with_unknown_activation_is_a_clear_error():
+    g = og.Graph("lin")
+    g.add_input("x", np.float32, (2, 3))
+    g.add_initializer("w", np.ones((4, 3), np.float32))
+    g.add_node("Linear", ["x", "w"], ["y"], {"activation": "swish7"}, name="fc1", domain=og.OPSTRATA_DOMAIN)
+    g.outputs.append("y")
+    msg = r"node 'fc1' \(ai\.opstrata::Linear\): unknown activation 'swish7'\. Fix: use one of gelu, gelu_tanh, relu, sigmoid, tanh"
+    with pytest.raises(og.GraphError, match=msg):
+        og.kernels_of(g.nodes[0])
+    with pytest.raises(og.GraphError, match=msg):
+        og.compile(g, level=0)
+    g.nodes[0].attrs["activation"] = "gelu_tanh"  # a supported one binds linear + gelu
+    assert og.kernels_of(g.nodes[0]) == ["linear", "gelu"]
+
+
 def test_compile_no_kernel_for_dtype_is_clear():
     g = og.Graph("intsqrt")
     g.add_input("x", np.int64, (2,))

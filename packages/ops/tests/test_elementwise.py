@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import opstrata.ops as ops
 from opstrata.ops import OpError, _activation as act
-from opstrata.ops._activation import gelu_rational_f32
+from opstrata.ops._activation import ERF_ATANH_POLY, gelu_exact_f32
 from opstrata.ops._dtypes import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LOW_PRECISION_DTYPES
 from opstrata.ops.testing import TOLERANCES, assert_close
 
@@ -265,17 +265,32 @@ def test_erf_cpu_float32_within_a_few_ulp() -> None:
     assert_close(ops.erf(x, device="cpu").astype(np.float64), expected, rtol=3 * 2**-24, atol=1e-37)
 
 
-def test_gelu_rational_f32_accuracy_specials_and_tiles(monkeypatch) -> None:
+def test_gelu_exact_f32_accuracy_specials_and_tiles(monkeypatch) -> None:
     x = np.concatenate([np.linspace(-12, 12, 60001), [0.0, 1e-30, -1e-6]]).astype(np.float32)
     expected = vec(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
-    got = gelu_rational_f32(x)
+    got = gelu_exact_f32(x)
     assert got.dtype == np.float32 and got.shape == x.shape
-    assert np.abs(got - expected).max() <= 2e-6  # Eigen's erf, error scaled by x / 2
-    special = np.float32([np.inf, np.nan, 1e30, -1e30, -1e4])
-    np.testing.assert_array_equal(gelu_rational_f32(special), np.float32([np.inf, np.nan, 1e30, 0, 0]))
+    assert np.abs(got - expected).max() <= 1e-6  # ~5e-7: tanh(u P(u^2)) is within 6e-8 of erf(u)
+    small = np.abs(x) < 1
+    assert_close(got[small].astype(np.float64), expected[small], rtol=2e-6, atol=1e-37)  # relative near 0
+    special = np.float32([np.inf, np.nan, 1e30, -1e30, -1e4, 3e38])
+    with np.errstate(all="ignore"):
+        want = np.float32([np.inf, np.nan, 1e30, 0, 0, 3e38])  # g^2 overflows to inf: tanh saturates
+        np.testing.assert_array_equal(gelu_exact_f32(special), want)
     monkeypatch.setattr(act, "GELU_TILE", 7)  # many tiles and a ragged last one: same numbers
-    np.testing.assert_array_equal(gelu_rational_f32(x.reshape(4, -1)).reshape(-1), got)
-    assert gelu_rational_f32(np.zeros((0, 4), np.float32)).shape == (0, 4)
+    np.testing.assert_array_equal(gelu_exact_f32(x.reshape(4, -1)).reshape(-1), got)
+    assert gelu_exact_f32(np.zeros((0, 4), np.float32)).shape == (0, 4)
+
+
+def test_erf_atanh_polynomial_fits_and_saturates() -> None:
+    """The constant table: tanh(u P(u^2)) is erf(u) to 6e-8; beyond u = 3.9 the argument keeps growing
+    (> 9: tanh within 3.1e-8 of 1, as erf is), and beyond u = 8 tanh is exactly 1 in float32."""
+    poly = lambda u: u * np.polynomial.polynomial.polyval(u * u, ERF_ATANH_POLY)  # noqa: E731
+    u = np.linspace(0.0, 6.0, 30001)
+    assert np.abs(np.tanh(poly(u)) - vec(math.erf)(u)).max() <= 6e-8
+    far = np.concatenate([np.linspace(3.9, 200.0, 20001), np.logspace(2.4, 18, 400)])
+    assert (poly(far) > 9.0).all()
+    assert (poly(far[far >= 8.0]) > 10.0).all() and np.tanh(np.float32(10.0)) == 1.0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=str)

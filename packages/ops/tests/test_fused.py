@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
 from opstrata.ops import OpError, _chunking
@@ -78,6 +79,58 @@ def test_bias_act_extremes_and_empty() -> None:
     for act in ACTS:
         close(ops.bias_act(x, act=act), ops.bias_act(x, act=act, device="ref"), float32)
     assert ops.bias_act(np.zeros((0, 4), np.float32), np.zeros(4, np.float32)).shape == (0, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 70),
+    act=st.sampled_from(ACTS),
+    dtype=st.sampled_from(DTYPES),
+    with_bias=st.booleans(),
+)
+def test_bias_act_out_in_place_equals_fresh(
+    rows: int, cols: int, act: str, dtype: Any, with_bias: bool
+) -> None:
+    x = rnd((rows, cols), dtype, seed=rows * 97 + cols)
+    b = rnd((cols,), dtype, 1) if with_bias else None
+    want = ops.bias_act(x, b, act=act, device="cpu")
+    close(want, ops.bias_act(x, b, act=act, device="ref"), dtype)
+    y = x.copy()
+    got = ops.bias_act(y, b, act=act, out=y)  # the GEMM-epilogue use: in place on the GEMM's result
+    assert got is y
+    np.testing.assert_array_equal(got, want)
+    other = np.empty_like(x)
+    assert ops.bias_act(x, b, act=act, out=other) is other
+    np.testing.assert_array_equal(other, want)
+    ref_out = np.empty_like(x)  # ref and the decomposition fill out= as well
+    close(ops.bias_act(x, b, act=act, out=ref_out, device="ref"), want, dtype)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_act_gelu_is_bit_identical_to_gelu_of_the_sum(approximate: str) -> None:
+    """The runtime's Linear epilogue (bias_act) and its generic path (linear, then gelu) agree exactly."""
+    x, b = rnd((37, 130), float32), rnd((130,), float32, 1)
+    act = "gelu" if approximate == "none" else "gelu_tanh"
+    np.testing.assert_array_equal(ops.bias_act(x, b, act=act), ops.gelu(x + b, approximate=approximate))
+
+
+def test_bias_act_out_errors() -> None:
+    x = rnd((4, 6), float32)
+    with pytest.raises(OpError, match="bias_act: argument 'out' expected an ndarray of shape \\(4, 6\\)"):
+        ops.bias_act(x, out=np.empty((4, 5), np.float32))
+    with pytest.raises(OpError, match=r"argument 'out' expected an ndarray of shape .* and dtype float32"):
+        ops.bias_act(x, out=np.empty((4, 6), np.float64))
+    big = rnd((5, 6), float32)
+    with pytest.raises(
+        OpError, match="argument 'out' expected a buffer that is x itself or does not overlap x"
+    ):
+        ops.bias_act(big[1:], out=big[:-1])  # shifted by a row: tiles would read what they wrote
+    b = rnd((6,), float32)
+    with pytest.raises(OpError, match="does not overlap bias"):
+        ops.bias_act(np.broadcast_to(b, (4, 6)).copy(), b, out=np.broadcast_to(b, (4, 6)))
+    strided = np.empty((4, 12), np.float32)[:, ::2]  # out= that rows cannot view: filled by a copy
+    np.testing.assert_array_equal(ops.bias_act(x, act="relu", out=strided), np.maximum(x, 0))
 
 
 def test_bias_act_errors() -> None:

@@ -98,6 +98,51 @@ def test_layer_norm(dtype: np.dtype, shape: tuple[int, ...], seed: int, use: Any
 @given(
     shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=6),
     seed=SEEDS,
+    use=st.tuples(st.booleans(), st.booleans()),
+    data=st.data(),
+)
+def test_layer_norm_out_in_place_and_separate(
+    dtype: np.dtype, shape: tuple[int, ...], seed: int, use: Any, data: Any
+) -> None:
+    """out= (x itself, as the runtime's SkipLayerNorm writes, or another buffer) gives the fresh result's bits."""
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    device = data.draw(st.sampled_from(DEVICES))
+    rng = np.random.default_rng(seed)
+    x = sample(rng, shape, dtype)
+    norm_shape = shape[axis % len(shape) :]
+    w, b = affine(rng, norm_shape, dtype, use[0]), affine(rng, norm_shape, dtype, use[1])
+    want = ops.layer_norm(x, w, b, axis=axis, device=device)
+    other = np.empty_like(x)
+    assert ops.layer_norm(x, w, b, axis=axis, out=other, device=device) is other
+    np.testing.assert_array_equal(other, want)
+    y = x.copy()
+    assert ops.layer_norm(y, w, b, axis=axis, out=y, device=device) is y
+    np.testing.assert_array_equal(y, want)
+
+
+def test_layer_norm_out_errors_and_strided_out() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(
+        OpError, match=r"layer_norm: argument 'out' expected an ndarray of shape \(3, 4\) and dtype float32"
+    ):
+        ops.layer_norm(x, out=np.empty((3, 4), np.float64))
+    big = np.arange(16, dtype=np.float32).reshape(4, 4)
+    with pytest.raises(
+        OpError, match="argument 'out' expected a buffer that is x itself or does not overlap x"
+    ):
+        ops.layer_norm(big[1:], out=big[:-1])
+    w = np.ones(4, np.float32)
+    with pytest.raises(OpError, match="does not overlap weight"):
+        ops.layer_norm(x, w, out=np.broadcast_to(w, (3, 4)))
+    strided = np.empty((3, 8), np.float32)[:, ::2]  # not C-contiguous: normalized fresh, copied in
+    np.testing.assert_array_equal(ops.layer_norm(x, out=strided), ops.layer_norm(x))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@SETTINGS
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=6),
+    seed=SEEDS,
     use_w=st.booleans(),
     data=st.data(),
 )

@@ -150,13 +150,20 @@ def test_view_kept_only_when_its_bytes_are_not_reused() -> None:
     np.testing.assert_array_equal(y, np.maximum(feeds["x"], 0).reshape(32) - feeds["x2"].reshape(32))
     mp = sess.plan.memory_for({"x": (4, 8), "x2": (4, 8)})
     aliases = view_aliases(sess.graph, mp)
+    assert mp.offsets["v"] == mp.offsets["r"] and mp.inplace["v"] == "r"  # the plan puts views on their base
     r, n = (
         (mp.offsets["r"], mp.offsets["r"] + mp.sizes["r"]),
         (mp.offsets["n"], mp.offsets["n"] + mp.sizes["n"]),
     )
-    overlap = r[0] < n[1] and n[0] < r[1]
-    assert ("v" in aliases) == (not overlap)  # Neg writes into Relu's freed bytes -> the view is copied
-    assert "nf" in aliases  # nothing is written after it: kept as a view
+    assert not (r[0] < n[1] and n[0] < r[1])  # ...whose bytes stay live while the view is read
+    assert {"v", "nf"} <= aliases  # the in-place Add at their last read does not cost them the view
+    # a plan without view sharing: Neg may land in Relu's freed bytes, and then the view is copied
+    mp0 = og.plan_memory(sess.graph, input_shapes={"x": (4, 8), "x2": (4, 8)}, inplace=False)
+    r0, n0 = (
+        (mp0.offsets["r"], mp0.offsets["r"] + mp0.sizes["r"]),
+        (mp0.offsets["n"], mp0.offsets["n"] + mp0.sizes["n"]),
+    )
+    assert ("v" in view_aliases(sess.graph, mp0)) == (not (r0[0] < n0[1] and n0[0] < r0[1]))
     g = og.from_onnx(model)
     np.testing.assert_array_equal(y, og.run_graph(g, feeds)["y"])
 
@@ -187,3 +194,47 @@ def test_session_memory_limit_raises_out_of_memory(models) -> None:
     with pytest.raises(OutOfMemoryError, match=r"limit 4096 B.*tried to allocate .*empty_cache\(\)"):
         sess.run(None, random_feeds(model, dims))
     assert sess.allocator.stats()["allocated_bytes"] == 0  # blocks given back after the failure
+
+
+def test_reshape_steps_on_arena_bytes_are_skipped_not_run(monkeypatch, models) -> None:
+    """A reshape whose output the plan put on its input's bytes has nothing to do; one of a feed does."""
+    from opstrata.graph import EXECUTOR_KERNELS as KERNELS
+    from opstrata.runtime._executor import Schedule
+
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3, enable_profiling=True))
+    want = InferenceSession(model, SessionOptions(enable_mem_arena=False)).run(None, feeds)[0]
+    sess.run(None, feeds)
+    arena = next(iter(sess.arenas.values()))
+    skip = sess._schedule.view_steps(arena)
+    by_name = {sess._schedule.steps[i].node.name: sess._schedule.steps[i].node for i in skip}
+    assert sum(n.op_type == "Reshape" for n in by_name.values()) >= 4  # head split / merge after GEMMs
+    for n in by_name.values():
+        assert arena.is_view_of(n.outputs[0], n.inputs[0])
+    ran = []
+    real = Schedule.exec_arena
+    monkeypatch.setattr(
+        Schedule, "exec_arena", lambda self, st, *a: ran.append(st.node.name) or real(self, st, *a)
+    )
+    sess2 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    np.testing.assert_array_equal(sess2.run(None, feeds)[0], want)
+    assert not set(ran) & set(by_name)  # skipped steps never call their kernel
+    graph_inputs = set(sess.graph.inputs)
+    feed_views = [
+        n.name for n in sess.graph.nodes if n.op_type == "Unsqueeze" and n.inputs[0] in graph_inputs
+    ]
+    assert feed_views and set(feed_views) <= set(ran)  # a view of a feed still runs (feeds change per run)
+    chained = [
+        n.name for n in sess.graph.nodes if n.op_type == "Unsqueeze" and n.inputs[0] not in graph_inputs
+    ]
+    assert set(chained) <= set(ran)  # ...and so does a view of that view (its bytes are not in the arena)
+    names = {e.name for e in sess.profiler.events}
+    assert set(by_name) <= names  # the profile still lists every node
+    # an overridden Reshape kernel is called, not skipped
+    calls = []
+    stock = KERNELS[("", "Reshape")]
+    monkeypatch.setitem(KERNELS, ("", "Reshape"), lambda n, x: calls.append(n.name) or stock(n, x))
+    sess3 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    np.testing.assert_array_equal(sess3.run(None, feeds)[0], want)
+    assert {n.name for n in by_name.values() if n.op_type == "Reshape"} <= set(calls)

@@ -66,11 +66,27 @@ def test_a_failing_gemm_names_the_node(monkeypatch, models) -> None:
     model, dims = models["gpt"]
     sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
 
-    def broken(*args, **kwargs):
-        raise FloatingPointError("simulated BLAS fault")
+    real = ops.call
 
-    monkeypatch.setattr(ops, "matmul", broken)
+    def broken(op, *args, **kwargs):
+        if op == "matmul":
+            raise FloatingPointError("simulated BLAS fault")
+        return real(op, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "call", broken)
     with pytest.raises(
         ExecutionError, match=r"node 'lm_head' \(MatMul\): kernel .* FloatingPointError: simulated BLAS fault"
     ):
         sess.run(None, random_feeds(model, dims))
+
+
+@pytest.mark.parametrize(("name", "act"), [("mlp", "relu"), ("bert", "gelu"), ("gpt", "gelu_tanh")])
+def test_epilogues_in_place_are_bit_identical_to_the_generic_path(models, name: str, act: str) -> None:
+    """relu in place and bias + gelu through ops.bias_act(out=) give the allocator path's exact bits."""
+    model, dims = models[name]
+    feeds = random_feeds(model, dims)
+    arena = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    assert act in {n.attrs.get("activation") for n in arena.graph.nodes if n.op_type == "Linear"}
+    generic = InferenceSession(model, SessionOptions(graph_optimization_level=3, enable_mem_arena=False))
+    for got, want in zip(arena.run(None, feeds), generic.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)

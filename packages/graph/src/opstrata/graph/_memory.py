@@ -3,7 +3,9 @@
 Offsets follow TFLite's ``GreedyBySize`` planner (Pisarchyk & Lee, "Efficient Memory Management for
 Deep Neural Net Inference", 2020): buffers sorted by size, largest first, each placed at the lowest
 offset that does not overlap an already placed buffer whose lifetime intersects its own. An
-elementwise node's output shares its input's buffer when that input dies at the node (in-place).
+elementwise node's output shares its input's buffer when that input dies at the node (in-place), and
+a reshape-like node's output always shares its input's buffer (the same bytes viewed with a new
+shape: executors return the view and copy nothing); a buffer is then live until its last view dies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ALIGNMENT = 64
 
 _INPLACE_ONNX = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"Gelu", "Clip", "Where", "Softmax", "Cast"}
 _INPLACE_FUSED = {"FusedElementwise"}
+#: outputs that are the input's bytes with a new shape (cpu kernels return a view)
+_VIEW_ONNX = frozenset(("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))
 
 
 def _align(n: int, a: int) -> int:
@@ -245,17 +249,23 @@ def plan_memory(
             (n.domain in ("", "ai.onnx") and n.op_type in _INPLACE_ONNX)
             or (n.domain == OPSTRATA_DOMAIN and n.op_type in _INPLACE_FUSED)
         )
+        view = inplace and n.domain in ("", "ai.onnx") and n.op_type in _VIEW_ONNX and len(n.outputs) == 1
         claimed: set[int] = set()
         for o in n.outputs:
             if not o or o not in sizes:
                 continue
             src = None
-            if can and len(n.outputs) == 1:
+            if view:  # a view of the input: share its buffer whether or not the input dies here
+                x = n.inputs[0]
+                if buf_of.get(x) is not None and x not in outs and sizes[x] == sizes[o]:
+                    src = x
+            elif can and len(n.outputs) == 1:
                 for x in dict.fromkeys(n.inputs):
                     b = buf_of.get(x)
                     if (
                         b is not None and b not in claimed and x not in outs
-                        and lifetimes[x][1] == i and shapes[x] == shapes[o]  # no broadcasting in place
+                        and lifetimes[x][1] == i and bufs[b][2] <= i  # x and every view of it die here
+                        and shapes[x] == shapes[o]  # no broadcasting in place
                         and g.values[x].dtype.itemsize == g.values[o].dtype.itemsize  # type: ignore[union-attr]
                     ):  # fmt: skip
                         src = x

@@ -97,6 +97,12 @@ def kernels_of(node: Node, device: str | None = None) -> list[str]:
     out = names.split()
     act = node.attrs.get("activation") if node.op_type == "Linear" else None
     if act:
+        if act not in _ACT_OPS:
+            raise GraphError(
+                f"node '{node.name}' ({node.qualified_type})",
+                f"unknown activation {act!r}",
+                f"use one of {', '.join(sorted(_ACT_OPS))}, or leave 'activation' empty for none",
+            )
         out.append(_ACT_OPS[act])
     return out
 

@@ -162,6 +162,23 @@ def check_out(op: str, out: np.ndarray | None, shape: tuple[int, ...], dtype: np
         raise OpError(op, "out", f"an ndarray of shape {tuple(shape)} and dtype {dtype}", got)
 
 
+def same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` are the same elements in the same layout (an elementwise op may run in place)."""
+    ia, ib = a.__array_interface__, b.__array_interface__
+    return ia["data"] == ib["data"] and a.shape == b.shape and a.strides == b.strides
+
+
+def check_out_overlap(op: str, out: np.ndarray, x: np.ndarray, **others: Any) -> None:
+    """``out`` is x itself (in place) or overlaps neither x nor any of ``others`` (None skipped)."""
+    for name, a in (("x", x), *others.items()):
+        if a is None or (name == "x" and same_view(a, out)):
+            continue
+        if np.shares_memory(a, out):
+            raise OpError(
+                op, "out", f"a buffer that is x itself or does not overlap {name}", "an overlapping view"
+            )
+
+
 def upcast(x: np.ndarray) -> np.ndarray:
     """``x`` in its compute dtype (float32 for low precision; no copy otherwise)."""
     return x.astype(compute_dtype(x.dtype), copy=False)

@@ -19,10 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from ._activation import gelu_ref, relu_ref, silu_ref
+from ._activation import GELU_TILE, gelu_half_tile_f32, gelu_ref, gelu_tanh_tile, relu_ref, silu_ref
 from ._chunking import as_rows, fit, row_block, row_tile, scratch, tile_shape, tiles
 from ._dtypes import bool_, compute_dtype
-from ._elementwise import FLOATS, cast_back, checked, const, ieee, nd, upcast
+from ._elementwise import (
+    FLOATS,
+    cast_back,
+    check_out,
+    check_out_overlap,
+    checked,
+    const,
+    ieee,
+    nd,
+    same_view,
+    upcast,
+)
 from ._errors import OpError
 from ._reduce import normalize_axis
 from ._registry import call, register, register_decomposition
@@ -61,13 +72,21 @@ def operand_like(op: str, name: str, a: Any, shape: tuple[int, ...], *, allow_bo
 
 
 def bias_act(
-    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", device: str | None = None
+    x: Any,
+    bias: Any = None,
+    residual: Any = None,
+    *,
+    act: str = "gelu",
+    out: np.ndarray | None = None,
+    device: str | None = None,
 ) -> np.ndarray:
     """``act(x + bias) + residual`` in one pass over cache-sized blocks (Megatron's fused bias-GeLU).
 
     ``act`` is ``"gelu"`` (exact, erf), ``"gelu_tanh"``, ``"silu"`` or ``"relu"``; bias and residual are
     optional and broadcast to x's shape (a bias is typically ``(N,)`` for x ``(..., N)``). Floats; the
-    result has x's dtype, computed in float32 for low precision and rounded once.
+    result has x's dtype, computed in float32 for low precision and rounded once. ``out`` (optional:
+    x's shape and dtype) receives the result; it may be ``x`` itself (a GEMM epilogue in place), but
+    must not otherwise overlap x, bias or residual.
 
     >>> bias_act(np.array([[-1.0, 1.0]]), np.array([1.0, 0.0]), act="relu")
     array([[0., 1.]])
@@ -76,12 +95,21 @@ def bias_act(
     _check_act("bias_act", act)
     bias = operand_like("bias_act", "bias", bias, x.shape)
     residual = operand_like("bias_act", "residual", residual, x.shape)
-    return call("bias_act", x, bias, residual, act=act, device=device)
+    if out is None:
+        return call("bias_act", x, bias, residual, act=act, device=device)
+    check_out("bias_act", out, x.shape, x.dtype)
+    check_out_overlap("bias_act", out, x, bias=bias, residual=residual)
+    got = call("bias_act", x, bias, residual, act=act, out=out, device=device)
+    if got is not out:
+        np.copyto(out, got)
+    return out
 
 
 @register("bias_act", device="ref", dtypes=FLOATS)
 @ieee
-def bias_act_ref(x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu") -> np.ndarray:
+def bias_act_ref(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
+) -> np.ndarray:
     _check_act("bias_act", act)
     x = nd(x)
     t = upcast(x)
@@ -95,14 +123,15 @@ def bias_act_ref(x: Any, bias: Any = None, residual: Any = None, *, act: str = "
         y = gelu_ref(t, approximate="tanh" if act == "gelu_tanh" else "none")
     if residual is not None:
         y = y + nd(residual).astype(t.dtype)
-    return cast_back(y, x.dtype)
+    return cast_back(y, x.dtype, out)
 
 
 @register_decomposition("bias_act", dtypes=FLOATS)
 def bias_act_decomposition(
-    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu"
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
 ) -> np.ndarray:
-    """bias_act = add(act(add(x, bias)), residual), with bias/residual cast to x's dtype."""
+    """bias_act = add(act(add(x, bias)), residual), with bias/residual cast to x's dtype (``out`` is
+    filled by the caller)."""
     _check_act("bias_act", act)
     x = nd(x)
     h = x if bias is None else call("add", x, nd(bias).astype(x.dtype, copy=False))
@@ -113,22 +142,19 @@ def bias_act_decomposition(
     return y if residual is None else call("add", y, nd(residual).astype(x.dtype, copy=False))
 
 
-def _gelu_tanh_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
-    """o = 0.5 h (1 + tanh(K (h + C h^3))), rewritten with g = h/2: o = g + g tanh(g (2K + 8KC g^2))."""
-    h *= 0.5
-    np.multiply(h, h, out=t)
-    t *= 8.0 * _K * _C
-    t += 2.0 * _K
-    t *= h
-    np.tanh(t, out=t)
-    t *= h
-    np.add(t, h, out=o)
+def _gelu_tanh_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> None:
+    """The gelu kernel's tanh-form tile (bit-identical to ``gelu(approximate="tanh")`` on cpu)."""
+    gelu_tanh_tile(h, t, o)
 
 
-def _gelu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
-    """o = 0.5 h (1 + erf(h / sqrt 2)), erf from the cpu kernel's Cephes approximation."""
+def _gelu_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> None:
+    """o = 0.5 h (1 + erf(h / sqrt 2)): float32 by the gelu kernel's tanh-polynomial erf, float64 by Cephes."""
     from ._erf import erf_values
 
+    if h.dtype == np.float32:  # the gelu kernel's tile: bit-identical to gelu(h) on cpu
+        h *= 0.5
+        gelu_half_tile_f32(h, t, q, o)
+        return
     np.multiply(h, _SQRT1_2, out=t)
     erf_values(t, out=t)
     t += 1.0
@@ -136,7 +162,7 @@ def _gelu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
     np.multiply(t, 0.5, out=o)
 
 
-def _silu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
+def _silu_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> None:
     """o = h / (1 + exp(-h)): exp overflow gives h/inf = -0, the correctly rounded limit."""
     np.negative(h, out=t)
     np.exp(t, out=t)
@@ -144,13 +170,15 @@ def _silu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
     np.divide(h, t, out=o)
 
 
-def _relu_block(h: np.ndarray, t: np.ndarray, o: np.ndarray) -> None:
+def _relu_block(h: np.ndarray, t: np.ndarray, q: np.ndarray, o: np.ndarray) -> None:
     """o = max(h, 0); against a zero tile, since numpy's maximum has no SIMD loop for a scalar operand."""
     t[...] = 0.0
     np.maximum(h, t, out=o)
 
 
-_ACT_BLOCKS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
+#: ``block(h, t, q, o)``: ``o = act(h)`` with ``h`` (clobbered), ``t``, ``q`` scratch; ``o`` is written
+#: last and may be ``h`` itself
+_ACT_BLOCKS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]] = {
     "gelu": _gelu_block,
     "gelu_tanh": _gelu_tanh_block,
     "silu": _silu_block,
@@ -160,31 +188,51 @@ _ACT_BLOCKS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
 
 @register("bias_act", device="cpu", dtypes=FLOATS)
 @ieee
-def bias_act_cpu(x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu") -> np.ndarray:
+def bias_act_cpu(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
+) -> np.ndarray:
     _check_act("bias_act", act)
     x = nd(x)
-    out = np.empty(x.shape, x.dtype)
+    if out is None:
+        out = np.empty(x.shape, x.dtype)
     if x.size == 0:
         return out
     cdt = compute_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
-    x2, o2 = as_rows(x, shape), out.reshape(math.prod(shape[:-1]), shape[-1])
+    try:  # out may be x itself: each tile is read into h before its result is written
+        o2 = np.reshape(out, (math.prod(shape[:-1]), shape[-1]), copy=False)
+    except ValueError:  # an out= view that rows cannot express: compute fresh, copy once
+        np.copyto(out, bias_act_cpu(x, bias, residual, act=act))
+        return out
+    x2 = as_rows(x, shape)
     b2 = None if bias is None else as_rows(nd(bias), shape)
     r2 = None if residual is None else as_rows(nd(residual), shape)
-    tile = tile_shape(*x2.shape)
-    h_buf, t_buf, y_buf = scratch(tile, cdt, 3)
+    block, direct = _ACT_BLOCKS[act], cdt == x.dtype
+    in_place = direct and residual is None and same_view(x, out)
+    # in place (a GEMM epilogue): each tile of out is h itself, so ~3 tile buffers live, not 5: smaller
+    # tiles for the ~20-pass gelu keep them in L2
+    block_elems = GELU_TILE if in_place and act in ("gelu", "gelu_tanh") else None
+    tile = tile_shape(*x2.shape, block_elems)
+    t_buf, q_buf, *more = scratch(tile, cdt, 2 if in_place else 4)
     b_tile = None if b2 is None else row_tile(b2, *tile, cdt)
     r_tile = None if r2 is None else row_tile(r2, *tile, cdt)
-    block, direct = _ACT_BLOCKS[act], cdt == x.dtype
-    for rs, cs in tiles(*x2.shape):
+    for rs, cs in tiles(*x2.shape, block_elems):
         xs = x2[rs, cs]
-        h, t = fit(h_buf, xs), fit(t_buf, xs)
+        t, q = fit(t_buf, xs), fit(q_buf, xs)
+        if in_place:  # h is the tile of out itself (x's rows view is read-only: write through out's)
+            h = o2[rs, cs]
+            if b2 is not None:
+                np.add(h, b2[rs, cs] if b_tile is None else fit(b_tile, xs), out=h)
+            block(h, t, q, h)
+            continue
+        h_buf, y_buf = more
+        h = fit(h_buf, xs)
         if b2 is None:
             np.copyto(h, xs)
         else:
             np.add(xs, b2[rs, cs] if b_tile is None else fit(b_tile, xs), out=h, dtype=cdt)
         y = o2[rs, cs] if direct else fit(y_buf, xs)  # write straight into the result when dtypes agree
-        block(h, t, y)
+        block(h, t, q, y)
         if r2 is not None:
             np.add(y, r2[rs, cs] if r_tile is None else fit(r_tile, xs), out=y, dtype=cdt)
         if not direct:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import compute_dtype
-from ._elementwise import FLOATS, cast_back, checked, const, ieee, nd, upcast
+from ._elementwise import FLOATS, cast_back, check_out, check_out_overlap, checked, const, ieee, nd, upcast
 from ._errors import OpError, check_dtype, check_ndim
 from ._reduce import mean_over, normalize_axis
 from ._registry import call, register, register_decomposition
@@ -60,26 +60,45 @@ def layer_norm(
     *,
     axis: int = -1,
     eps: float = 1e-5,
+    out: np.ndarray | None = None,
     device: str | None = None,
 ) -> np.ndarray:
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over dims ``axis..end`` (ONNX LayerNormalization).
 
     ``var`` is biased (divide by N). weight/bias have shape ``x.shape[axis:]``. Floats; low precision
-    computes in float32 and returns x's dtype.
+    computes in float32 and returns x's dtype. ``out`` (optional: x's shape and dtype) receives the
+    result, normalized in it on cpu; it may be ``x`` itself, but must not otherwise overlap x, weight
+    or bias.
 
     >>> layer_norm(np.array([[1.0, 3.0]])).round(3)
     array([[-1.,  1.]])
     """
     _check_eps("layer_norm", eps)
-    return call(
-        "layer_norm", checked("layer_norm", "x", x, FLOATS), weight, bias, axis=axis, eps=eps, device=device
-    )
+    x = checked("layer_norm", "x", x, FLOATS)
+    if out is None:
+        return call("layer_norm", x, weight, bias, axis=axis, eps=eps, device=device)
+    check_out("layer_norm", out, x.shape, x.dtype)
+    check_out_overlap("layer_norm", out, x, weight=_nd_or_none(weight), bias=_nd_or_none(bias))
+    got = call("layer_norm", x, weight, bias, axis=axis, eps=eps, out=out, device=device)
+    if got is not out:
+        np.copyto(out, got)
+    return out
+
+
+def _nd_or_none(p: Any) -> np.ndarray | None:
+    return None if p is None else nd(p)
 
 
 @register("layer_norm", device="ref", dtypes=FLOATS)
 @ieee
 def layer_norm_ref(
-    x: Any, weight: Any = None, bias: Any = None, *, axis: int = -1, eps: float = 1e-5
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    axis: int = -1,
+    eps: float = 1e-5,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     x, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
     t = upcast(x)
@@ -91,7 +110,7 @@ def layer_norm_ref(
         y = y * w.astype(t.dtype)
     if b is not None:
         y = y + b.astype(t.dtype)
-    return cast_back(y, x.dtype)
+    return cast_back(y, x.dtype, out)
 
 
 def _rows(x: np.ndarray, a: int) -> np.ndarray:
@@ -103,15 +122,24 @@ def _rows(x: np.ndarray, a: int) -> np.ndarray:
 @register("layer_norm", device="cpu", dtypes=FLOATS)
 @ieee
 def layer_norm_cpu(
-    x: Any, weight: Any = None, bias: Any = None, *, axis: int = -1, eps: float = 1e-5
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    axis: int = -1,
+    eps: float = 1e-5,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     x, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
     if x.size == 0:
-        return np.empty(x.shape, x.dtype)
+        return np.empty(x.shape, x.dtype) if out is None else out
     n = math.prod(x.shape[a:])
+    direct = False
     if x.dtype == compute_dtype(x.dtype) and x.flags.c_contiguous:  # the centring writes the one buffer
         xr = x.reshape(math.prod(x.shape[:a]), n)
-        t = np.subtract(xr, mean_over(xr, 1, keepdims=True))  # (R, n), the only full-size buffer
+        direct = out is not None and out.flags.c_contiguous  # ...the caller's (may be x: elementwise)
+        mean = (xr @ np.full(n, 1.0 / n, xr.dtype))[:, None]  # a BLAS matvec: ~4x numpy's row sums
+        t = np.subtract(xr, mean, out=out.reshape(xr.shape) if direct else None)
     else:
         t = _rows(x, a)  # a fresh C-contiguous copy in the compute dtype
         t -= mean_over(t, 1, keepdims=True)
@@ -123,7 +151,9 @@ def layer_norm_cpu(
         t *= _as(w, t.dtype).reshape(n)
     if b is not None:
         t += _as(b, t.dtype).reshape(n)
-    return cast_back(t.reshape(x.shape), x.dtype)
+    if direct:
+        return out  # type: ignore[return-value]
+    return cast_back(t.reshape(x.shape), x.dtype, out)
 
 
 def _affine(y: Any, w: np.ndarray | None, b: np.ndarray | None) -> Any:
@@ -133,9 +163,16 @@ def _affine(y: Any, w: np.ndarray | None, b: np.ndarray | None) -> Any:
 
 @register_decomposition("layer_norm", dtypes=FLOATS)
 def layer_norm_decomposition(
-    x: Any, weight: Any = None, bias: Any = None, *, axis: int = -1, eps: float = 1e-5
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    axis: int = -1,
+    eps: float = 1e-5,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """layer_norm = (x - mean) * rsqrt(mean((x - mean)^2) + eps) * weight + bias, in primitives."""
+    """layer_norm = (x - mean) * rsqrt(mean((x - mean)^2) + eps) * weight + bias, in primitives
+    (``out`` is filled by the caller)."""
     x, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
     dims = tuple(range(a, x.ndim))
     d = call("sub", x, call("mean", x, axis=dims, keepdims=True))

@@ -16,7 +16,7 @@ import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, KernelBinding, Node
 
 from ._allocator import CachingAllocator
-from ._arena import Arena
+from ._arena import _RESHAPES, Arena
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
 from ._into import into_kernel
@@ -24,6 +24,9 @@ from ._prepack import prepack_weights
 from ._profiler import NodeEvent, Profiler
 
 __all__ = ["Schedule"]
+
+#: the stock kernels of the reshape-likes: a step is skipped only while its op still has one (not overridden)
+_STOCK_VIEWS = {op: KERNELS.get(("", op)) for op in _RESHAPES}
 
 _OUT_KERNELS: dict[str, Callable[..., np.ndarray]] = {
     "Add": ops.add, "Sub": ops.sub, "Mul": ops.mul, "Div": ops.div,
@@ -141,6 +144,34 @@ class Schedule:
             got = arena._alias_slots = frozenset(self.slot[v] for v in arena.aliases)
         return got
 
+    def view_steps(self, arena: Arena) -> frozenset[int]:
+        """Steps of reshape-like nodes with a constant target whose output's arena view already is their
+        input's bytes reshaped (the memory plan put both on one buffer): nothing to run (cached on the arena).
+
+        The input must itself live in its arena view at run time: not a view of a feed or initializer
+        kept as an alias, unless that alias's own step is skipped here (a chain of views on one buffer).
+        """
+        got = arena._view_steps
+        if got is None:
+            skipped: set[int] = set()
+            in_view: set[str] = set()  # aliases whose value is their arena view (their step skipped)
+            for i, st in enumerate(self.steps):
+                n = st.node
+                if not (n.domain in ("", "ai.onnx") and n.op_type in _RESHAPES and len(n.outputs) == 1):
+                    continue
+                if KERNELS.get(("", n.op_type)) is not _STOCK_VIEWS[n.op_type]:
+                    continue  # a replaced kernel (a test, a user override) is called
+                v, x = n.outputs[0], n.inputs[0]
+                if (
+                    v in arena.aliases and (x not in arena.aliases or x in in_view)
+                    and all(not c or c in self.graph.initializers for c in n.inputs[1:])  # static shape
+                    and arena.is_view_of(v, x)
+                ):  # fmt: skip
+                    skipped.add(i)
+                    in_view.add(v)
+            got = arena._view_steps = frozenset(skipped)
+        return got
+
     def exec_arena(self, st: _Step, vals: list[Any], alias: frozenset[int], arena: Arena) -> list[Any]:
         """Run one step on the arena views in ``vals``; returns its arguments (for the profiler)."""
         args = [vals[i] if i >= 0 else None for i in st.ins]
@@ -173,13 +204,18 @@ class Schedule:
     def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:
         """Execute every step in plan order; intermediates are the arena views already in ``vals``."""
         alias = self.alias_slots(arena)
+        skip = self.view_steps(arena)
         if prof is None:
-            for st in self.steps:
-                self.exec_arena(st, vals, alias, arena)
+            for i, st in enumerate(self.steps):
+                if i not in skip:
+                    self.exec_arena(st, vals, alias, arena)
             return
-        for st in self.steps:
+        for i, st in enumerate(self.steps):
             t0 = time.perf_counter_ns()
-            args = self.exec_arena(st, vals, alias, arena)
+            if i in skip:  # recorded (as the near-zero cost it is) so the profile lists every node
+                args = [vals[s] if s >= 0 else None for s in st.ins]
+            else:
+                args = self.exec_arena(st, vals, alias, arena)
             self._record(prof, st, args, vals, t0, run_id)
 
     def exec_alloc(

@@ -3,9 +3,11 @@
 The executor's generic path calls a node's kernel, which returns fresh arrays, and copies them
 into the node's planned arena views; for the large results of a transformer block the fresh
 allocations (page faults) and copies cost as much as a few elementwise passes each. Here GEMMs write
-through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; an
-epilogue activation then runs on that view), and ``SkipLayerNorm`` writes its residual sum with
-``ops.add(..., out=)`` (into the output's view when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
+through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; a
+Linear's relu runs in place on that view, its bias + gelu with ``ops.bias_act(..., out=)``,
+tile by tile while each tile is in cache), and ``SkipLayerNorm`` writes its residual sum with
+``ops.add(..., out=)`` (into the output's view when the sum is not an output) and normalizes it into
+the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
 """
 
@@ -35,25 +37,50 @@ _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }  # fmt: skip
 
 
+def _call_into(op: str, out: np.ndarray, *args: Any, **kw: Any) -> np.ndarray:
+    """``ops.call(op, ..., out=out)``: the registered kernel without the public wrapper's ``out=`` checks,
+    which the memory plan already guarantees (shape, dtype, no partial overlap); the kernels still
+    validate their operands. A kernel that returned a fresh result (a fallback) is copied in."""
+    r = ops.call(op, *args, out=out, **kw)
+    if r is not out:
+        np.copyto(out, r)
+    return out
+
+
+def _bias(args: list[Any]) -> Any:
+    return args[2] if len(args) > 2 else None
+
+
 def _linear(args: list[Any], dsts: list[np.ndarray]) -> object:
-    return ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    return _call_into("linear", dsts[0], args[0], args[1], _bias(args))
+
+
+def _linear_bias_act(act: str, args: list[Any], dsts: list[np.ndarray]) -> object:
+    """GEMM into the arena view, then bias + activation in place over cache-sized tiles (one DRAM pass)."""
+    y = _call_into("linear", dsts[0], args[0], args[1], None)
+    return _call_into("bias_act", y, y, _bias(args), None, act=act)
+
+
+def _linear_relu(args: list[Any], dsts: list[np.ndarray]) -> object:
+    """GEMM (+ bias) into the arena view, then relu in place (``max`` keeps NaN, as ``ops.relu``)."""
+    y = _call_into("linear", dsts[0], args[0], args[1], _bias(args))
+    return np.maximum(y, y.dtype.type(0), out=y)
 
 
 def _linear_act(act: Callable[[np.ndarray], np.ndarray], args: list[Any], dsts: list[np.ndarray]) -> object:
-    y = ops.linear(args[0], args[1], args[2] if len(args) > 2 else None, out=dsts[0])
+    y = _call_into("linear", dsts[0], args[0], args[1], _bias(args))
     np.copyto(y, act(y))
     return y
 
 
 def _matmul(args: list[Any], dsts: list[np.ndarray]) -> object:
-    return ops.matmul(args[0], args[1], out=dsts[0])
+    return _call_into("matmul", dsts[0], args[0], args[1])
 
 
 def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarray]) -> object:
     y, s = dsts if len(dsts) == 2 else (dsts[0], dsts[0])  # no sum output: y's view holds it first
     ops.add(args[0], args[1], out=s)  # the residual sum
-    np.copyto(y, ops.layer_norm(s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps))
-    return y
+    return _call_into("layer_norm", y, s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps)
 
 
 def into_kernel(node: Node) -> Into | None:
@@ -70,4 +97,8 @@ def into_kernel(node: Node) -> Into | None:
     act = node.attrs.get("activation") or ""
     if not act:
         return _linear
+    if act == "relu":
+        return _linear_relu
+    if act in ("gelu", "gelu_tanh"):  # ops.bias_act's names: the bias joins the tiled epilogue
+        return partial(_linear_bias_act, act)
     return partial(_linear_act, _ACTIVATIONS[act]) if act in _ACTIVATIONS else None
