@@ -297,7 +297,9 @@ def test_bad_beam_arguments_name_the_argument_expected_and_actual(
 
 def test_more_return_sequences_than_tokens_is_an_error() -> None:
     w = rt.DecoderWeights.random(vocab=3, hidden=8, heads=2, layers=1, max_pos=8, seed=0)
-    with pytest.raises(rt.InvalidArgument, match=r"vocabulary size \(3\).*got 4"):
+    with pytest.raises(
+        rt.InvalidArgument, match=r"vocabulary size \(3\).*got 4\. Fix: pass num_return_sequences <= 3$"
+    ):
         rt.generate(w, [0, 1], num_beams=5, num_return_sequences=4, max_new_tokens=2)
     out = rt.generate(w, [0, 1], num_beams=5, num_return_sequences=3, max_new_tokens=1)
     assert sorted(t[0] for t in out.new_tokens) == [0, 1, 2]  # every token once, a vocabulary of 3

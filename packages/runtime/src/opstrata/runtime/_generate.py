@@ -286,7 +286,8 @@ def generate(
         raise InvalidArgument(
             "generate", f"num_return_sequences must be <= num_beams ({num_beams}) and the vocabulary size "
             f"({weights.vocab_size}): beam search returns the best of its hypotheses, got {r}",
-            f"pass num_return_sequences <= {min(num_beams, weights.vocab_size)} or raise num_beams",
+            f"pass num_return_sequences <= {min(num_beams, weights.vocab_size)}"
+            + (" or raise num_beams" if num_beams < weights.vocab_size else ""),
         )  # fmt: skip
     longest = max(len(p) for p in prompts) + max_new_tokens - 1  # the last token's K/V is never needed
     if longest > weights.max_positions:
