@@ -10,9 +10,12 @@
    mostly measures the other jobs.
 3. Cached decode vs recompute: greedy tokens by ``generate`` against running the whole growing
    sequence through an InferenceSession each step (the same tokens; interleaved medians).
+4. Beam search memory: the peak blocks ``generate(num_beams=k)`` holds (survivors fork their parent,
+   copy on write; pruned beams freed) against k unshared copies of each beam's sequence (what a
+   contiguous per-beam cache reordered every step holds). Bookkeeping, exact.
 
     PYTHONPATH=packages/ops/src:packages/graph/src:packages/runtime/src \
-        python packages/runtime/benchmarks/bench_kv_cache.py [--quick] [--threads N]
+        python packages/runtime/benchmarks/bench_kv_cache.py [--quick] [--threads N] [--only beam]
 """
 
 from __future__ import annotations
@@ -176,10 +179,37 @@ def bench_cached_vs_recompute(quick: bool) -> str:
     )
 
 
+def bench_beam_blocks(quick: bool) -> str:
+    """Peak KV blocks of beam search with copy-on-write forks vs k unshared copies per beam."""
+    cases = [(32, 4)] if quick else [(32, 4), (128, 4), (512, 4), (128, 8)]
+    new, bs = (8, 16) if quick else (32, 16)
+    rows = []
+    for prompt_len, k in cases:
+        w = _model(quick, prompt_len + new + 1)
+        prompt = np.random.default_rng(2).integers(0, w.vocab_size, prompt_len)
+        out = generate(w, prompt, max_new_tokens=new, num_beams=k, block_size=bs)
+        s = out.kv_stats
+        length = prompt_len + new - 1  # the last token's K/V is never written
+        unshared = k * -(-length // bs)
+        rows.append(
+            (prompt_len, k, new, s["used_blocks"], unshared, f"{s['used_blocks'] / unshared:.2f}x",
+             s["num_forks"], s["num_cow_copies"])
+        )  # fmt: skip
+    head = f"decoder h{w.hidden}, {w.num_layers} layer(s), one prompt, {new} new tokens, block {bs}, peak over the steps\n\n"
+    return head + format_table(
+        ("prompt", "num_beams", "new tokens", "blocks held (CoW)", "k unshared copies", "ratio", "forks",
+         "CoW copies"),
+        rows,
+    )  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, few repeats (a smoke run)")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
+    p.add_argument(
+        "--only", choices=("waste", "step", "recompute", "beam"), help="run one section (default: all four)"
+    )
     args = p.parse_args()
     limit: Any = contextlib.nullcontext()
     note = "threadpoolctl not installed: numpy BLAS uses its default threads"
@@ -190,10 +220,16 @@ def main() -> None:
         note = f"numpy BLAS limited to {args.threads} thread(s) with threadpoolctl"
     except ImportError:
         pass
+    sections = {
+        "waste": ("KV cache waste", bench_waste),
+        "step": (f"Decode step time vs cached length ({note})", bench_step_vs_length),
+        "recompute": (f"Cached decode vs recompute ({note})", bench_cached_vs_recompute),
+        "beam": ("Beam search blocks: copy-on-write forks vs unshared beams", bench_beam_blocks),
+    }
     with limit:
-        print(f"# KV cache waste\n\n{bench_waste(args.quick)}\n")
-        print(f"# Decode step time vs cached length ({note})\n\n{bench_step_vs_length(args.quick)}\n")
-        print(f"# Cached decode vs recompute ({note})\n\n{bench_cached_vs_recompute(args.quick)}")
+        for name, (title, run) in sections.items():
+            if args.only in (None, name):
+                print(f"# {title}\n\n{run(args.quick)}\n")
 
 
 if __name__ == "__main__":

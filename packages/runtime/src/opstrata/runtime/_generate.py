@@ -4,7 +4,8 @@ Each prompt is prefilled once (its K/V written to the cache), forked ``num_retur
 times (copy on write: the prompt's blocks are shared), then every step feeds one token per live
 sequence, appends its K/V and attends over the cached keys with ``opstrata.ops.attention``
 (grouped-query heads when ``num_kv_heads < num_heads``). Sampling is greedy, or temperature /
-top-k / top-p from a seeded ``numpy.random.Generator``.
+top-k / top-p from a seeded ``numpy.random.Generator``; ``num_beams > 1`` runs beam search
+(``_beam.py``: surviving beams fork their parent's blocks, pruned beams are freed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 import opstrata.ops as ops
 
+from ._beam import beam_blocks_bound, beam_search
 from ._decoder import DecoderWeights
 from ._errors import InvalidArgument
 from ._kv_cache import PagedKVCache
@@ -27,7 +29,7 @@ __all__ = ["DecoderRunner", "GenerateOutput", "generate"]
 
 @dataclass
 class GenerateOutput:
-    """Per returned sequence (prompt ``b``, sample ``r`` at index ``b * R + r``): tokens and why it stopped."""
+    """Per returned sequence (prompt ``b``, sample or beam ``r`` at index ``b * R + r``): tokens and why it stopped."""
 
     sequences: list[list[int]]  # prompt + generated tokens
     new_tokens: list[list[int]]  # generated tokens only
@@ -36,6 +38,7 @@ class GenerateOutput:
         default_factory=dict
     )  # cache stats, last step holding the most blocks
     timings: dict[str, float] = field(default_factory=dict)  # prefill_s, decode_s, decode_steps, attention_s
+    scores: list[float] | None = None  # beam search: sum logprob / new tokens ** length_penalty, best first
 
 
 class DecoderRunner:
@@ -184,20 +187,31 @@ def _prompts(input_ids: Any, vocab: int) -> list[np.ndarray]:
     return out
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def _check_sampling(
-    do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, r: int, max_new: int
+    do_sample: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    r: int,
+    max_new: int,
+    num_beams: int = 1,
 ) -> None:
     def bad(what: str, got: object, fix: str | None = None) -> InvalidArgument:
         return InvalidArgument("generate", f"{what}, got {got!r}", fix)
 
-    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 1:
+    if not _is_int(max_new) or max_new < 1:
         raise bad("max_new_tokens must be an int >= 1", max_new)
-    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
+    if not _is_int(r) or r < 1:
         raise bad("num_return_sequences must be an int >= 1", r)
-    if not do_sample and r > 1:
+    if not do_sample and num_beams == 1 and r > 1:
         raise bad(
             "greedy decoding returns one sequence per prompt: num_return_sequences must be 1", r,
-            "pass do_sample=True to draw several samples per prompt",
+            "pass do_sample=True to draw several samples per prompt, or num_beams >= "
+            "num_return_sequences for the best beams",
         )  # fmt: skip
     if not temperature > 0:
         raise bad("temperature must be > 0", temperature, "use do_sample=False for greedy decoding")
@@ -207,6 +221,27 @@ def _check_sampling(
         raise bad("top_k must be an int >= 1 or None", top_k)
     if top_p is not None and not 0 < top_p <= 1:
         raise bad("top_p must be in (0, 1] or None", top_p)
+
+
+def _check_beams(num_beams: int, do_sample: bool, length_penalty: float, early_stopping: bool | str) -> None:
+    def bad(what: str, got: object, fix: str | None = None) -> InvalidArgument:
+        return InvalidArgument("generate", f"{what}, got {got!r}", fix)
+
+    if not _is_int(num_beams) or num_beams < 1:
+        raise bad("num_beams must be an int >= 1 (1: no beam search)", num_beams)
+    if (
+        isinstance(length_penalty, bool)
+        or not isinstance(length_penalty, (int, float, np.integer, np.floating))
+        or not np.isfinite(length_penalty)
+    ):
+        raise bad("length_penalty must be a finite number", length_penalty)
+    if not isinstance(early_stopping, (bool, np.bool_)) and early_stopping != "never":
+        raise bad('early_stopping must be True, False or "never"', early_stopping)
+    if do_sample and num_beams > 1:
+        raise InvalidArgument(
+            "generate", f"do_sample=True with num_beams={num_beams} (beam-search sampling) is not supported",
+            "pass do_sample=False for beam search, or num_beams=1 to sample",
+        )  # fmt: skip
 
 
 def generate(
@@ -219,6 +254,9 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     num_return_sequences: int = 1,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
     eos_token_id: int | None = None,
     seed: int | np.random.Generator | None = None,
     cache: PagedKVCache | None = None,
@@ -233,13 +271,24 @@ def generate(
     Greedy unless ``do_sample``; sampling divides logits by ``temperature``, keeps the ``top_k``
     tokens and the ``top_p`` nucleus, and draws from ``seed`` (an int or a Generator). A sequence
     stops at ``eos_token_id`` (kept in its tokens) or after ``max_new_tokens``; its blocks are freed
-    at once. ``cache`` defaults to a pool holding every sequence at full length. ``on_step(step,
-    tokens)`` is called with each step's new tokens (one per live sequence).
+    at once. ``num_beams > 1`` runs beam search (transformers' semantics: ``length_penalty``,
+    ``early_stopping`` True / False / "never"; the ``num_return_sequences`` best hypotheses per
+    prompt, best first, their scores in ``GenerateOutput.scores``). ``cache`` defaults to a pool
+    holding every sequence at full length. ``on_step(step, tokens)`` is called with each step's new
+    tokens (one per live sequence or running beam).
     """
     weights = model if isinstance(model, DecoderWeights) else DecoderWeights.from_onnx(model)
     prompts = _prompts(input_ids, weights.vocab_size)
     r = num_return_sequences
-    _check_sampling(do_sample, temperature, top_k, top_p, r, max_new_tokens)
+    _check_beams(num_beams, do_sample, length_penalty, early_stopping)
+    _check_sampling(do_sample, temperature, top_k, top_p, r, max_new_tokens, num_beams)
+    if num_beams > 1 and r > min(num_beams, weights.vocab_size):
+        raise InvalidArgument(
+            "generate", f"num_return_sequences must be <= num_beams ({num_beams}) and the vocabulary size "
+            f"({weights.vocab_size}): beam search returns the best of its hypotheses, got {r}",
+            f"pass num_return_sequences <= {min(num_beams, weights.vocab_size)}"
+            + (" or raise num_beams" if num_beams < weights.vocab_size else ""),
+        )  # fmt: skip
     longest = max(len(p) for p in prompts) + max_new_tokens - 1  # the last token's K/V is never needed
     if longest > weights.max_positions:
         raise InvalidArgument(
@@ -247,21 +296,18 @@ def generate(
             f"({max_new_tokens}) needs {longest} positions, the model has {weights.max_positions}",
             "shorten the prompt or lower max_new_tokens",
         )  # fmt: skip
-    if cache is None:
+    if cache is None and num_beams > 1:  # the shared prompt blocks once, num_beams sequences' own blocks
+        blocks = sum(
+            beam_blocks_bound(len(p), len(p) + max_new_tokens, num_beams, block_size) for p in prompts
+        )
+    elif cache is None:
         blocks = sum(r * -(-(len(p) + max_new_tokens) // block_size) for p in prompts)
+    if cache is None:
         cache = PagedKVCache(
             num_layers=weights.num_layers, num_kv_heads=weights.num_kv_heads, head_dim=weights.head_dim,
             num_blocks=blocks, block_size=block_size, dtype=weights.wte.dtype,
         )  # fmt: skip
     runner = DecoderRunner(weights, cache, device)
-    rng = (
-        (seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed))
-        if do_sample
-        else None
-    )
-    new: list[list[int]] = [[] for _ in range(len(prompts) * r)]
-    reasons = ["length"] * len(new)
-    live: dict[int, int] = {}  # output index -> cache sequence
     peak: dict[str, float | int] = {}
     timings = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "attention_s": 0.0}
 
@@ -270,6 +316,23 @@ def generate(
         if not peak or cache.num_blocks - cache.num_free_blocks >= peak["used_blocks"]:
             peak = cache.stats()
 
+    if num_beams > 1:
+        early = "never" if isinstance(early_stopping, str) else bool(early_stopping)
+        beams, beam_reasons, scores = beam_search(
+            runner, prompts, num_beams=num_beams, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+            length_penalty=float(length_penalty), early_stopping=early, num_return_sequences=r,
+            on_step=on_step, on_forward=note_peak, timings=timings,
+        )  # fmt: skip
+        seqs = [prompts[i // r].tolist() + toks for i, toks in enumerate(beams)]
+        return GenerateOutput(seqs, beams, beam_reasons, peak, timings, scores)
+    rng = (
+        (seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed))
+        if do_sample
+        else None
+    )
+    new: list[list[int]] = [[] for _ in range(len(prompts) * r)]
+    reasons = ["length"] * len(new)
+    live: dict[int, int] = {}  # output index -> cache sequence
     try:
         start = time.perf_counter()
         rows = []
