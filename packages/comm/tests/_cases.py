@@ -280,6 +280,15 @@ def deterministic_cases(rank: int, world: int) -> list[str]:
                     bad.append(
                         f"rank {rank}: deterministic reduce_scatter {salgo} {np.dtype(dtype)} n={n} differs"
                     )
+    # the group-wide switch: new_group(deterministic=True) makes every call on it deterministic
+    det_group = comm.new_group(list(range(world)), deterministic=True)
+    xs = [np.random.default_rng(50 + r).standard_normal(4000).astype(np.float32) * 1e3 for r in range(world)]
+    want = functools.reduce(np.add, xs)
+    for algo in SUPPORTED["all_reduce"]:
+        x = xs[rank].copy()
+        comm.all_reduce(x, algorithm=algo, group=det_group)
+        if x.tobytes() != want.tobytes():
+            bad.append(f"rank {rank}: all_reduce {algo} on a deterministic=True group differs")
     return bad
 
 

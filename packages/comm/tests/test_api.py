@@ -138,3 +138,26 @@ def test_store_connect_gives_up_at_its_timeout_naming_the_address() -> None:
     with pytest.raises(comm.CommTimeoutError, match=rf"cannot connect to rank 0 at 127\.0\.0\.1:{port}"):
         comm.TCPStore("127.0.0.1", port, is_master=False, timeout=0.5)
     assert time.monotonic() - t0 < 3.0
+
+
+def test_debug_env_logs_each_collective_with_algorithm_size_time_and_reason() -> None:
+    """Silent without OPSTRATA_COMM_DEBUG; with it, one line per collective (seq 0 off, seq 0 of the next group on)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np\nfrom opstrata import comm\n"
+        "for debug, algo in (('', 'tree'), ('1', 'ring')):\n"
+        "    os.environ['OPSTRATA_COMM_DEBUG'] = debug\n"
+        f"    comm.init_process_group('shm', rank=0, world_size=1, init_method='tcp://127.0.0.1:{free_port()}')\n"
+        "    comm.all_reduce(np.ones(1024, np.float32), algorithm=algo)\n"
+        "    comm.destroy_process_group()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPSTRATA_COMM_DEBUG"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in p.stderr.splitlines() if "all_reduce seq=0" in x]
+    assert len(lines) == 1 and "algo=tree" not in lines[0], p.stderr  # nothing logged while it was unset
+    for part in ("algo=ring", "bytes=4096", "world=1", "backend=shm", "time=", "why=requested by per-call"):
+        assert part in lines[0], lines[0]

@@ -44,7 +44,10 @@ def test_kill_9_mid_all_reduce_raises_peer_error_on_survivors(backend: str, vict
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
 @pytest.mark.parametrize("kind", ["shape", "op"])
 def test_desync_reported_on_every_rank_with_both_sides(backend: str, kind: str) -> None:
-    res = run_ranks(desync, 3, backend=backend, args=(kind,), check=False, timeout=60)
+    job = f"ds{backend}{kind}{os.getpid()}"
+    env = {"OPSTRATA_COMM_JOB_ID": job}
+    res = run_ranks(desync, 3, backend=backend, args=(kind,), check=False, timeout=60, env=env)
+    assert shm_leftovers(job) == []  # unlinked on the error path too
     for r in res:
         assert r.ok and r.value["error"] == "CommDesyncError", (r.error, r.value)
     # rank 1 is out of step: a neighbour that compared headers with it shows both calls in one message
@@ -56,7 +59,10 @@ def test_desync_reported_on_every_rank_with_both_sides(backend: str, kind: str) 
 
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
 def test_timeout_names_collective_seq_and_peer(backend: str) -> None:
-    res = run_ranks(late_peer, 2, backend=backend, check=False, comm_timeout=1.0, timeout=60)
+    job = f"to{backend}{os.getpid()}"
+    env = {"OPSTRATA_COMM_JOB_ID": job}
+    res = run_ranks(late_peer, 2, backend=backend, check=False, comm_timeout=1.0, timeout=60, env=env)
+    assert shm_leftovers(job) == []
     v = res[0].value
     assert v["error"] == "CommTimeoutError", (res[0].error, v)
     assert "all_reduce seq=1" in v["msg"] and "peer rank 1" in v["msg"] and "rank 0" in v["msg"], v
