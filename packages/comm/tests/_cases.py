@@ -16,8 +16,10 @@ UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multipl
 
 
 def data(rank: int, n: int, dtype: np.dtype, op: str = "sum", seed: int = 0) -> np.ndarray:
-    """Integer-valued inputs: every reduction order gives exact results."""
+    """Integer-valued inputs: every reduction order gives exact results (bool: 0/1, so or/and both occur)."""
     rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dtype) == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
     vals = rng.choice([-1, 1, 2], n) if op == "prod" else rng.integers(-3, 4, n)
     return vals.astype(dtype)
 
@@ -34,24 +36,37 @@ def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np
     return np.asarray(out).astype(dtype)
 
 
+def op_is_valid(op: str, dtype: np.dtype) -> bool:
+    """comm's rule: avg needs a floating dtype (float8 / bf16 / fp16 included); the other ops take any."""
+    from opstrata import ops
+
+    return op != "avg" or np.dtype(dtype).kind == "f" or dtype in ops.LOW_PRECISION_DTYPES
+
+
+def sizes_for(dtype: np.dtype) -> tuple[int, ...]:
+    """float32 gets every size; the 4 main dtypes single- and multi-slot; the rest one small size (time budget)."""
+    if dtype == np.float32:
+        return (1, 37, 3001)
+    return (1, 3001) if dtype in DTYPES else (37,)
+
+
 def all_cases(rank: int, world: int) -> list[str]:
-    """Every collective x algorithm x dtype on this world against the numpy reference; returns failures."""
-    from opstrata import comm
+    """Every collective x algorithm x ops dtype x op on this world against the numpy reference; returns failures.
+
+    Integer-valued inputs make the float32 accumulation of low-precision floats exact, so every
+    comparison is exact; ``low_precision_cases`` checks real-valued low-precision inputs.
+    """
+    from opstrata import comm, ops
     from opstrata.comm._algorithms import SUPPORTED
 
     bad: list[str] = []
 
-    def check(name: str, got: np.ndarray, want: np.ndarray, exact: bool = True) -> None:
-        ok = (
-            np.array_equal(got, want)
-            if exact
-            else np.allclose(got.astype(np.float64), want.astype(np.float64), atol=1e-2)
-        )
-        if not ok:
+    def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+        if got.dtype != want.dtype or not np.array_equal(got, want):
             bad.append(f"rank {rank}: {name}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
 
-    for dtype in DTYPES:
-        for n in (1, 37, 3001) if dtype == np.float32 else (1, 3001):
+    for dtype in ops.ALL_DTYPES:
+        for n in sizes_for(dtype):
             for algo in SUPPORTED["all_reduce"]:
                 x = data(rank, n, dtype)
                 comm.all_reduce(x, algorithm=algo)
@@ -82,6 +97,7 @@ def all_cases(rank: int, world: int) -> list[str]:
                 )
             for algo in SUPPORTED["reduce_scatter"]:
                 xs = data(rank, world * n, dtype)
+                keep = xs.copy()
                 o = np.zeros(n, dtype)
                 comm.reduce_scatter(o, xs, algorithm=algo)
                 check(
@@ -89,28 +105,60 @@ def all_cases(rank: int, world: int) -> list[str]:
                     o,
                     reference(world, world * n, dtype, "sum")[rank * n : (rank + 1) * n],
                 )
-    for op in ("sum", "avg", "max", "min", "prod"):
-        for algo in SUPPORTED["all_reduce"]:
-            for dtype in (np.dtype(np.float32),) + ((np.dtype(ml_dtypes.bfloat16),) if op == "avg" else ()):
-                x = data(rank, 50, dtype, op)
-                comm.all_reduce(x, op, algorithm=algo)
-                check(
-                    f"all_reduce op={op} {algo} {dtype}",
-                    x,
-                    reference(world, 50, dtype, op),
-                    exact=op != "avg",
-                )
-    # every ops dtype (float16, float8, small ints, bool too) through every all_reduce algorithm
-    from opstrata import ops
+                check(f"reduce_scatter {algo} {dtype} n={n} input unchanged", xs, keep)
+            # all_to_all: part j of rank r holds data(r, seed=j)
+            src = np.concatenate([data(rank, n, dtype, seed=j) for j in range(world)])
+            dst = np.zeros_like(src)
+            comm.all_to_all(dst, src)
+            want = np.concatenate([data(j, n, dtype, seed=rank) for j in range(world)])
+            check(f"all_to_all direct {dtype} n={n}", dst, want)
+            if world > 1:  # send / recv around the ring
+                nxt, prv = (rank + 1) % world, (rank - 1) % world
+                got = np.zeros(n, dtype)
+                if rank % 2 == 0:
+                    comm.send(data(rank, n, dtype, seed=3), nxt)
+                    comm.recv(got, prv)
+                else:
+                    comm.recv(got, prv)
+                    comm.send(data(rank, n, dtype, seed=3), nxt)
+                check(f"send/recv {dtype} n={n}", got, data(prv, n, dtype, seed=3))
+    # op avg/max/min/prod x every dtype x every reducing collective: float32 through every algorithm, the
+    # other dtypes each through one algorithm, rotating so every (op, algorithm) and (op, dtype) pair runs
+    # (the op and its dtype handling are shared by every algorithm; sum ran the full product above).
+    # Invalid pairs (avg on integers / bool) must raise on every algorithm.
+    n = 19
+    for k, op in enumerate(("avg", "max", "min", "prod")):
+        for i, dtype in enumerate(ops.ALL_DTYPES):
 
-    for dtype in ops.ALL_DTYPES:
-        for algo in ("direct", "double_tree"):  # the low-precision path is shared by every algorithm
-            x = data(rank, 37, dtype)
-            comm.all_reduce(x, algorithm=algo)
-            check(f"all_reduce {algo} {dtype} (every dtype)", x, reference(world, 37, dtype, "sum"))
-        y = data(rank, 37, dtype, seed=9)
-        comm.broadcast(y, 0, algorithm="double_tree")
-        check(f"broadcast double_tree {dtype} (every dtype)", y, data(0, 37, dtype, seed=9))
+            def algos(name: str, i: int = i, k: int = k, dtype: np.dtype = dtype) -> tuple[str, ...]:
+                every = SUPPORTED[name]
+                return every if dtype == np.float32 else (every[(i + k) % len(every)],)
+
+            if not op_is_valid(op, dtype):
+                for name in ("all_reduce", "reduce", "reduce_scatter"):
+                    for algo in SUPPORTED[name]:
+                        err = _rejected(name, algo, op, dtype, rank, world, n)
+                        if err is None:
+                            bad.append(f"rank {rank}: {name} op={op} {algo} {dtype} did not raise")
+                        elif name not in err or "avg" not in err or str(dtype) not in err:
+                            bad.append(f"rank {rank}: {name} op={op} {dtype}: unhelpful error {err}")
+                continue
+            want = reference(world, n, dtype, op)
+            for algo in algos("all_reduce"):
+                x = data(rank, n, dtype, op)
+                comm.all_reduce(x, op, algorithm=algo)
+                check(f"all_reduce op={op} {algo} {dtype}", x, want)
+            for algo in algos("reduce"):
+                x = data(rank, n, dtype, op)
+                orig = x.copy()
+                comm.reduce(x, 0, op, algorithm=algo)
+                check(f"reduce op={op} {algo} {dtype}", x, want if rank == 0 else orig)
+            for algo in algos("reduce_scatter"):
+                o = np.zeros(n, dtype)
+                comm.reduce_scatter(o, data(rank, world * n, dtype, op), op, algorithm=algo)
+                full = reference(world, world * n, dtype, op)
+                check(f"reduce_scatter op={op} {algo} {dtype}", o, full[rank * n : (rank + 1) * n])
+    bad += low_precision_cases(rank, world)
     # lists instead of arrays
     x = data(rank, 5, DTYPES[0])
     outs = [np.zeros(5, np.float32) for _ in range(world)]
@@ -122,6 +170,79 @@ def all_cases(rank: int, world: int) -> list[str]:
     comm.all_to_all(dst, src)
     check("all_to_all", dst, np.repeat(100 * np.arange(world) + rank, 3).astype(np.int32))
     comm.barrier()
+    return bad
+
+
+def _rejected(name: str, algo: str, op: str, dtype: np.dtype, rank: int, world: int, n: int) -> str | None:
+    """Call a reducing collective that must refuse ``op`` on ``dtype``; its ValueError text, or None."""
+    from opstrata import comm
+
+    try:
+        if name == "all_reduce":
+            comm.all_reduce(data(rank, n, dtype, op), op, algorithm=algo)
+        elif name == "reduce":
+            comm.reduce(data(rank, n, dtype, op), 0, op, algorithm=algo)
+        else:
+            comm.reduce_scatter(np.zeros(n, dtype), data(rank, world * n, dtype, op), op, algorithm=algo)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def low_precision_cases(rank: int, world: int) -> list[str]:
+    """float16 / bfloat16 / float8 reduce in float32 and are cast back once, on every reducing algorithm.
+
+    Rank 0 contributes 2**(mantissa bits + 1) and every other rank 1: accumulating in the dtype itself
+    would round each +1 away, float32 keeps them (exact check). Real-valued inputs are then compared
+    with the float32 rank-order fold within one ulp of the dtype (float32 rounding differs per order).
+    """
+    from opstrata import comm, ops
+    from opstrata.comm._algorithms import SUPPORTED
+
+    bad: list[str] = []
+    n = 23
+    for dtype in ops.LOW_PRECISION_DTYPES:
+        fi = ml_dtypes.finfo(dtype)
+        big = float(2 ** (fi.nmant + 1))
+        mine = np.full(n, big if rank == 0 else 1.0, np.float32).astype(dtype)
+        exact = np.full(n, big + (world - 1), np.float32).astype(dtype)
+        rng = [np.random.default_rng(77 + r) for r in range(world)]
+        xs = [g.standard_normal(n).astype(np.float32).astype(dtype) for g in rng]
+        fold = functools.reduce(np.add, [v.astype(np.float32) for v in xs])
+        near = fold.astype(dtype).astype(np.float64)
+
+        def close(got: np.ndarray, fold=fold, near=near, fi=fi) -> bool:
+            tol = float(fi.eps) * np.abs(near) + float(fi.smallest_subnormal) + 1e-5
+            return bool(np.all(np.abs(got.astype(np.float64) - near) <= tol))
+
+        for name in ("all_reduce", "reduce", "reduce_scatter"):
+            for algo in SUPPORTED[name]:
+                if name == "reduce_scatter":
+                    o = np.zeros(n, dtype)
+                    comm.reduce_scatter(o, np.tile(mine, world), algorithm=algo)
+                    got_big = o
+                    o2 = np.zeros(n, dtype)
+                    comm.reduce_scatter(o2, np.tile(xs[rank], world), algorithm=algo)
+                    got_real = o2
+                else:
+                    got_big, got_real = mine.copy(), xs[rank].copy()
+                    if name == "all_reduce":
+                        comm.all_reduce(got_big, algorithm=algo)
+                        comm.all_reduce(got_real, algorithm=algo)
+                    else:
+                        comm.reduce(got_big, 0, algorithm=algo)
+                        comm.reduce(got_real, 0, algorithm=algo)
+                        if rank != 0:
+                            continue
+                if not np.array_equal(got_big, exact):
+                    bad.append(
+                        f"rank {rank}: {name} {algo} {dtype}: {big:g} + {world - 1} ones gave "
+                        f"{got_big[:2]}, want {exact[:2]} (not accumulated in float32?)"
+                    )
+                if not close(got_real):
+                    bad.append(
+                        f"rank {rank}: {name} {algo} {dtype} real values: {got_real[:4]} want {near[:4]}"
+                    )
     return bad
 
 
@@ -148,6 +269,26 @@ def deterministic_cases(rank: int, world: int) -> list[str]:
                     comm.reduce(y, 0, algorithm=ralgo, deterministic=True)
                     if rank == 0 and y.tobytes() != want.tobytes():
                         bad.append(f"rank 0: deterministic reduce {ralgo} differs")
+            # reduce_scatter: rank r's part is block r of the same rank-order fold
+            m = n // world
+            for salgo in SUPPORTED["reduce_scatter"]:
+                o = np.zeros(m, dtype)
+                comm.reduce_scatter(
+                    o, xs[rank][: m * world].astype(dtype), algorithm=salgo, deterministic=True
+                )
+                if o.tobytes() != want[rank * m : (rank + 1) * m].tobytes():
+                    bad.append(
+                        f"rank {rank}: deterministic reduce_scatter {salgo} {np.dtype(dtype)} n={n} differs"
+                    )
+    # the group-wide switch: new_group(deterministic=True) makes every call on it deterministic
+    det_group = comm.new_group(list(range(world)), deterministic=True)
+    xs = [np.random.default_rng(50 + r).standard_normal(4000).astype(np.float32) * 1e3 for r in range(world)]
+    want = functools.reduce(np.add, xs)
+    for algo in SUPPORTED["all_reduce"]:
+        x = xs[rank].copy()
+        comm.all_reduce(x, algorithm=algo, group=det_group)
+        if x.tobytes() != want.tobytes():
+            bad.append(f"rank {rank}: all_reduce {algo} on a deterministic=True group differs")
     return bad
 
 
@@ -204,11 +345,26 @@ def groups_and_p2p(rank: int, world: int) -> list[str]:
     return bad
 
 
+def _error_log() -> list[str]:
+    """Collect this rank's opstrata.comm ERROR records (the flight-recorder dump on failure)."""
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("opstrata.comm").addHandler(Keep(level=logging.ERROR))
+    return records
+
+
 def die_mid_all_reduce(rank: int, world: int, victim: int) -> dict:
     """The victim SIGKILLs itself while all_reduces are running; the others time how long they take to raise."""
     from opstrata import comm
 
     x = np.ones(200000, np.float32)
+    log = _error_log()
     if rank == victim:
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     t_kill = time.monotonic() + 0.5
@@ -217,7 +373,8 @@ def die_mid_all_reduce(rank: int, world: int, victim: int) -> dict:
             comm.all_reduce(x, algorithm="ring")
             x[:] = 1.0
     except comm.CommError as e:
-        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_kill}
+        after = time.monotonic() - t_kill
+        return {"error": type(e).__name__, "msg": str(e), "after": after, "log": log}
     return {"error": None}
 
 
@@ -242,6 +399,8 @@ def late_peer(rank: int, world: int) -> dict:
     """Rank 1 sleeps past rank 0's timeout."""
     from opstrata import comm
 
+    log = _error_log()
+    comm.barrier()  # one completed collective for the flight recorder to show
     if rank == 1:
         time.sleep(4.0)
         return {"error": None}
@@ -249,7 +408,7 @@ def late_peer(rank: int, world: int) -> dict:
     try:
         comm.all_reduce(np.ones(4, np.float32))
     except comm.CommError as e:
-        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t0}
+        return {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t0, "log": log}
     return {"error": None}
 
 

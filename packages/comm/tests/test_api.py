@@ -98,3 +98,66 @@ def test_stores(tmp_path) -> None:
         assert ts.get("k") == b"v" and ts.add("c", 1) == 1 and ts.try_get("nope") is None
     finally:
         ts.close()
+
+
+def test_store_connect_retries_with_backoff_until_rank_0_listens() -> None:
+    """A rank that starts before rank 0's store retries the refused connection instead of failing."""
+    import threading
+    import time
+
+    port = free_port()
+    master: list[comm.TCPStore] = []
+    started = threading.Event()
+
+    def late_master() -> None:
+        started.set()
+        time.sleep(0.6)  # the client's first connects are refused meanwhile
+        master.append(comm.TCPStore("127.0.0.1", port, is_master=True, timeout=10))
+
+    t = threading.Thread(target=late_master)
+    t.start()
+    started.wait(5)
+    t0 = time.monotonic()
+    client = comm.TCPStore("127.0.0.1", port, is_master=False, timeout=10)
+    waited = time.monotonic() - t0
+    t.join(10)
+    try:
+        client.set("k", b"v")
+        assert master[0].get("k") == b"v"
+        assert 0.4 < waited < 5.0, waited  # it did wait for the late master, and not for the full timeout
+    finally:
+        client.close()
+        master[0].close()
+
+
+def test_store_connect_gives_up_at_its_timeout_naming_the_address() -> None:
+    import time
+
+    port = free_port()  # nobody listens here
+    t0 = time.monotonic()
+    with pytest.raises(comm.CommTimeoutError, match=rf"cannot connect to rank 0 at 127\.0\.0\.1:{port}"):
+        comm.TCPStore("127.0.0.1", port, is_master=False, timeout=0.5)
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_debug_env_logs_each_collective_with_algorithm_size_time_and_reason() -> None:
+    """Silent without OPSTRATA_COMM_DEBUG; with it, one line per collective (seq 0 off, seq 0 of the next group on)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np\nfrom opstrata import comm\n"
+        "for debug, algo in (('', 'tree'), ('1', 'ring')):\n"
+        "    os.environ['OPSTRATA_COMM_DEBUG'] = debug\n"
+        f"    comm.init_process_group('shm', rank=0, world_size=1, init_method='tcp://127.0.0.1:{free_port()}')\n"
+        "    comm.all_reduce(np.ones(1024, np.float32), algorithm=algo)\n"
+        "    comm.destroy_process_group()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPSTRATA_COMM_DEBUG"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in p.stderr.splitlines() if "all_reduce seq=0" in x]
+    assert len(lines) == 1 and "algo=tree" not in lines[0], p.stderr  # nothing logged while it was unset
+    for part in ("algo=ring", "bytes=4096", "world=1", "backend=shm", "time=", "why=requested by per-call"):
+        assert part in lines[0], lines[0]

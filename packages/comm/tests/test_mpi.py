@@ -107,10 +107,10 @@ def _values(rc: int, results: list[dict | None], text: str) -> list:
     return [res["value"] for res in results if res]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", range(1, 9))  # 5..8 oversubscribe a small machine: fine for MPICH's Hydra
 def test_every_collective_algorithm_and_dtype_over_mpi(mpiexec: str, world: int, tmp_path: Path) -> None:
     env = {"OPSTRATA_COMM_MPI_CHUNK": "16384"}  # many pieces per message even for small arrays
-    values = _values(*launch(mpiexec, world, "mpi_matrix", tmp_path, env=env))
+    values = _values(*launch(mpiexec, world, "mpi_matrix", tmp_path, limit=600, env=env))
     bad = [b for v in values for b in v]
     assert not bad, "\n".join(bad[:20])
 
@@ -119,7 +119,7 @@ def test_timeout_names_collective_seq_rank_and_peer(mpiexec: str, tmp_path: Path
     values = _values(*launch(mpiexec, 2, "late_peer", tmp_path, limit=60, timeouts={"0": 1.0}))
     v = values[0]
     assert v["error"] == "CommTimeoutError", v
-    assert "all_reduce seq=0" in v["msg"] and "peer rank 1" in v["msg"] and "rank 0" in v["msg"], v
+    assert "all_reduce seq=1" in v["msg"] and "peer rank 1" in v["msg"] and "rank 0" in v["msg"], v
     assert v["after"] < 3.0, v
 
 
@@ -138,8 +138,8 @@ def test_desync_reported_on_every_rank(mpiexec: str, tmp_path: Path) -> None:
     # also: an explicit init_method (file://) instead of the store address rank 0 broadcasts over MPI
     values = _values(*launch(mpiexec, 3, "desync", tmp_path, limit=60, args=["shape"], init="file"))
     assert all(v["error"] == "CommDesyncError" for v in values), values
-    msgs = " ".join(v["msg"] for v in values)
-    assert "shape=[5]" in msgs and "shape=[4]" in msgs and "seq=1" in msgs
+    both = [v["msg"] for v in values if "shape=[5]" in v["msg"] and "shape=[4]" in v["msg"]]
+    assert both and "seq=1" in both[0], values  # one message shows both sides
 
 
 def test_killed_rank_ends_the_job_without_a_hang(mpiexec: str, tmp_path: Path) -> None:
