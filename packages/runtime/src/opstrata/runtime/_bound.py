@@ -18,28 +18,66 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import opstrata.ops as ops
+
 from ._errors import ExecutionError
 
 if TYPE_CHECKING:
     from ._arena import Arena
     from ._executor import Schedule, _Step
 
-__all__ = ["BoundProgram", "bind_arena"]
+__all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
+
+#: the public ``out=`` binaries the executor uses (``_executor._OUT_KERNELS``) and their registry names
+_BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
+    ops.add: "add", ops.sub: "sub", ops.mul: "mul", ops.div: "div",
+}  # fmt: skip
 
 
 class BoundProgram:
     """One arena's steps as zero-argument calls over its own value list ``vals`` (runs take turns)."""
 
-    __slots__ = ("calls", "index", "input_slots", "reset", "template", "vals")
+    __slots__ = ("calls", "generation", "index", "reset", "template", "vals")
 
     def __init__(
-        self, calls: list[Callable[[], object]], index: list[int], vals: list[Any], reset: list[int]
+        self,
+        calls: list[Callable[[], object]],
+        index: list[int],
+        vals: list[Any],
+        reset: list[int],
+        generation: int,
     ) -> None:
         self.calls, self.index, self.vals = calls, index, vals
+        #: ops.registry_generation() when bound: a registry or device change since then means rebinding
+        self.generation = generation
         self.template = list(vals)
         #: slots holding per-run values (feeds, view aliases): put back after a run so the program
         #: keeps no reference to the caller's arrays
         self.reset = reset
+
+
+def _resolved_binary(
+    public: Callable[..., np.ndarray], a: Any, b: Any, dst: np.ndarray, device: str
+) -> Callable[..., np.ndarray] | None:
+    """The registered kernel ``ops.add(a, b, out=dst)`` (or sub/mul/div) ends in, when the public
+    function's checks pass for these shapes and dtypes (fixed per arena: checked here once) and it
+    would hand ``a``, ``b``, ``dst`` to that kernel unchanged: same dtype throughout, ``dst`` of the
+    broadcast shape, a native kernel (a fallback keeps the public, audited path)."""
+    name = _BINARY_NAMES.get(public)
+    if name is None or not (type(a) is np.ndarray and type(b) is np.ndarray and type(dst) is np.ndarray):
+        return None
+    if not (a.dtype == b.dtype == dst.dtype) or dst.shape != np.broadcast_shapes(a.shape, b.shape):
+        return None
+    if (np.may_share_memory(dst, a) and not _same_view(dst, a)) or (
+        np.may_share_memory(dst, b) and not _same_view(dst, b)
+    ):
+        return None  # a partial overlap: leave it to the public function's checks
+    return ops.resolve_kernel(name, a.dtype, device=device)
+
+
+def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
+    ix, iy = x.__array_interface__, y.__array_interface__
+    return ix["data"] == iy["data"] and x.shape == y.shape and x.strides == y.strides
 
 
 def _args_of(ins: tuple[int, ...], vals: list[Any]) -> list[Any]:
@@ -108,9 +146,10 @@ def _bind_step(
         if t[0] < 0 or t[1] < 0 or st.outs[0] < 0 or st.outs[0] in alias:
             return partial(sch.exec_arena, st, vals, alias, arena)
         dst = vals[st.outs[0]]
+        fn = _resolved_binary(st.out_fn, vals[t[0]], vals[t[1]], dst, sch.device) or st.out_fn
         if static is not None:
-            return partial(st.out_fn, static[0], static[1], out=dst)
-        return _dyn_out(st.out_fn, t[0], t[1], dst, vals)
+            return partial(fn, static[0], static[1], out=dst)
+        return _dyn_out(fn, t[0], t[1], dst, vals)
     if st.into is not None and all(s >= 0 and s not in alias for s in st.outs):
         dsts = [vals[s] for s in st.outs]
         if static is not None:
@@ -121,16 +160,19 @@ def _bind_step(
 
 def bind_arena(sch: Schedule, arena: Arena, template: list[Any]) -> BoundProgram:
     """The arena's steps (reshape-likes already on their input's bytes left out) as bound calls."""
+    generation = ops.registry_generation()
     vals = list(template)
     alias = sch.alias_slots(arena)
     skip = sch.view_steps(arena)
-    dynamic = frozenset(sch.input_slots) | alias
+    # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
+    set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
+    dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped)
     calls, index = [], []
     for i, st in enumerate(sch.steps):
         if i not in skip:
             calls.append(_bind_step(sch, st, vals, dynamic, alias, arena))
             index.append(i)
-    return BoundProgram(calls, index, vals, sorted(dynamic))
+    return BoundProgram(calls, index, vals, sorted(dynamic), generation)
 
 
 def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> list[Any]:

@@ -324,8 +324,8 @@ class InferenceSession:
             sprog = self._stream_programs.get(key) if self._pool is not None else None
             if arena is not None and prof is None and (sprog is None or not sprog.parallel):
                 bound = self._bound.get(key)
-                if bound is None:
-                    bound = self._bound[key] = bind_arena(sch, arena, template)
+                if bound is None or bound.generation != ops.registry_generation():
+                    bound = self._bound[key] = bind_arena(sch, arena, template)  # (re)resolve kernels
                 bvals = run_bound(sch, bound, feeds)
                 try:
                     return [np.array(bvals[s], copy=True) for s in slots]
