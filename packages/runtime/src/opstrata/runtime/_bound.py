@@ -6,8 +6,9 @@ planned value is one arena view, initializers are constant. So each step is boun
 with its input and output views captured; only steps that read a feed or a view alias (values that
 change per run) read their inputs from the run's value list. The kernels are the very same
 functions exec_arena calls (``out=`` binaries, the ``_into`` writers, the graph's kernel table), with
-the same arguments, so results are bit-identical; ops dispatch still happens inside each call, so a
-kernel registered after the session was built is used (as before).
+the same arguments, so results are bit-identical. An ``out=`` binary calls the native kernel its
+public function would dispatch to (``ops.resolve_kernel``, its checks done once here); the program
+records ``ops.registry_generation()`` and the session rebinds it after any registry or device change.
 """
 
 from __future__ import annotations
