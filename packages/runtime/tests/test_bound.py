@@ -144,3 +144,35 @@ def test_feed_checks_still_apply_after_a_shape_was_validated(models) -> None:
         np.testing.assert_array_equal(g, w)
     other = random_feeds(model, {**dims, "seq": dims["seq"] + 2})  # a new shape: validated, then run
     assert sess.run(None, other)[0].shape[1] == dims["seq"] + 2
+
+
+def test_kernel_removed_after_build_takes_the_audited_fallback_then_rebinds(models) -> None:
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0, fallback_policy="allow"))
+    want = sess.run(None, feeds)
+    stock = [e for e in ops.kernels("add") if e.device == "cpu"]
+    add_cpu = stock[0].fn
+
+    def resolved(s) -> set:
+        (b,) = s._bound.values()
+        return {getattr(c, "func", None) for c in b.calls}
+
+    assert add_cpu in resolved(sess)  # the plain Adds call the native kernel directly
+    ops.unregister("add", device="cpu")
+    try:
+        ops.reset_fallback_report()
+        got = sess.run(None, feeds)  # rebound: no native kernel, so the public (audited) path
+        audited = [r for r in ops.fallback_report().records if r.op == "add" and r.device == "cpu"]
+        assert audited and audited[0].count > 0
+        assert add_cpu not in resolved(sess)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    finally:
+        for e in reversed(stock):
+            ops.register("add", device="cpu", dtypes=e.dtypes, priority=e.priority, dtype_arg=e.dtype_arg)(
+                e.fn
+            )
+    for w, g in zip(want, sess.run(None, feeds), strict=True):  # rebound to the native kernel again
+        np.testing.assert_array_equal(g, w)
+    assert add_cpu in resolved(sess)
