@@ -108,3 +108,20 @@ def test_no_kernel_error_lists_what_is_registered():
     assert "_test_f32: no kernel for device 'cpu' and dtype int32. Tried: cpu -> ref." in msg
     assert "Registered: ref: float32, float64" in msg and "@opstrata.ops.register('_test_f32'" in msg
     assert isinstance(e, NotImplementedError)
+
+
+def test_check_dtype_and_ndim_fast_paths_agree_with_the_full_checks():
+    allowed = (np.dtype(np.float32), np.dtype(np.float64))
+    x = np.zeros((2, 3), np.float32)
+    for spec in (allowed, list(allowed), frozenset(allowed)):  # tuple/frozenset: cached set; list: full path
+        assert check_dtype("op", "x", x, spec) == np.dtype(np.float32)
+        with pytest.raises(ops.OpError, match=r"op: argument 'x' expected one of \(.*float32.*\), got int64"):
+            check_dtype("op", "x", x.astype(np.int64), spec)
+    assert check_ndim("op", "x", x, 2) == 2 and check_ndim("op", "x", x, (1, None)) == 2
+    assert check_ndim("op", "x", x, (2, 3)) == 2 and check_ndim("op", "x", x, {2, 4}) == 2
+    with pytest.raises(ops.OpError, match=r"expected 3 dims \(NCHW\), got 2 dims with shape \(2, 3\)"):
+        check_ndim("op", "x", x, 3, layout="NCHW")
+    with pytest.raises(ops.OpError, match="expected at least 3 dims"):
+        check_ndim("op", "x", x, (3, None))
+    with pytest.raises(ops.OpError, match="expected 3 to 4 dims"):
+        check_ndim("op", "x", x, (3, 4))

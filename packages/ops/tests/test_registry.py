@@ -182,3 +182,25 @@ def test_sequence_primary_argument_keys_on_first_element_dtype() -> None:
     assert seen == [2, 2]
     with pytest.raises(ops.NoKernelError):
         ops.call("_test_seq", [np.ones(2, np.int32), np.ones(3, np.int32)], device="cpu")
+
+
+def test_resolve_kernel_is_what_call_runs_natively_and_generation_tracks_changes():
+    with isolated_registry():
+        cpu, ref = _tagged("cpu"), _tagged("ref")
+        ops.register("_test_resolve", device="cpu", dtypes=[np.float32])(cpu)
+        ops.register("_test_resolve", device="ref")(ref)
+        assert ops.resolve_kernel("_test_resolve", np.float32, device="cpu") is cpu
+        assert ops.resolve_kernel("_test_resolve", "float32", device="ref") is ref
+        # float64 has no cpu kernel: call() would take the audited fallback to ref, so no native kernel
+        assert ops.dispatch_path("_test_resolve", "cpu", np.float64) != "native"
+        assert ops.resolve_kernel("_test_resolve", np.float64, device="cpu") is None
+        assert ops.resolve_kernel("_test_no_such_op", np.float32) is None
+        gen = ops.registry_generation()
+        newer = _tagged("newer")
+        ops.register("_test_resolve", device="cpu", dtypes=[np.float32], priority=1)(newer)
+        assert ops.registry_generation() > gen  # a caller caching resolve_kernel must re-resolve
+        assert ops.resolve_kernel("_test_resolve", np.float32, device="cpu") is newer
+        gen = ops.registry_generation()
+        ops.unregister("_test_resolve", device="cpu", kernel=newer)
+        assert ops.registry_generation() > gen
+        assert ops.resolve_kernel("_test_resolve", np.float32, device="cpu") is cpu

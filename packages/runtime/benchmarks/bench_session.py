@@ -192,6 +192,49 @@ def bench_sessions(quick: bool, threads: int) -> str:
     return format_table(("model", "runtime", "median ms", "vs onnxruntime", "vs torch eager"), rows)
 
 
+def _per_node_run(sess: InferenceSession, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The previous arena run path on the same session: full feed checks, a fresh value list, then
+    ``Schedule.run_arena`` (every node's arguments built, its path chosen and its kernel dispatched per run)."""
+    import opstrata.ops as ops
+
+    fs = sess._check_feeds_full(feeds)
+    sch = sess._schedule
+    with sess._lock, sess._policy(), ops.device(sess.device):
+        arena, template = sess._program(tuple(f.shape for f in fs))
+        vals = list(template)
+        for s, f in zip(sch.input_slots, fs, strict=True):
+            vals[s] = f
+        sch.run_arena(vals, arena, None, 0)  # type: ignore[arg-type]
+        return [np.array(vals[s], copy=True) for s in sch.output_slots]
+
+
+def bench_per_node_overhead(quick: bool) -> str:
+    """Bound per-shape calls (``run``) against the per-node loop (``Schedule.run_arena``), same session."""
+    rows = []
+    repeats, number = (5, 20) if quick else (21, 50)
+    cases = [
+        ("BERT block h32 ffn64, b1 s8 (L3: 16 steps; L0: 64)", bert_block_model(hidden=32, heads=4, ffn=64), {"batch": 1, "seq": 8}),
+        ("MLP 16-32-16, batch 4", mlp_model(d_in=16, hidden=32, d_out=16), {"batch": 4}),
+    ]  # fmt: skip
+    if not quick:
+        cases.append(("BERT block h256 ffn1024, b4 s128", bert_block_model(hidden=256, heads=4, ffn=1024), {"batch": 4, "seq": 128}))  # fmt: skip
+    for name, model, dims in cases:
+        feeds = random_feeds(model, dims)
+        for lvl in (0, 3):
+            sess = InferenceSession(model, SessionOptions(graph_optimization_level=lvl))
+            for a, b in zip(sess.run(None, feeds), _per_node_run(sess, feeds), strict=True):
+                np.testing.assert_array_equal(a, b)  # the two paths agree bit for bit
+            t = compare(
+                {"bound calls": lambda s=sess, f=feeds: s.run(None, f),
+                 "per-node loop": lambda s=sess, f=feeds: _per_node_run(s, f)},
+                repeats=repeats, number=number, warmup=2,
+            )  # fmt: skip
+            base = t["per-node loop"].median
+            for cand, tm in t.items():
+                rows.append((name, f"L{lvl}", cand, f"{tm.median * 1e6:.1f}", f"{tm.median / base:.2f}x"))
+    return format_table(("model", "level", "arena run path", "median us", "vs per-node loop"), rows)
+
+
 def bench_allocator(quick: bool) -> str:
     """alloc+free pair cost against np.empty, and fragmentation after a randomized trace."""
     rows = []
@@ -250,6 +293,8 @@ def main() -> None:
         f"torch.set_num_threads({THREADS}), OMP_WAIT_POLICY=PASSIVE)\n"
     )
     print(bench_sessions(args.quick, THREADS))
+    print("\n# Per-node overhead: bound per-shape calls vs the per-node loop (same session, interleaved)\n")
+    print(bench_per_node_overhead(args.quick))
     if not args.no_allocator:
         print("\n# CachingAllocator vs np.empty\n")
         print(bench_allocator(args.quick))

@@ -9,6 +9,7 @@ import pytest
 
 import opstrata.runtime._allocator as _allocator_mod
 import opstrata.runtime._arena as _arena_mod
+import opstrata.runtime._bound as _bound_mod
 import opstrata.runtime._executor as _executor_mod
 import opstrata.runtime._session as _session_mod
 from opstrata.graph.testing import random_feeds
@@ -54,7 +55,7 @@ def test_steady_state_run_allocates_only_its_outputs(monkeypatch, models, name: 
     sess.run(None, feeds)  # first run at this shape: plans memory and allocates the arena
     arena = next(iter(sess.arenas.values()))
     counter = _CountingNumpy()
-    for mod in (_session_mod, _executor_mod, _arena_mod, _allocator_mod):
+    for mod in (_session_mod, _executor_mod, _arena_mod, _allocator_mod, _bound_mod):
         monkeypatch.setattr(mod, "np", counter)
     dom = np.lib.tracemalloc_domain
     tracemalloc.start()
@@ -199,7 +200,6 @@ def test_session_memory_limit_raises_out_of_memory(models) -> None:
 def test_reshape_steps_on_arena_bytes_are_skipped_not_run(monkeypatch, models) -> None:
     """A reshape whose output the plan put on its input's bytes has nothing to do; one of a feed does."""
     from opstrata.graph import EXECUTOR_KERNELS as KERNELS
-    from opstrata.runtime._executor import Schedule
 
     model, dims = models["bert"]
     feeds = random_feeds(model, dims)
@@ -212,13 +212,10 @@ def test_reshape_steps_on_arena_bytes_are_skipped_not_run(monkeypatch, models) -
     assert sum(n.op_type == "Reshape" for n in by_name.values()) >= 4  # head split / merge after GEMMs
     for n in by_name.values():
         assert arena.is_view_of(n.outputs[0], n.inputs[0])
-    ran = []
-    real = Schedule.exec_arena
-    monkeypatch.setattr(
-        Schedule, "exec_arena", lambda self, st, *a: ran.append(st.node.name) or real(self, st, *a)
-    )
     sess2 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
     np.testing.assert_array_equal(sess2.run(None, feeds)[0], want)
+    (bound,) = sess2._bound.values()  # the steps bound to a call: the ones that run
+    ran = [sess2._schedule.steps[i].node.name for i in bound.index]
     assert not set(ran) & set(by_name)  # skipped steps never call their kernel
     graph_inputs = set(sess.graph.inputs)
     feed_views = [

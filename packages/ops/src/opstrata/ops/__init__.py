@@ -133,6 +133,8 @@ from ._registry import (
     list_ops as list_ops,
     register as register,
     register_decomposition as register_decomposition,
+    registry_generation as registry_generation,
+    resolve_kernel as resolve_kernel,
     unregister as unregister,
 )
 from ._rotary import rotary_embedding as rotary_embedding
@@ -250,10 +252,12 @@ __all__ = [
     "pow",
     "register",
     "register_decomposition",
+    "registry_generation",
     "relu",
     "reset_autotune_stats",
     "reset_fallback_report",
     "reshape",
+    "resolve_kernel",
     "result_dtype",
     "rms_norm",
     "rms_norm_backward",

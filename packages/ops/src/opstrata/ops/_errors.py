@@ -154,12 +154,25 @@ def _describe(array: Any) -> tuple[np.dtype, tuple[int, ...]]:
     return np.dtype(array.dtype), tuple(array.shape)
 
 
+#: id(allowed dtype tuple) -> (that tuple, its dtypes as a set): check_dtype's fast path (the tuple is
+#: kept, so its id cannot be reused while cached)
+_ALLOWED: dict[int, tuple[Any, frozenset[np.dtype]]] = {}
+
+
 def check_dtype(op: str, arg_name: str, array: Any, allowed: str | Iterable[Any]) -> np.dtype:
     """Raise :class:`OpError` unless ``array``'s dtype is allowed; return the dtype.
 
     ``allowed`` is a category (``"floating"``, ``"integer"``, ``"signed"``, ``"index"``,
     ``"numeric"``, ``"bool"``) or an iterable of dtypes.
     """
+    if type(array) is np.ndarray and type(allowed) in (tuple, frozenset):  # the common call: no list built
+        entry = _ALLOWED.get(id(allowed))
+        if entry is None or entry[0] is not allowed:
+            if len(_ALLOWED) > 512:
+                _ALLOWED.clear()
+            entry = _ALLOWED[id(allowed)] = (allowed, frozenset(np.dtype(d) for d in allowed))
+        if array.dtype in entry[1]:
+            return array.dtype
     dtype, _ = _describe(array)
     if isinstance(allowed, str):
         if allowed not in _CATEGORIES:
@@ -194,6 +207,13 @@ def check_ndim(
     ``ndim`` is an int, an inclusive ``(lo, hi)`` tuple (``hi`` None for no upper bound), or an
     iterable such as ``range(2, 5)`` or ``{3, 4}``. ``layout`` (e.g. ``"NCHW"``) is shown in the message.
     """
+    if type(array) is np.ndarray:  # the common call: ok without building the message
+        n = array.ndim
+        if type(ndim) is int:
+            if n == ndim:
+                return n
+        elif type(ndim) is tuple and len(ndim) == 2 and n >= ndim[0] and (ndim[1] is None or n <= ndim[1]):
+            return n
     _, shape = _describe(array)
     n = len(shape)
     if isinstance(ndim, int):

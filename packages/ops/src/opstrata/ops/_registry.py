@@ -38,6 +38,8 @@ __all__ = [
     "list_ops",
     "register",
     "register_decomposition",
+    "registry_generation",
+    "resolve_kernel",
     "unregister",
 ]
 
@@ -291,6 +293,27 @@ def call(name: str, *args: Any, device: str | None = None, **kwargs: Any) -> Any
     if plan is None:
         return fn(*args, **kwargs)
     return _run_fallback(plan, args, kwargs)
+
+
+def registry_generation() -> int:
+    """A counter bumped by every registry or device change: a caller caching :func:`resolve_kernel`
+    results re-resolves when it moved."""
+    return _GENERATION[0]
+
+
+def resolve_kernel(name: str, dtype: Any, device: str | None = None) -> Callable[..., Any] | None:
+    """The kernel :func:`call` would run for op ``name`` on ``device`` with a primary argument of
+    ``dtype``, when that is the device's own (native) kernel; None when the call takes a fallback path
+    (decomposition or another device, which :func:`call` audits) or none exists. For callers that bind
+    a kernel once and call it many times (opstrata.runtime's arena runs); pair with :func:`registry_generation`.
+    """
+    dev = device or _CURRENT.get() or _STATE.default
+    dt = None if dtype is None else np.dtype(dtype)
+    try:
+        fn, plan = _CACHE.get((name, dev, dt)) or _miss(name, dev, dt)
+    except (LookupError, NotImplementedError):  # unknown op or device, no kernel: call() raises it
+        return None
+    return fn if plan is None else None
 
 
 def list_ops(device: str | None = None) -> list[str]:

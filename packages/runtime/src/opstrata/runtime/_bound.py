@@ -1,0 +1,207 @@
+"""Arena runs as a list of prebuilt zero-argument calls: the per-node Python work is done once per shape.
+
+:meth:`Schedule.exec_arena` rebuilds every step's argument list, re-checks which path it takes and
+looks its output views up on every run. For an arena those are fixed for the input shape: every
+planned value is one arena view, initializers are constant. So each step is bound once to a call
+with its input and output views captured; only steps that read a feed or a view alias (values that
+change per run) read their inputs from the run's value list. The kernels are the very same
+functions exec_arena calls (``out=`` binaries, the ``_into`` writers, the graph's kernel table), with
+the same arguments, so results are bit-identical. An ``out=`` binary calls the native kernel its
+public function would dispatch to (``ops.resolve_kernel``, its checks done once here); the program
+records ``ops.registry_generation()`` and the session rebinds it after any registry or device change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import opstrata.ops as ops
+
+from ._errors import ExecutionError
+
+if TYPE_CHECKING:
+    from ._arena import Arena
+    from ._executor import Schedule, _Step
+
+__all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
+
+#: the public ``out=`` binaries the executor uses (``_executor._OUT_KERNELS``) and their registry names
+_BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
+    ops.add: "add", ops.sub: "sub", ops.mul: "mul", ops.div: "div",
+}  # fmt: skip
+
+
+class BoundProgram:
+    """One arena's steps as zero-argument calls over its own value list ``vals`` (runs take turns)."""
+
+    __slots__ = ("calls", "generation", "index", "reset", "template", "vals")
+
+    def __init__(
+        self,
+        calls: list[Callable[[], object]],
+        index: list[int],
+        vals: list[Any],
+        reset: list[int],
+        generation: int,
+    ) -> None:
+        self.calls, self.index, self.vals = calls, index, vals
+        #: ops.registry_generation() when bound: a registry or device change since then means rebinding
+        self.generation = generation
+        self.template = list(vals)
+        #: slots holding per-run values (feeds, view aliases): put back after a run so the program
+        #: keeps no reference to the caller's arrays
+        self.reset = reset
+
+
+def _resolved_binary(
+    public: Callable[..., np.ndarray], a: Any, b: Any, dst: np.ndarray, device: str
+) -> Callable[..., np.ndarray] | None:
+    """The registered kernel ``ops.add(a, b, out=dst)`` (or sub/mul/div) ends in, when the public
+    function's checks pass for these shapes and dtypes (fixed per arena: checked here once) and it
+    would hand ``a``, ``b``, ``dst`` to that kernel unchanged: same dtype throughout, ``dst`` of the
+    broadcast shape, a native kernel (a fallback keeps the public, audited path)."""
+    name = _BINARY_NAMES.get(public)
+    if name is None or not (type(a) is np.ndarray and type(b) is np.ndarray and type(dst) is np.ndarray):
+        return None
+    if not (a.dtype == b.dtype == dst.dtype) or dst.shape != np.broadcast_shapes(a.shape, b.shape):
+        return None
+    if (np.may_share_memory(dst, a) and not _same_view(dst, a)) or (
+        np.may_share_memory(dst, b) and not _same_view(dst, b)
+    ):
+        return None  # a partial overlap: leave it to the public function's checks
+    return ops.resolve_kernel(name, a.dtype, device=device)
+
+
+def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
+    ix, iy = x.__array_interface__, y.__array_interface__
+    return ix["data"] == iy["data"] and x.shape == y.shape and x.strides == y.strides
+
+
+def _args_of(ins: tuple[int, ...], vals: list[Any]) -> list[Any]:
+    return [vals[s] if s >= 0 else None for s in ins]
+
+
+def _dyn_out(
+    fn: Callable[..., np.ndarray], i: int, j: int, dst: np.ndarray, vals: list[Any]
+) -> Callable[[], object]:
+    def call() -> object:
+        return fn(vals[i], vals[j], out=dst)
+
+    return call
+
+
+def _dyn_into(
+    into: Callable[[list[Any], list[np.ndarray]], object],
+    ins: tuple[int, ...],
+    dsts: list[np.ndarray],
+    vals: list[Any],
+) -> Callable[[], object]:
+    def call() -> object:
+        return into([vals[s] if s >= 0 else None for s in ins], dsts)
+
+    return call
+
+
+def _generic(
+    sch: Schedule, st: _Step, ins: tuple[int, ...], static: list[Any] | None, vals: list[Any],
+    alias: frozenset[int], arena: Arena,
+) -> Callable[[], object]:  # fmt: skip
+    """The kernel table's ``fn(node, args)`` and the copy of its results into the output views."""
+    fn, node, store = st.fn, st.node, sch._store
+    outs = [(k, s, s in alias) for k, s in enumerate(st.outs) if s >= 0]
+
+    def call() -> object:
+        res = fn(node, list(static) if static is not None else [vals[s] if s >= 0 else None for s in ins])
+        for k, s, is_alias in outs:
+            if is_alias:  # a checked view of its input's bytes (see view_aliases)
+                r, dst = res[k], vals[s]
+                if r.shape != dst.shape or r.dtype != dst.dtype:
+                    store(st, k, dst, r, arena)  # raises the shape/dtype error
+                vals[s] = r
+            elif k < len(res):
+                store(st, k, vals[s], res[k], arena)
+        return None
+
+    return call
+
+
+def _bind_step(
+    sch: Schedule, st: _Step, vals: list[Any], dynamic: frozenset[int], alias: frozenset[int], arena: Arena
+) -> Callable[[], object]:
+    """A zero-argument call doing what ``sch.exec_arena(st, vals, alias, arena)`` does for this arena."""
+    ins = list(st.ins)
+    while ins and ins[-1] < 0:  # exec_arena drops trailing absent inputs
+        ins.pop()
+    t = tuple(ins)
+    if any(s >= 0 and s not in dynamic and vals[s] is None for s in t) or any(
+        s >= 0 and vals[s] is None for s in st.outs
+    ):  # an unplanned value: keep the general per-run path
+        return partial(sch.exec_arena, st, vals, alias, arena)
+    is_dyn = any(s in dynamic for s in t)
+    static = None if is_dyn else _args_of(t, vals)
+    if st.out_fn is not None and len(t) == 2:
+        if t[0] < 0 or t[1] < 0 or st.outs[0] < 0 or st.outs[0] in alias:
+            return partial(sch.exec_arena, st, vals, alias, arena)
+        dst = vals[st.outs[0]]
+        fn = _resolved_binary(st.out_fn, vals[t[0]], vals[t[1]], dst, sch.device) or st.out_fn
+        if static is not None:
+            return partial(fn, static[0], static[1], out=dst)
+        return _dyn_out(fn, t[0], t[1], dst, vals)
+    if st.into is not None and all(s >= 0 and s not in alias for s in st.outs):
+        dsts = [vals[s] for s in st.outs]
+        if static is not None:
+            return partial(st.into, static, dsts)
+        return _dyn_into(st.into, t, dsts, vals)
+    return _generic(sch, st, t, static, vals, alias, arena)
+
+
+def bind_arena(sch: Schedule, arena: Arena, template: list[Any]) -> BoundProgram:
+    """The arena's steps (reshape-likes already on their input's bytes left out) as bound calls."""
+    generation = ops.registry_generation()
+    vals = list(template)
+    alias = sch.alias_slots(arena)
+    skip = sch.view_steps(arena)
+    # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
+    set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
+    dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped)
+    calls, index = [], []
+    for i, st in enumerate(sch.steps):
+        if i not in skip:
+            calls.append(_bind_step(sch, st, vals, dynamic, alias, arena))
+            index.append(i)
+    return BoundProgram(calls, index, vals, sorted(dynamic), generation)
+
+
+def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> list[Any]:
+    """Run ``prog`` on ``feeds`` (in graph input order); returns its value list (read the outputs, then
+    call :func:`release`). A failing kernel raises ExecutionError naming its node."""
+    vals = prog.vals
+    for s, f in zip(sch.input_slots, feeds, strict=True):
+        vals[s] = f
+    i = 0
+    try:
+        for i, call in enumerate(prog.calls):  # noqa: B007  (i names the failing step)
+            call()
+    except ExecutionError:
+        release(prog)
+        raise
+    except Exception as exc:
+        st = sch.steps[prog.index[i]]
+        ins = list(st.ins)
+        while ins and ins[-1] < 0:
+            ins.pop()
+        err = sch._fail(st, _args_of(tuple(ins), vals), exc)
+        release(prog)
+        raise err from exc
+    return vals
+
+
+def release(prog: BoundProgram) -> None:
+    """Drop the run's feeds and alias values from the program's value list."""
+    vals, template = prog.vals, prog.template
+    for s in prog.reset:
+        vals[s] = template[s]

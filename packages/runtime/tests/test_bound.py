@@ -1,0 +1,178 @@
+"""Arena runs as prebuilt per-shape calls (_bound): bit-identical to the allocator path, registry changes
+after the session was built still apply, a failing kernel names its node, runs keep no feeds alive."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import opstrata.ops as ops
+from opstrata.graph.testing import random_feeds
+from opstrata.runtime import ExecutionError, InferenceSession, InvalidArgument, SessionOptions
+from opstrata.runtime.testing import DAG_KINDS, random_dag_model
+
+
+def _allocator_outputs(model, feeds, level: int) -> list[np.ndarray]:
+    opts = SessionOptions(graph_optimization_level=level, enable_mem_arena=False)
+    return InferenceSession(model, opts).run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "bert", "gpt"])
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_bound_arena_run_is_bit_identical_to_the_allocator_path(models, name: str, level: int) -> None:
+    model, dims = models[name]
+    feeds = random_feeds(model, dims)
+    want = _allocator_outputs(model, feeds, level)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=level))
+    for _ in range(3):  # first run binds, later ones reuse the bound calls
+        for w, g in zip(want, sess.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, w)
+    (bound,) = sess._bound.values()
+    assert bound.calls and len(bound.calls) == len(bound.index)
+    # new feed values at the same shape: the bound calls read the new feeds, not the first ones
+    feeds2 = random_feeds(model, dims, seed=1)
+    for w, g in zip(_allocator_outputs(model, feeds2, level), sess.run(None, feeds2), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+_choice = st.tuples(st.sampled_from(DAG_KINDS), st.integers(0, 1000), st.integers(0, 1000))
+
+
+@given(choices=st.lists(_choice, min_size=1, max_size=24), seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_dag_bound_runs_bit_identical(choices, seed: int) -> None:
+    model = random_dag_model(choices)
+    rng = np.random.default_rng(seed)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    for _ in range(2):  # feeds change between runs: steps reading feeds or view aliases re-read them
+        feeds = {k: rng.standard_normal((8, 8), dtype=np.float32) for k in ("x", "z")}
+        want = _allocator_outputs(model, feeds, 0)
+        for w, g in zip(want, sess.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, w)
+    assert len(sess._bound) == 1
+
+
+def test_run_keeps_no_reference_to_feeds(models) -> None:
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model)
+    sess.run(None, feeds)
+    (bound,) = sess._bound.values()
+    held = {id(v) for v in bound.vals}
+    assert not any(id(f) in held for f in feeds.values())
+    assert all(not isinstance(v, np.ndarray) or v.base is None or v.base is not f for v in bound.vals for f in feeds.values())  # fmt: skip
+
+
+@pytest.fixture
+def override():
+    """Register a cpu kernel for an op (highest priority) for one test; unregistered afterwards."""
+    added: list[tuple[str, object]] = []
+
+    def add(op: str, fn) -> None:
+        ops.register(op, device="cpu", priority=10_000)(fn)
+        added.append((op, fn))
+
+    yield add
+    for op, fn in added:
+        ops.unregister(op, device="cpu", kernel=fn)
+
+
+def _stock(op: str):
+    return next(e.fn for e in ops.kernels(op) if e.device == "cpu")
+
+
+def test_kernel_registered_after_the_session_is_used(models, override) -> None:
+    model, dims = models["mlp"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model)
+    want = sess.run(None, feeds)  # binds the calls
+    stock, seen = _stock("softmax"), []
+
+    def traced(x, *a, **k):
+        seen.append(x.shape)
+        return stock(x, *a, **k)
+
+    override("softmax", traced)
+    got = sess.run(None, feeds)
+    assert seen, "the kernel registered after the build was not called"
+    np.testing.assert_array_equal(got[0], want[0])
+    ops.unregister("softmax", device="cpu", kernel=traced)
+    seen.clear()
+    sess.run(None, feeds)
+    assert not seen  # unregistered: the stock kernel again
+
+
+@pytest.mark.parametrize(("name", "op", "node_re"), [("mlp", "softmax", r"node 'softmax' \(Softmax\)"), ("bert", "add", r"node '[^']+' \(Add\)")])  # fmt: skip
+def test_failing_kernel_raises_execution_error_naming_its_node(models, override, name, op, node_re) -> None:
+    model, dims = models[name]
+    feeds = random_feeds(model, dims)
+    level = 0 if op == "add" else 3  # level 0 keeps a plain Add node (the out= binary path)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=level))
+    want = sess.run(None, feeds)
+
+    def broken(*a, **k):
+        raise ValueError("kernel exploded")
+
+    override(op, broken)
+    with pytest.raises(ExecutionError, match=node_re + r".*ValueError: kernel exploded"):
+        sess.run(None, feeds)
+    ops.unregister(op, device="cpu", kernel=broken)
+    (bound,) = sess._bound.values()
+    assert not any(v is f for v in bound.vals for f in feeds.values())  # released after the failure
+    for w, g in zip(want, sess.run(None, feeds), strict=True):  # the session still runs
+        np.testing.assert_array_equal(g, w)
+
+
+def test_feed_checks_still_apply_after_a_shape_was_validated(models) -> None:
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model)
+    sess.run(None, feeds)
+    x = next(iter(feeds))
+    with pytest.raises(InvalidArgument, match=rf"input '{x}': expected dtype"):
+        sess.run(None, {**feeds, x: feeds[x].astype(np.float64)})
+    with pytest.raises(InvalidArgument, match="missing input"):
+        sess.run(None, {x: feeds[x]})
+    bad = {k: (v[:1] if k == x else v) for k, v in feeds.items()}  # batch disagrees between inputs
+    with pytest.raises(InvalidArgument, match="symbolic dim 'batch'"):
+        sess.run(None, bad)
+    proxy = types.MappingProxyType(feeds)  # not a dict: the full path, same outputs
+    for w, g in zip(sess.run(None, feeds), sess.run(None, proxy), strict=True):
+        np.testing.assert_array_equal(g, w)
+    other = random_feeds(model, {**dims, "seq": dims["seq"] + 2})  # a new shape: validated, then run
+    assert sess.run(None, other)[0].shape[1] == dims["seq"] + 2
+
+
+def test_kernel_removed_after_build_takes_the_audited_fallback_then_rebinds(models) -> None:
+    model, dims = models["bert"]
+    feeds = random_feeds(model, dims)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0, fallback_policy="allow"))
+    want = sess.run(None, feeds)
+    stock = [e for e in ops.kernels("add") if e.device == "cpu"]
+    add_cpu = stock[0].fn
+
+    def resolved(s) -> set:
+        (b,) = s._bound.values()
+        return {getattr(c, "func", None) for c in b.calls}
+
+    assert add_cpu in resolved(sess)  # the plain Adds call the native kernel directly
+    ops.unregister("add", device="cpu")
+    try:
+        ops.reset_fallback_report()
+        got = sess.run(None, feeds)  # rebound: no native kernel, so the public (audited) path
+        audited = [r for r in ops.fallback_report().records if r.op == "add" and r.device == "cpu"]
+        assert audited and audited[0].count > 0
+        assert add_cpu not in resolved(sess)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    finally:
+        for e in reversed(stock):
+            ops.register("add", device="cpu", dtypes=e.dtypes, priority=e.priority, dtype_arg=e.dtype_arg)(
+                e.fn
+            )
+    for w, g in zip(want, sess.run(None, feeds), strict=True):  # rebound to the native kernel again
+        np.testing.assert_array_equal(g, w)
+    assert add_cpu in resolved(sess)
