@@ -115,9 +115,9 @@ class ProcessGroup:
             store, self.rank, timeout, f"process group {gid} set-up (rank {self.rank})"
         )
         self._hier: Hierarchy | None = None
+        interval, hb_timeout = _heartbeat.settings()  # a bad setting raises before any thread starts
         self._worker = Worker(f"opstrata-comm-g{gid}")
         self._closed = False
-        interval, hb_timeout = _heartbeat.settings()
         if self.size > 1 and interval > 0:
             transport.heartbeat = _heartbeat.Heartbeat(
                 store,
