@@ -545,7 +545,7 @@ def tuned_selection(rank: int, world: int, cache_dirs: list[str], port: int) -> 
     return {"picks": picks, "ok": ok, "log": [m for m in records if "seq=" in m]}
 
 
-def stopped_peer(rank: int, world: int, victim: int) -> dict:
+def stopped_peer(rank: int, world: int, victim: int, algorithm: str = "ring") -> dict:
     """The victim SIGSTOPs itself mid all_reduce; survivors time their error, then one SIGKILLs the victim."""
     from opstrata import comm
     from opstrata.comm import _api
@@ -557,7 +557,7 @@ def stopped_peer(rank: int, world: int, victim: int) -> dict:
     t_stop = time.monotonic() + 0.5
     try:
         for _ in range(100000):
-            comm.all_reduce(x, algorithm="ring")
+            comm.all_reduce(x, algorithm=algorithm)
             x[:] = 1.0
     except comm.CommError as e:
         out = {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_stop}
@@ -570,6 +570,22 @@ def stopped_peer(rank: int, world: int, victim: int) -> dict:
         store.wait_count("hb_test/raised", world - 1, 30.0, what="stopped_peer")
         os.kill(group.transport.pids[victim], signal.SIGKILL)
     return out
+
+
+def multi_host_stopped(rank: int, world: int, hosts: list[str], port: int, victim: int) -> dict:
+    """``stopped_peer`` on a simulated multi-host tcp group running the hierarchical algorithm.
+
+    Only rank 0 keeps the short heartbeat timeout, so the diagnosis comes from its intra-host wait.
+    """
+    from opstrata import comm
+
+    if rank != 0:
+        os.environ["OPSTRATA_COMM_HEARTBEAT_TIMEOUT"] = "60"
+    _init_on_host(rank, world, hosts, port, timeout=300.0)
+    try:
+        return stopped_peer(rank, world, victim, "hierarchical")
+    finally:
+        comm.destroy_process_group()
 
 
 def slow_but_alive(rank: int, world: int, delay: float) -> dict:

@@ -10,7 +10,15 @@ import textwrap
 import time
 
 import pytest
-from _cases import desync, die_mid_all_reduce, late_peer, slow_but_alive, stopped_peer, timeout_with_dump
+from _cases import (
+    desync,
+    die_mid_all_reduce,
+    late_peer,
+    multi_host_stopped,
+    slow_but_alive,
+    stopped_peer,
+    timeout_with_dump,
+)
 
 from opstrata.comm.testing import free_port, run_ranks, shm_leftovers
 
@@ -100,6 +108,29 @@ def test_sigstop_peer_is_caught_by_heartbeat_not_the_timeout(backend: str) -> No
         assert "peer rank 1 sent no heartbeat" in v["msg"] and "all_reduce seq=" in v["msg"], v["msg"]
         assert "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
         assert 2.5 < v["after"] < 3.0 + 5.0, v
+    assert shm_leftovers(job) == []
+
+
+def test_sigstop_peer_caught_inside_the_hierarchical_intra_host_level() -> None:
+    job = f"hbh{os.getpid()}"
+    hosts = ["a", "a", "b", "b"]  # rank 1 stops: rank 0 waits on it over the per-host shm level
+    res = run_ranks(
+        multi_host_stopped,
+        4,
+        backend=None,
+        args=(hosts, free_port(), 1),
+        check=False,
+        env={"OPSTRATA_COMM_JOB_ID": job, **HB},
+        timeout=60,
+    )
+    assert res[1].exitcode == -9, (res[1].exitcode, res[1].error)
+    for r in (0, 2, 3):
+        v = res[r].value
+        assert res[r].ok and v["error"] == "CommPeerError", (r, res[r].error, v)
+        assert "rank 1 sent no heartbeat" in v["msg"] and "all_reduce seq=" in v["msg"], v["msg"]
+        assert v["after"] < 3.0 + 5.0, v
+    # rank 0 found it itself, waiting inside the per-host level (the others have a 60 s heartbeat timeout)
+    assert "[intra-host]: peer rank 1 sent no heartbeat" in res[0].value["msg"], res[0].value["msg"]
     assert shm_leftovers(job) == []
 
 

@@ -141,8 +141,8 @@ class Transport:
                     "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
                 )
 
-    def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
-        """Raise when another rank aborted the group, a peer's heartbeat stopped or a local peer process vanished."""
+    def check_heartbeat(self, what: str, waiting_on: Sequence[int]) -> None:
+        """Raise ``CommPeerError`` (and abort the group) when a peer's heartbeat has been silent too long."""
         if self.heartbeat is not None and self.aborted is None:
             quiet = self.heartbeat.silent()
             if quiet is not None:
@@ -156,6 +156,10 @@ class Transport:
                 )
                 self.abort(err, origin=peer)
                 raise err
+
+    def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
+        """Raise when another rank aborted the group, a peer's heartbeat stopped or a local peer process vanished."""
+        self.check_heartbeat(what, waiting_on)
         got = self._read_abort(force)
         if got is not None:
             code, origin, reporter = got
