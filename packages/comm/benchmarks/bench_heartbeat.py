@@ -40,7 +40,7 @@ def _rank(rank: int, world: int, sizes: list[int], iters: int, rounds: int) -> d
 
     times: dict[str, list[float]] = {}
     for n in sizes:
-        x = np.ones(n // 4, np.float32)
+        x = np.zeros(n // 4, np.float32)  # stays finite however many calls
         for r in range(rounds):
             for on in (True, False) if r % 2 == 0 else (False, True):
                 set_heartbeat(on)
