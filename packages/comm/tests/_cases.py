@@ -543,3 +543,77 @@ def tuned_selection(rank: int, world: int, cache_dirs: list[str], port: int) -> 
     finally:
         comm.destroy_process_group()
     return {"picks": picks, "ok": ok, "log": [m for m in records if "seq=" in m]}
+
+
+def stopped_peer(rank: int, world: int, victim: int, algorithm: str = "ring") -> dict:
+    """The victim SIGSTOPs itself mid all_reduce; survivors time their error, then one SIGKILLs the victim."""
+    from opstrata import comm
+    from opstrata.comm import _api
+
+    x = np.ones(200000, np.float32)
+    comm.barrier()
+    if rank == victim:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+    t_stop = time.monotonic() + 0.5
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x, algorithm=algorithm)
+            x[:] = 1.0
+    except comm.CommError as e:
+        out = {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_stop}
+    else:
+        return {"error": None}
+    store, group = _api._S.store, _api._S.default
+    assert store is not None and group is not None
+    store.add("hb_test/raised", 1)
+    if rank == min(set(range(world)) - {victim}):  # every survivor raised: now the frozen rank may go
+        store.wait_count("hb_test/raised", world - 1, 30.0, what="stopped_peer")
+        os.kill(group.transport.pids[victim], signal.SIGKILL)
+    return out
+
+
+def multi_host_stopped(rank: int, world: int, hosts: list[str], port: int, victim: int) -> dict:
+    """``stopped_peer`` on a simulated multi-host tcp group running the hierarchical algorithm.
+
+    Only rank 0 keeps the short heartbeat timeout, so the diagnosis comes from its intra-host wait.
+    """
+    from opstrata import comm
+
+    if rank != 0:
+        os.environ["OPSTRATA_COMM_HEARTBEAT_TIMEOUT"] = "60"
+    _init_on_host(rank, world, hosts, port, timeout=300.0)
+    try:
+        return stopped_peer(rank, world, victim, "hierarchical")
+    finally:
+        comm.destroy_process_group()
+
+
+def slow_but_alive(rank: int, world: int, delay: float) -> dict:
+    """Rank 1 sleeps past the heartbeat timeout before joining (its heartbeat thread keeps beating)."""
+    from opstrata import comm
+
+    x = np.full(1000, float(rank + 1), np.float32)
+    if rank == 1:
+        time.sleep(delay)
+    t0 = time.monotonic()
+    comm.all_reduce(x)
+    waited = time.monotonic() - t0
+    comm.destroy_process_group()
+    left = [t.name for t in threading.enumerate() if t.name.startswith("opstrata-comm")]
+    return {"sum": float(x[0]), "waited": waited, "threads": left}
+
+
+def timeout_with_dump(rank: int, world: int, before: int) -> dict:
+    """``before`` barriers, then rank 1 sleeps past rank 0's timeout: rank 0's error names the dump file."""
+    from opstrata import comm
+
+    for _ in range(before):
+        comm.barrier()
+    if rank == 1:
+        time.sleep(3.0)
+        return {"error": None}
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+    except comm.CommError as e:
+        return {"error": type(e).__name__, "msg": str(e)}
+    return {"error": None}

@@ -17,7 +17,7 @@ def _last(name: str) -> str:
     from opstrata.comm import _api
 
     assert _api._S.default is not None
-    return _api._S.default.recorder[-1]
+    return str(_api._S.default.recorder[-1])
 
 
 def reference(world: int, n: int, dtype: np.dtype, op: str, seed: int = 0) -> np.ndarray:

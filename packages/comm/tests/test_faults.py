@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,15 @@ import textwrap
 import time
 
 import pytest
-from _cases import desync, die_mid_all_reduce, late_peer
+from _cases import (
+    desync,
+    die_mid_all_reduce,
+    late_peer,
+    multi_host_stopped,
+    slow_but_alive,
+    stopped_peer,
+    timeout_with_dump,
+)
 
 from opstrata.comm.testing import free_port, run_ranks, shm_leftovers
 
@@ -71,6 +80,127 @@ def test_timeout_names_collective_seq_and_peer(backend: str) -> None:
     assert "last collectives of group" in dump and "barrier seq=0" in dump and "all_reduce seq=1" in dump, (
         dump
     )
+    assert "flight recorder (2 entries) written to " in v["msg"], v["msg"]
+
+
+HB = {"OPSTRATA_COMM_HEARTBEAT_INTERVAL": "0.5", "OPSTRATA_COMM_HEARTBEAT_TIMEOUT": "3"}
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_sigstop_peer_is_caught_by_heartbeat_not_the_timeout(backend: str) -> None:
+    job = f"hb{backend}{os.getpid()}"
+    t0 = time.monotonic()
+    res = run_ranks(
+        stopped_peer,
+        3,
+        backend=backend,
+        args=(1,),
+        check=False,
+        comm_timeout=300.0,  # only the heartbeat can explain the stopped rank in time
+        env={"OPSTRATA_COMM_JOB_ID": job, **HB},
+        timeout=60,
+    )
+    assert time.monotonic() - t0 < 45
+    assert res[1].exitcode == -9, (res[1].exitcode, res[1].error)
+    for r in (0, 2):
+        v = res[r].value
+        assert res[r].ok and v["error"] == "CommPeerError", (res[r].error, v)
+        assert "peer rank 1 sent no heartbeat" in v["msg"] and "all_reduce seq=" in v["msg"], v["msg"]
+        assert "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
+        assert 2.5 < v["after"] < 3.0 + 5.0, v
+    assert shm_leftovers(job) == []
+
+
+def test_sigstop_peer_caught_inside_the_hierarchical_intra_host_level() -> None:
+    job = f"hbh{os.getpid()}"
+    hosts = ["a", "a", "b", "b"]  # rank 1 stops: rank 0 waits on it over the per-host shm level
+    res = run_ranks(
+        multi_host_stopped,
+        4,
+        backend=None,
+        args=(hosts, free_port(), 1),
+        check=False,
+        env={"OPSTRATA_COMM_JOB_ID": job, **HB},
+        timeout=60,
+    )
+    assert res[1].exitcode == -9, (res[1].exitcode, res[1].error)
+    for r in (0, 2, 3):
+        v = res[r].value
+        assert res[r].ok and v["error"] == "CommPeerError", (r, res[r].error, v)
+        assert "rank 1 sent no heartbeat" in v["msg"] and "all_reduce seq=" in v["msg"], v["msg"]
+        assert v["after"] < 3.0 + 5.0, v
+    # rank 0 found it itself, waiting inside the per-host level (the others have a 60 s heartbeat timeout)
+    assert "[intra-host]: peer rank 1 sent no heartbeat" in res[0].value["msg"], res[0].value["msg"]
+    assert shm_leftovers(job) == []
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_slow_but_alive_peer_is_not_declared_dead(backend: str) -> None:
+    job = f"hs{backend}{os.getpid()}"
+    env = {"OPSTRATA_COMM_JOB_ID": job, "OPSTRATA_COMM_HEARTBEAT_INTERVAL": "0.25"}
+    env["OPSTRATA_COMM_HEARTBEAT_TIMEOUT"] = "1.5"
+    res = run_ranks(slow_but_alive, 2, backend=backend, args=(4.0,), comm_timeout=60.0, env=env, timeout=60)
+    assert [r.value["sum"] for r in res] == [3.0, 3.0]
+    assert res[0].value["waited"] > 3.0  # rank 0 really waited past the heartbeat timeout
+    assert [r.value["threads"] for r in res] == [[], []]  # destroy_process_group ended worker + heartbeat
+    assert shm_leftovers(job) == []
+
+
+def test_bad_heartbeat_settings_are_rejected(monkeypatch) -> None:
+    from opstrata.comm import _heartbeat
+
+    monkeypatch.setenv("OPSTRATA_COMM_HEARTBEAT_INTERVAL", "2")
+    monkeypatch.setenv("OPSTRATA_COMM_HEARTBEAT_TIMEOUT", "3")
+    with pytest.raises(ValueError, match="must exceed twice OPSTRATA_COMM_HEARTBEAT_INTERVAL"):
+        _heartbeat.settings()
+    monkeypatch.setenv("OPSTRATA_COMM_HEARTBEAT_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="OPSTRATA_COMM_HEARTBEAT_TIMEOUT='soon'"):
+        _heartbeat.settings()
+    monkeypatch.setenv("OPSTRATA_COMM_HEARTBEAT_INTERVAL", "0")  # 0 switches the heartbeat off
+    monkeypatch.setenv("OPSTRATA_COMM_HEARTBEAT_TIMEOUT", "1")
+    assert _heartbeat.settings() == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_timeout_writes_the_whole_flight_recorder_to_a_file(tmp_path, backend: str) -> None:
+    job = f"fr{backend}{os.getpid()}"
+    env = {
+        "OPSTRATA_COMM_JOB_ID": job,
+        "OPSTRATA_COMM_DUMP_DIR": str(tmp_path),
+        "OPSTRATA_COMM_FLIGHT_RECORDER_SIZE": "5",
+    }
+    res = run_ranks(timeout_with_dump, 2, backend=backend, args=(7,), check=False, comm_timeout=1.0, env=env)
+    v = res[0].value
+    assert v["error"] == "CommTimeoutError", (res[0].error, v)
+    path = tmp_path / f"flight-{job}-g0-rank0.json"
+    assert f"flight recorder (5 entries) written to {path}" in v["msg"], v["msg"]
+    doc = json.loads(path.read_text())
+    assert (doc["job"], doc["group"], doc["rank"], doc["capacity"]) == (job, 0, 0, 5)
+    entries = doc["entries"]
+    # the 5 newest of 8 collectives: barriers seq 3..6 done, then the all_reduce that timed out
+    assert [(e["op"], e["seq"], e["state"]) for e in entries] == [
+        *[("barrier", s, "done") for s in range(3, 7)],
+        ("all_reduce", 7, "failed"),
+    ]
+    last = entries[-1]
+    assert last["desc"] == "op=sum dtype=float32 shape=[4] det=False" and last["nbytes"] == 16
+    assert last["algorithm"] and last["error"].startswith("CommTimeoutError: all_reduce seq=7")
+    assert all(e["start"] <= e["end"] for e in entries) and all(e["ms"] >= 0 for e in entries[:-1])
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # written via temp + rename
+    assert shm_leftovers(job) == []
+
+
+def test_flight_recorder_size_must_be_positive(monkeypatch) -> None:
+    from opstrata.comm._flight import FlightRecorder
+
+    monkeypatch.setenv("OPSTRATA_COMM_FLIGHT_RECORDER_SIZE", "0")
+    with pytest.raises(ValueError, match="OPSTRATA_COMM_FLIGHT_RECORDER_SIZE='0'"):
+        FlightRecorder()
+    monkeypatch.setenv("OPSTRATA_COMM_FLIGHT_RECORDER_SIZE", "3")
+    rec = FlightRecorder()
+    for s in range(5):
+        rec.start("barrier", s, "", 0, "direct")
+    assert [e.seq for e in rec] == [2, 3, 4]
 
 
 SCRIPT = textwrap.dedent(

@@ -145,6 +145,7 @@ def init_process_group(
             backend=backend,
             timeout=t,
             deterministic=deterministic,
+            job=_S.job,
         )
         _S.groups.append(_S.default)
         _tensor_parallel.install(_S.default)  # graph AllReduce nodes now reduce across these processes
@@ -310,6 +311,7 @@ def new_group(
         backend=b,
         timeout=t,
         deterministic=d.deterministic if deterministic is None else deterministic,
+        job=_S.job,
     )
     _S.groups.append(g)
     return g

@@ -17,9 +17,10 @@ import numpy as np
 
 from opstrata import ops
 
-from . import _algorithms as alg, _double_tree, _tuning
+from . import _algorithms as alg, _double_tree, _heartbeat, _tuning
 from ._algorithms import Blocks, Ctx
 from ._errors import CommDesyncError, CommError
+from ._flight import FlightRecorder
 from ._hierarchical import Hierarchy, Topology
 from ._store import Store
 from ._transport import Transport
@@ -28,6 +29,7 @@ from ._work import Work, Worker
 log = logging.getLogger("opstrata.comm")
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 _HDR_BYTES = 256
+_SHOWN = 12  # flight-recorder entries repeated in the log / error text (the file holds them all)
 
 
 def _fn(op: str) -> Callable[[np.ndarray, np.ndarray], object]:
@@ -98,22 +100,33 @@ class ProcessGroup:
         backend: str,
         timeout: float,
         deterministic: bool = False,
+        job: str = "",
     ) -> None:
         self.gid, self.ranks, self.global_rank = gid, ranks, global_rank
         self.rank, self.size = ranks.index(global_rank), len(ranks)
         self.transport, self.store, self.backend = transport, store, backend
-        self.timeout, self.deterministic = timeout, deterministic
+        self.timeout, self.deterministic, self.job = timeout, deterministic, job
         self.seq = 0
         self._p2p_send: dict[int, int] = collections.defaultdict(int)
         self._p2p_recv: dict[int, int] = collections.defaultdict(int)
-        self.recorder: collections.deque[str] = collections.deque(maxlen=256)
+        self.recorder = FlightRecorder()
         self.topology = Topology(transport.hosts, self.rank)
         self.tuned = _tuning.shared_table(
             store, self.rank, timeout, f"process group {gid} set-up (rank {self.rank})"
         )
         self._hier: Hierarchy | None = None
+        interval, hb_timeout = _heartbeat.settings()  # a bad setting raises before any thread starts
         self._worker = Worker(f"opstrata-comm-g{gid}")
         self._closed = False
+        if self.size > 1 and interval > 0:
+            transport.heartbeat = _heartbeat.Heartbeat(
+                store,
+                self.rank,
+                self.size,
+                interval=interval,
+                timeout=hb_timeout,
+                name=f"opstrata-comm-hb-g{gid}",
+            )
 
     def __repr__(self) -> str:
         return f"ProcessGroup(gid={self.gid}, backend={self.backend!r}, ranks={self.ranks}, rank={self.rank})"
@@ -168,24 +181,18 @@ class ProcessGroup:
         def task() -> None:
             t0 = time.perf_counter()
             c = Ctx(self.transport, what, time.monotonic() + self.timeout)
-            self.recorder.append(f"{header} started")
+            entry = self.recorder.start(name, seq, desc, nbytes, algo)
             try:
                 if check and self.size > 1:
                     self._check_header(c, header)
                 note = body(c)
             except CommError as e:
-                self.recorder.append(f"{header} failed: {type(e).__name__}")
-                self.transport.abort(e, origin=self.rank)
-                log.error(  # the flight recorder: what this rank did just before the failure
-                    "[opstrata.comm rank %d] %s\n  last collectives of group %d:\n    %s",
-                    self.global_rank,
-                    e,
-                    self.gid,
-                    "\n    ".join(list(self.recorder)[-12:]),
-                )
+                entry.state, entry.end, entry.error = "failed", time.time(), f"{type(e).__name__}: {e}"
+                self.transport.abort(e, origin=self.rank)  # peers first: they stop waiting on us
+                self._dump(e)
                 raise
             ms = (time.perf_counter() - t0) * 1e3
-            self.recorder.append(f"{header} done {ms:.3f}ms")
+            entry.state, entry.end, entry.ms = "done", time.time(), ms
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "[opstrata.comm rank %d] %s seq=%d algo=%s bytes=%d world=%d backend=%s time=%.3fms why=%s%s",
@@ -207,6 +214,26 @@ class ProcessGroup:
         # each queued collective bounds its own waits by the timeout: budget for the whole backlog
         work.wait(self._worker.pending * self.timeout + 5.0)
         return None
+
+    def _dump(self, e: CommError) -> None:
+        """Write the flight recorder to a file, log its path and last entries, and name the path in ``e``."""
+        try:
+            path = self.recorder.dump(job=self.job, gid=self.gid, rank=self.global_rank, error=str(e))
+            where = f"flight recorder ({len(self.recorder)} entries) written to {path}"
+        except OSError as err:  # an unwritable dump dir must not hide the real error
+            where = (
+                f"flight recorder could not be written ({err}); set OPSTRATA_COMM_DUMP_DIR to a writable dir"
+            )
+        log.error(  # what this rank did just before the failure
+            "[opstrata.comm rank %d] %s\n  %s\n  last collectives of group %d:\n    %s",
+            self.global_rank,
+            e,
+            where,
+            self.gid,
+            "\n    ".join(str(x) for x in list(self.recorder)[-_SHOWN:]),
+        )
+        if e.args and isinstance(e.args[0], str) and where not in e.args[0]:
+            e.args = (f"{e.args[0]}\n  {where}", *e.args[1:])
 
     def _check_header(self, c: Ctx, header: str) -> None:
         mine = np.zeros(_HDR_BYTES, np.uint8)
@@ -480,6 +507,8 @@ class ProcessGroup:
             return
         self._closed = True
         self._worker.stop(self.timeout)
+        if self.transport.heartbeat is not None:
+            self.transport.heartbeat.stop()
         if self._hier is not None:
             self._hier.close()
         self.transport.close()

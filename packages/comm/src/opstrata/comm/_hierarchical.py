@@ -11,6 +11,7 @@ first hierarchical call of a group (every rank makes that call, so its rendezvou
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -47,6 +48,13 @@ class _HostShm(ShmTransport):
     """Shared-memory transport of one host's ranks that also notices aborts raised over the group store."""
 
     name = "shm (host)"
+    outer: Transport | None = None  # the group's transport: its heartbeat watches this host's ranks too
+    members: tuple[int, ...] = ()  # group rank of each local rank
+
+    def check_heartbeat(self, what: str, waiting_on: Sequence[int]) -> None:
+        """The group's heartbeat check, with this host's waited-on ranks named as group ranks."""
+        if self.outer is not None:
+            self.outer.check_heartbeat(what, [self.members[p] for p in waiting_on])
 
     def _read_abort(self, force: bool = False) -> tuple[int, int, int] | None:
         return super()._read_abort(force) or Transport._read_abort(self, force)
@@ -93,6 +101,7 @@ class Hierarchy:
                     prefix=f"opst_{job}_g{gid}h{self.topo.host}",
                     timeout=timeout,
                 )
+                self.link.outer, self.link.members = transport, tuple(local)
 
     def close(self) -> None:
         """Release the per-host transport."""

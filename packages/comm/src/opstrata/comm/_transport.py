@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._errors import ABORT_CODES, CODE_OF, CommError, CommPeerError, CommTimeoutError
+from ._heartbeat import Heartbeat
 from ._store import Store
 
 #: ``fn(out, incoming)`` reduces ``incoming`` into ``out`` in place; None means copy.
@@ -76,6 +77,7 @@ class Transport:
         self.local = [h == hosts[rank] for h in hosts]
         self._last_store_poll = 0.0
         self.aborted: CommError | None = None
+        self.heartbeat: Heartbeat | None = None  # set by the ProcessGroup; checked while blocked
 
     # -- subclass hooks -------------------------------------------------------------------------------------
     def _progress(self, ops: list[Op]) -> bool:
@@ -139,8 +141,25 @@ class Transport:
                     "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
                 )
 
+    def check_heartbeat(self, what: str, waiting_on: Sequence[int]) -> None:
+        """Raise ``CommPeerError`` (and abort the group) when a peer's heartbeat has been silent too long."""
+        if self.heartbeat is not None and self.aborted is None:
+            quiet = self.heartbeat.silent()
+            if quiet is not None:
+                peer, secs = quiet
+                err = CommPeerError(
+                    f"{what}: peer rank {peer} sent no heartbeat for {secs:.1f}s (limit "
+                    f"OPSTRATA_COMM_HEARTBEAT_TIMEOUT={self.heartbeat.timeout:g}s); rank {self.rank} was waiting "
+                    f"on ranks {sorted(set(waiting_on))}. The peer is frozen (stopped, swapped out, holding the "
+                    "GIL) or its host died without closing its sockets: check rank "
+                    f"{peer}'s process and host, or raise OPSTRATA_COMM_HEARTBEAT_TIMEOUT if it is just busy"
+                )
+                self.abort(err, origin=peer)
+                raise err
+
     def check_health(self, what: str, waiting_on: Sequence[int], force: bool = False) -> None:
-        """Raise when another rank aborted the group or a local peer process vanished."""
+        """Raise when another rank aborted the group, a peer's heartbeat stopped or a local peer process vanished."""
+        self.check_heartbeat(what, waiting_on)
         got = self._read_abort(force)
         if got is not None:
             code, origin, reporter = got
