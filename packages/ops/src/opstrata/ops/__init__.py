@@ -112,6 +112,15 @@ from ._fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_r
 from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
 from ._loss import cross_entropy as cross_entropy
 from ._matmul import gemm as gemm, linear as linear, matmul as matmul
+from ._native import (
+    NativeBuildError as NativeBuildError,
+    NativeBuildWarning as NativeBuildWarning,
+    NativeStatus as NativeStatus,
+    native_cache_dir as native_cache_dir,
+    native_status as native_status,
+    reset_native_stats as reset_native_stats,
+)
+from ._native_ops import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
 from ._normalization import batch_norm as batch_norm, layer_norm as layer_norm, rms_norm as rms_norm
 from ._optim import adamw_step as adamw_step
 from ._pool import avg_pool2d as avg_pool2d, global_avg_pool as global_avg_pool, max_pool2d as max_pool2d
@@ -161,6 +170,9 @@ __all__ = [
     "FallbackReport",
     "FallbackWarning",
     "KernelEntry",
+    "NativeBuildError",
+    "NativeBuildWarning",
+    "NativeStatus",
     "NoKernelError",
     "OpError",
     "Tunable",
@@ -248,6 +260,8 @@ __all__ = [
     "mean",
     "min",
     "mul",
+    "native_cache_dir",
+    "native_status",
     "neg",
     "pow",
     "register",
@@ -256,6 +270,7 @@ __all__ = [
     "relu",
     "reset_autotune_stats",
     "reset_fallback_report",
+    "reset_native_stats",
     "reshape",
     "resolve_kernel",
     "result_dtype",

@@ -1,0 +1,122 @@
+"""cpu kernels backed by the native library (:mod:`._native`): exact GELU, bias + GELU, layer norm in float32.
+
+Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
+loops cover -- C-contiguous float32 rows, a bias / weight of one row, ``out`` the input itself or not
+overlapping it -- and hands the rest (other activations, a residual, strided views, broadcasting) to the
+numpy kernel of the same device, counting both paths in :func:`opstrata.ops.native_status`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._activation import _check_approximate, gelu_cpu
+from ._elementwise import nd
+from ._fused import bias_act_cpu
+from ._native import count, library
+from ._normalization import _trailing, layer_norm_cpu
+from ._registry import register
+
+_F32 = np.dtype(np.float32)
+
+
+def _rows_f32(a: np.ndarray) -> bool:
+    return a.dtype == _F32 and a.flags.c_contiguous and a.ndim >= 1
+
+
+def _row_vector(v: Any, n: int, *, broadcast: bool = False) -> np.ndarray | bool | None:
+    """``v`` as n contiguous float32 values (None stays None); False when the C loop cannot take it.
+
+    ``broadcast``: v broadcasts against rows of n (its last dim must then be n, e.g. ``(1, n)``).
+    """
+    if v is None:
+        return None
+    v = nd(v)
+    if v.dtype != _F32 or v.size != n or not v.flags.c_contiguous or (broadcast and v.shape[-1:] != (n,)):
+        return False
+    return v
+
+
+def _writable_out(out: np.ndarray | None, x: np.ndarray) -> bool:
+    """out is None, or a C-contiguous float32 array of x's shape that is x itself or disjoint from it."""
+    if out is None:
+        return True
+    if out.dtype != _F32 or out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
+        return False
+    return out.ctypes.data == x.ctypes.data or not np.shares_memory(out, x)
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+@register("gelu", device="cpu", dtypes=[np.float32], priority=1)
+def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
+    """Exact GELU in one C loop (Eigen's rational erf, ~1e-6 absolute); the tanh form runs on numpy."""
+    _check_approximate(approximate)
+    x = nd(x)
+    lib = library() if approximate == "none" and _rows_f32(x) and x.size else None
+    if lib is None:
+        count("gelu", "numpy")
+        return gelu_cpu(x, approximate=approximate)
+    out = np.empty(x.shape, _F32)
+    lib.opstrata_bias_gelu_f32(x.ctypes.data, None, out.ctypes.data, 1, x.size)
+    count("gelu", "native")
+    return out
+
+
+@register("bias_act", device="cpu", dtypes=[np.float32], priority=1)
+def bias_act_native(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
+) -> np.ndarray:
+    """``gelu(x + bias)`` over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
+    x = nd(x)
+    cols = x.shape[-1] if x.ndim else 1
+    b = _row_vector(bias, cols, broadcast=True) if x.ndim else False
+    fits = act == "gelu" and residual is None and _rows_f32(x) and x.size and b is not False
+    lib = library() if fits and _writable_out(out, x) else None
+    if lib is None:
+        count("bias_act", "numpy")
+        return bias_act_cpu(x, bias, residual, act=act, out=out)
+    if out is None:
+        out = np.empty(x.shape, _F32)
+    lib.opstrata_bias_gelu_f32(x.ctypes.data, _ptr(b), out.ctypes.data, x.size // cols, cols)  # type: ignore[arg-type]
+    count("bias_act", "native")
+    return out
+
+
+@register("layer_norm", device="cpu", dtypes=[np.float32], priority=1)
+def layer_norm_native(
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    axis: int = -1,
+    eps: float = 1e-5,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Layer norm over the trailing dims in one C routine per row set (two-pass variance, float32)."""
+    xa, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
+    n = math.prod(xa.shape[a:])
+    wv, bv = _row_vector(w, n), _row_vector(b, n)
+    fits = _rows_f32(xa) and xa.size and wv is not False and bv is not False
+    lib = library() if fits and _writable_out(out, xa) else None
+    if lib is None:
+        count("layer_norm", "numpy")
+        return layer_norm_cpu(x, weight, bias, axis=axis, eps=eps, out=out)
+    if out is None:
+        out = np.empty(xa.shape, _F32)
+    lib.opstrata_layer_norm_f32(
+        xa.ctypes.data,
+        _ptr(wv),
+        _ptr(bv),
+        out.ctypes.data,
+        xa.size // n,
+        n,
+        float(eps),  # type: ignore[arg-type]
+    )
+    count("layer_norm", "native")
+    return out

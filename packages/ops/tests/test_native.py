@@ -1,0 +1,339 @@
+"""Native kernels: the C library's GELU / bias+GELU / layer norm against float64 references (shapes by
+hypothesis, IEEE specials, in place), what is handed to numpy, the numpy kernels they replace, and the
+build's failure modes (no compiler, a failing compiler, a corrupted cached library, a bad mode)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import opstrata.ops as ops
+from opstrata.ops import _native
+from opstrata.ops._activation import gelu_cpu
+from opstrata.ops._fused import bias_act_cpu
+from opstrata.ops._normalization import layer_norm_cpu
+from opstrata.ops.testing import TOLERANCES, assert_close
+
+pytestmark = pytest.mark.skipif(
+    shutil.which((os.environ.get("CC") or "cc").split()[0]) is None, reason="no C compiler on this machine"
+)
+RTOL, ATOL = TOLERANCES[np.dtype(np.float32)]
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu64(h: np.ndarray) -> np.ndarray:
+    """Exact GELU computed in float64, rounded to float32 (the kernels' dtype)."""
+    h = h.astype(np.float64)
+    return (h * 0.5 * (1.0 + _erf(h / math.sqrt(2.0)))).astype(np.float32)
+
+
+def layer_norm64(x: np.ndarray, w: Any, b: Any, eps: float, axis: int = -1) -> np.ndarray:
+    """Layer norm computed in float64, rounded to float32."""
+    x = x.astype(np.float64)
+    dims = tuple(range(axis % x.ndim, x.ndim))
+    mu = x.mean(axis=dims, keepdims=True)
+    y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=dims, keepdims=True) + eps)
+    return (y * (1 if w is None else w) + (0 if b is None else b)).astype(np.float32)
+
+
+def rnd(shape: tuple[int, ...], seed: int, scale: float = 2.0, shift: float = 0.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale + shift).astype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def native_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from the default mode with zeroed call counts."""
+    monkeypatch.delenv(_native.ENV_MODE, raising=False)
+    ops.reset_native_stats()
+
+
+def calls(op: str) -> dict[str, int]:
+    return ops.native_status().calls.get(op, {"native": 0, "numpy": 0})
+
+
+# --------------------------------------------------------------------------- the library
+
+
+def test_library_builds_loads_and_reports_itself() -> None:
+    out = ops.gelu(rnd((4, 33), 0))
+    st_ = ops.native_status()
+    assert st_.mode == "auto" and st_.available is True and st_.reason == ""
+    assert st_.library is not None and Path(st_.library).is_file()
+    assert Path(st_.library).parent == ops.native_cache_dir()
+    assert st_.calls["gelu"] == {"native": 1, "numpy": 0}
+    assert out.dtype == np.float32 and out.shape == (4, 33)
+    leftovers = [p.name for p in ops.native_cache_dir().iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+# --------------------------------------------------------------------------- gelu / bias_act
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 70), min_size=1, max_size=3).map(tuple),
+    scale=st.sampled_from([0.1, 2.0, 6.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_gelu_native_matches_float64(shape: tuple[int, ...], scale: float, seed: int) -> None:
+    x = rnd(shape, seed, scale)
+    got = ops.gelu(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert_close(got, gelu64(x), rtol=RTOL, atol=ATOL)
+    assert calls("gelu")["native"] >= 1
+
+
+def test_gelu_native_ieee_specials() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 12.0, -12.0, 1e30, -1e30, 3.9, -3.9], np.float32)
+    got = ops.gelu(x)
+    assert np.isnan(got[0]) and got[1] == np.inf and np.isnan(got[2])  # -inf * 0: as numpy's x * Phi(x)
+    np.testing.assert_array_equal(got[3:5], [0.0, 0.0])
+    assert got[5] == np.float32(12.0) and got[6] == 0.0
+    assert got[7] == np.float32(1e30) and got[8] == 0.0
+    assert_close(got[9:], gelu64(x[9:]), rtol=RTOL, atol=ATOL)
+    assert calls("gelu") == {"native": 1, "numpy": 0}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 90),
+    bias_shape=st.sampled_from(["none", "row", "2d"]),
+    where=st.sampled_from(["fresh", "out", "in_place"]),
+    seed=st.integers(0, 2**16),
+)
+def test_bias_gelu_native_matches_float64(
+    rows: int, cols: int, bias_shape: str, where: str, seed: int
+) -> None:
+    x = rnd((rows, cols), seed)
+    bias = None if bias_shape == "none" else rnd((cols,) if bias_shape == "row" else (1, cols), seed + 1)
+    expected = gelu64(x + (0 if bias is None else bias))
+    before = calls("bias_act")["native"]
+    if where == "fresh":
+        got = ops.bias_act(x, bias, act="gelu")
+    elif where == "out":
+        out = np.full_like(x, np.nan)
+        got = ops.bias_act(x, bias, act="gelu", out=out)
+        assert got is out
+    else:  # the GEMM epilogue: out is x itself
+        got = ops.call("bias_act", x, bias, act="gelu", out=x)
+        assert got is x
+    assert_close(got, expected, rtol=RTOL, atol=ATOL)
+    assert calls("bias_act")["native"] == before + 1
+
+
+def test_bias_gelu_native_agrees_with_gelu_of_the_sum() -> None:
+    x, b = rnd((37, 129), 3), rnd((129,), 4)
+    np.testing.assert_array_equal(ops.bias_act(x, b, act="gelu"), ops.gelu(x + b))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["residual", "relu", "gelu_tanh", "strided", "broadcast_bias", "float64"],
+)
+def test_cases_outside_the_c_loop_run_on_numpy_correctly(case: str) -> None:
+    x, b = rnd((6, 16), 5), rnd((16,), 6)
+    act, residual, out, expect_numpy = "gelu", None, None, True  # out: None throughout
+    if case == "residual":
+        residual = rnd((6, 16), 7)
+    elif case in ("relu", "gelu_tanh"):
+        act = case
+    elif case == "strided":
+        x = rnd((6, 32), 5)[:, ::2]
+    elif case == "broadcast_bias":
+        b = rnd((6, 1), 6)
+    elif case == "float64":
+        x, b, expect_numpy = x.astype(np.float64), b.astype(np.float64), False  # never reaches native
+    expected = ops.bias_act(x, b, residual, act=act, device="ref")
+    got = ops.call("bias_act", x, b, residual, act=act, out=out)
+    assert_close(got, expected, rtol=RTOL, atol=ATOL)
+    assert calls("bias_act") == {"native": 0, "numpy": 1 if expect_numpy else 0}
+
+
+def test_out_the_c_loop_cannot_write_is_refused() -> None:
+    from opstrata.ops._native_ops import _writable_out
+
+    big = rnd((7, 16), 5)
+    x = big[:6]
+    assert _writable_out(None, x) and _writable_out(x, x) and _writable_out(np.empty_like(x), x)
+    assert not _writable_out(big[1:], x)  # partial overlap: the row loop would read what it wrote
+    assert not _writable_out(np.empty((6, 16), np.float64), x)
+    assert not _writable_out(np.empty((16, 6), np.float32).T, x)
+    ro = np.empty_like(x)
+    ro.flags.writeable = False
+    assert not _writable_out(ro, x)
+
+
+def test_gelu_tanh_and_low_precision_stay_on_numpy() -> None:
+    x = rnd((5, 9), 8)
+    assert_close(
+        ops.gelu(x, approximate="tanh"), ops.gelu(x, approximate="tanh", device="ref"), rtol=RTOL, atol=ATOL
+    )
+    ops.gelu(x.astype(ops.bfloat16))
+    assert calls("gelu") == {"native": 0, "numpy": 1}
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 33),
+    n=st.integers(1, 300),
+    affine=st.sampled_from(["both", "weight", "bias", "none"]),
+    shift=st.sampled_from([0.0, 1e4]),
+    in_place=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_native_matches_float64(
+    rows: int, n: int, affine: str, shift: float, in_place: bool, seed: int
+) -> None:
+    x = rnd((rows, n), seed, 3.0, shift)
+    w = rnd((n,), seed + 1) if affine in ("both", "weight") else None
+    b = rnd((n,), seed + 2) if affine in ("both", "bias") else None
+    expected = layer_norm64(x, w, b, 1e-5)
+    before = calls("layer_norm")
+    got = ops.call("layer_norm", x, w, b, eps=1e-5, out=x if in_place else None)
+    if in_place:
+        assert got is x
+    # a shift of 1e4 leaves ~1e-3 of float32 resolution in x itself: the reference sees the rounded x too
+    assert_close(got, expected, rtol=RTOL * 4, atol=ATOL * (40 if shift else 4))
+    assert calls("layer_norm") == {"native": before["native"] + 1, "numpy": before["numpy"]}
+
+
+def test_layer_norm_native_trailing_dims_constant_rows_and_eps() -> None:
+    x = rnd((3, 4, 5, 6), 9)
+    w, b = rnd((5, 6), 10), rnd((5, 6), 11)
+    assert_close(ops.layer_norm(x, w, b, axis=-2), layer_norm64(x, w, b, 1e-5, axis=-2), rtol=RTOL, atol=ATOL)
+    const = np.full((2, 40), 7.0, np.float32)
+    np.testing.assert_array_equal(
+        ops.layer_norm(const, None, np.ones(40, np.float32), eps=0.5), np.ones((2, 40))
+    )
+    got = ops.layer_norm(rnd((2, 50), 12), eps=10.0)
+    assert_close(got, layer_norm64(rnd((2, 50), 12), None, None, 10.0), rtol=RTOL, atol=ATOL)
+    assert calls("layer_norm") == {"native": 3, "numpy": 0}
+
+
+def test_layer_norm_nan_row_stays_in_its_row() -> None:
+    x = rnd((3, 20), 13)
+    x[1, 4] = np.nan
+    got = ops.layer_norm(x)
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+    assert_close(got[[0, 2]], layer_norm64(x[[0, 2]], None, None, 1e-5), rtol=RTOL, atol=ATOL)
+
+
+def test_layer_norm_outside_the_c_loop_runs_on_numpy() -> None:
+    x = rnd((4, 24), 14)[:, ::2]
+    assert_close(ops.layer_norm(x), layer_norm64(x, None, None, 1e-5), rtol=RTOL, atol=ATOL)
+    assert calls("layer_norm") == {"native": 0, "numpy": 1}
+
+
+# --------------------------------------------------------------------------- the numpy kernels kept
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 20), cols=st.integers(1, 80), seed=st.integers(0, 2**16))
+def test_numpy_kernels_still_match_float64(rows: int, cols: int, seed: int) -> None:
+    """The numpy float32 paths (run when the library is off or cannot take a case) stay correct."""
+    x, b, w = rnd((rows, cols), seed), rnd((cols,), seed + 1), rnd((cols,), seed + 2)
+    assert_close(gelu_cpu(x), gelu64(x), rtol=RTOL, atol=ATOL)
+    assert_close(bias_act_cpu(x, b, act="gelu"), gelu64(x + b), rtol=RTOL, atol=ATOL)
+    assert_close(layer_norm_cpu(x, w, b), layer_norm64(x, w, b, 1e-5), rtol=RTOL * 4, atol=ATOL * 4)
+
+
+# --------------------------------------------------------------------------- modes and build failures
+
+
+def run_py(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (the library state is per process) with a private cache."""
+    full = {**os.environ, "OPSTRATA_CACHE_DIR": str(tmp_path / "cache"), **env}
+    if "OPSTRATA_NATIVE" not in env:
+        full.pop("OPSTRATA_NATIVE", None)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full, timeout=300
+    )
+
+
+_PROBE = """
+    import json, warnings
+    import numpy as np
+    import opstrata.ops as ops
+    x = np.linspace(-5, 5, 64, dtype=np.float32)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        y = ops.gelu(x)
+        ops.gelu(x)
+    s = ops.native_status()
+    ref = ops.gelu(x, device="ref")
+    print(json.dumps({"available": s.available, "mode": s.mode, "reason": s.reason, "calls": s.calls,
+                      "warnings": [str(m.category.__name__) for m in w], "err": float(np.abs(y - ref).max())}))
+"""
+
+
+def probe(tmp_path: Path, **env: str) -> dict[str, Any]:
+    got = run_py(_PROBE, tmp_path, **env)
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def test_no_compiler_auto_warns_once_and_runs_numpy(tmp_path: Path) -> None:
+    res = probe(tmp_path, CC="/nonexistent/cc")
+    assert res["available"] is False and res["mode"] == "auto"
+    assert "cannot run" in res["reason"] and "OPSTRATA_NATIVE=off" in res["reason"]
+    assert res["warnings"] == ["NativeBuildWarning"]  # once, not per call
+    assert res["calls"]["gelu"] == {"native": 0, "numpy": 2} and res["err"] < 1e-5
+
+
+def test_no_compiler_on_mode_is_an_error(tmp_path: Path) -> None:
+    got = run_py(_PROBE, tmp_path, CC="/nonexistent/cc", OPSTRATA_NATIVE="on")
+    assert got.returncode != 0
+    assert (
+        "NativeBuildError" in got.stderr
+        and "/nonexistent/cc" in got.stderr
+        and "apt-get install gcc" in got.stderr
+    )
+
+
+def test_failing_compiler_names_the_command_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    got = run_py(_PROBE, tmp_path, CC="false", OPSTRATA_NATIVE="on")
+    assert got.returncode != 0 and "failed (exit 1)" in got.stderr and "false -O3" in got.stderr
+    native_dir = tmp_path / "cache" / "native"
+    assert not native_dir.exists() or list(native_dir.iterdir()) == []
+
+
+def test_off_mode_runs_numpy_and_says_so(tmp_path: Path) -> None:
+    res = probe(tmp_path, OPSTRATA_NATIVE="off")
+    assert res["available"] is False and "OPSTRATA_NATIVE=off" in res["reason"]
+    assert res["calls"]["gelu"] == {"native": 0, "numpy": 2} and res["warnings"] == []
+
+
+def test_unknown_mode_is_an_error_naming_the_variable(tmp_path: Path) -> None:
+    got = run_py(_PROBE, tmp_path, OPSTRATA_NATIVE="fast")
+    assert got.returncode != 0 and "OPSTRATA_NATIVE='fast'" in got.stderr and "auto, on, off" in got.stderr
+
+
+def test_corrupted_cached_library_is_rebuilt(tmp_path: Path) -> None:
+    code = """
+        from opstrata.ops import _native
+        p = _native.library_path()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"not a shared library")
+        print(p)
+    """
+    got = run_py(code, tmp_path)
+    assert got.returncode == 0, got.stderr
+    path = Path(got.stdout.strip())
+    res = probe(tmp_path, OPSTRATA_NATIVE="on")
+    assert res["available"] is True and res["calls"]["gelu"]["native"] == 2 and res["err"] < 1e-5
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x7fELF"
