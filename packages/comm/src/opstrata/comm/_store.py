@@ -146,6 +146,7 @@ class TCPStore(Store):
             threading.Thread(target=self._server.serve_forever, name="opstrata-store", daemon=True).start()
         self._lock = threading.Lock()
         self._bound = threading.local()  # per-thread request limit set by ``bounded``
+        self._dead: str | None = None  # set once the store host is known gone: later requests fail at once
         self._sock: socket.socket | None = self._connect()
 
     def _connect(self, limit: float | None = None) -> socket.socket:
@@ -186,8 +187,12 @@ class TCPStore(Store):
                 "thread's request; rank 0 (the store host) is not answering — frozen or overloaded"
             )
         try:
-            if self._sock is None:  # dropped after a timed-out request: its reply could still arrive
-                self._sock = self._connect(wait)
+            if self._dead is not None:
+                raise CommPeerError(self._dead)
+            if self._sock is None:  # dropped after a timed-out request (its reply could still arrive): one
+                # fresh attempt, no retry loop — a refused connection now means the host is gone, not starting
+                self._sock = socket.create_connection((self.host, self.port), timeout=wait)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.settimeout(wait)
             self._sock.sendall(_REQ.pack(op, len(k), len(value)) + k + value)
             status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
@@ -200,10 +205,11 @@ class TCPStore(Store):
             ) from e
         except OSError as e:
             self._drop()
-            raise CommPeerError(
+            self._dead = (
                 f"TCPStore at {self.host}:{self.port} (hosted by rank 0) is unreachable ({e}); "
                 "rank 0 has probably exited or died"
-            ) from e
+            )
+            raise CommPeerError(self._dead) from e
         finally:
             self._lock.release()
 
