@@ -572,6 +572,34 @@ def stopped_peer(rank: int, world: int, victim: int, algorithm: str = "ring") ->
     return out
 
 
+def stopped_store_host(rank: int, world: int) -> dict:
+    """Rank 0, which hosts the TCP store, SIGSTOPs itself mid all_reduce; survivors must not stall on the store."""
+    from opstrata import comm
+    from opstrata.comm import _api
+
+    x = np.ones(200000, np.float32)
+    comm.barrier()
+    if rank == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+    t_stop = time.monotonic() + 0.5
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x)
+            x[:] = 1.0
+    except comm.CommError as e:
+        out = {"error": type(e).__name__, "msg": str(e), "after": time.monotonic() - t_stop}
+    else:
+        return {"error": None}
+    group = _api._S.default
+    assert group is not None
+    if (
+        rank == 1
+    ):  # no store to agree through (its host is frozen): give rank 2 time to raise, then end rank 0
+        time.sleep(2.0)
+        os.kill(group.transport.pids[0], signal.SIGKILL)
+    return out
+
+
 def multi_host_stopped(rank: int, world: int, hosts: list[str], port: int, victim: int) -> dict:
     """``stopped_peer`` on a simulated multi-host tcp group running the hierarchical algorithm.
 

@@ -17,6 +17,7 @@ from _cases import (
     multi_host_stopped,
     slow_but_alive,
     stopped_peer,
+    stopped_store_host,
     timeout_with_dump,
 )
 
@@ -108,6 +109,31 @@ def test_sigstop_peer_is_caught_by_heartbeat_not_the_timeout(backend: str) -> No
         assert "peer rank 1 sent no heartbeat" in v["msg"] and "all_reduce seq=" in v["msg"], v["msg"]
         assert "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
         assert 2.5 < v["after"] < 3.0 + 5.0, v
+    assert shm_leftovers(job) == []
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_sigstop_of_the_store_host_is_caught_by_heartbeat(backend: str) -> None:
+    """A frozen rank 0 also freezes the store it hosts: survivors' store requests are bounded and say so."""
+    job = f"hb0{backend}{os.getpid()}"
+    t0 = time.monotonic()
+    res = run_ranks(
+        stopped_store_host,
+        3,
+        backend=backend,
+        check=False,
+        comm_timeout=300.0,
+        env={"OPSTRATA_COMM_JOB_ID": job, **HB},
+        timeout=60,
+    )
+    assert time.monotonic() - t0 < 45
+    assert res[0].exitcode == -9, (res[0].exitcode, res[0].error)
+    for r in (1, 2):
+        v = res[r].value
+        assert res[r].ok and v["error"] == "CommPeerError", (res[r].error, v)
+        assert "the store (hosted by rank 0 of the job) has not answered" in v["msg"], v["msg"]
+        assert "all_reduce seq=" in v["msg"] and "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
+        assert 2.5 < v["after"] < 3.0 + 8.0, v
     assert shm_leftovers(job) == []
 
 

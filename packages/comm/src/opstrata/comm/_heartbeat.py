@@ -50,6 +50,7 @@ class Heartbeat:
         self.interval, self.timeout = interval, timeout
         now = time.monotonic()
         self._seen: dict[int, tuple[bytes | None, float]] = {p: (None, now) for p in range(size) if p != rank}
+        self._store_ok = now  # when a whole round of store requests last succeeded
         self._stop = threading.Event()
         self._beats = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -57,15 +58,26 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):  # a store hiccup must not kill the thread; peers judge us
+            # a store hiccup must not kill the thread (peers judge us); a frozen store host (rank 0) must not
+            # hold it either: requests give up after half the timeout, so rank 0's counter goes stale
+            with contextlib.suppress(Exception), self.store.bounded(self.timeout / 2):
                 self._beats += 1
                 self.store.set(f"hb/{self.rank}", str(self._beats).encode())
                 for peer, (last, _t) in list(self._seen.items()):
                     got = self.store.try_get(f"hb/{peer}")
                     if got != last:
                         self._seen[peer] = (got, time.monotonic())
+                self._store_ok = time.monotonic()
             if self._stop.wait(self.interval):
                 return
+
+    def store_quiet(self) -> float:
+        """Seconds since this rank's last complete heartbeat round through the store.
+
+        When the store host (rank 0 of the job) freezes, every peer's counter goes stale at once; a stale
+        round tells that cause apart from one frozen peer (whose peers' rounds keep completing).
+        """
+        return time.monotonic() - self._store_ok
 
     def silent(self) -> tuple[int, float] | None:
         """(peer, seconds) of the peer silent longest beyond the timeout, or None when all beat recently."""
@@ -84,5 +96,5 @@ class Heartbeat:
         self._stop.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(self.interval + 1.0)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), self.store.bounded(self.timeout / 2):
             self.store.set(f"hb/{self.rank}", _CLOSED)

@@ -52,6 +52,11 @@ class Store:
     def close(self) -> None:
         """Release the store's resources."""
 
+    def bounded(self, seconds: float) -> contextlib.AbstractContextManager[None]:
+        """Requests this thread makes inside the block give up after ``seconds`` (a frozen store host
+        must not stall liveness checks and abort flags for the whole store timeout); local stores never block."""
+        return contextlib.nullcontext()
+
     def get(self, key: str, timeout: float | None = None, *, what: str = "store.get") -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` seconds for another rank to set it."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -140,37 +145,79 @@ class TCPStore(Store):
             self.port = self._server.server_address[1]
             threading.Thread(target=self._server.serve_forever, name="opstrata-store", daemon=True).start()
         self._lock = threading.Lock()
-        self._sock = self._connect()
+        self._bound = threading.local()  # per-thread request limit set by ``bounded``
+        self._dead: str | None = None  # set once the store host is known gone: later requests fail at once
+        self._sock: socket.socket | None = self._connect()
 
-    def _connect(self) -> socket.socket:
-        deadline = time.monotonic() + self.timeout
+    def _connect(self, limit: float | None = None) -> socket.socket:
+        limit = self.timeout if limit is None else limit
+        deadline = time.monotonic() + limit
         delay = 0.01
         while True:
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+                sock = socket.create_connection((self.host, self.port), timeout=limit)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except OSError as e:  # transient while rank 0 starts: retry with backoff
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(
                         f"TCPStore: cannot connect to rank 0 at {self.host}:{self.port} within "
-                        f"{self.timeout:.1f}s ({e}); check MASTER_ADDR/MASTER_PORT and that rank 0 started"
+                        f"{limit:.1f}s ({e}); check MASTER_ADDR/MASTER_PORT and that rank 0 started"
                     ) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
+    @contextlib.contextmanager
+    def bounded(self, seconds: float):  # type: ignore[override]
+        """Requests this thread makes inside the block give up after ``seconds`` with ``CommTimeoutError``."""
+        prev = getattr(self._bound, "limit", None)
+        self._bound.limit = seconds
+        try:
+            yield
+        finally:
+            self._bound.limit = prev
+
     def _request(self, op: int, key: str, value: bytes = b"") -> tuple[int, bytes]:
         k = key.encode()
-        with self._lock:
-            try:
-                self._sock.sendall(_REQ.pack(op, len(k), len(value)) + k + value)
-                status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
-                return status, (_recv_exact(self._sock, n) if n else b"")
-            except OSError as e:
-                raise CommPeerError(
-                    f"TCPStore at {self.host}:{self.port} (hosted by rank 0) is unreachable ({e}); "
-                    "rank 0 has probably exited or died"
-                ) from e
+        limit = getattr(self._bound, "limit", None)
+        wait = self.timeout if limit is None else limit
+        if not self._lock.acquire(timeout=wait):
+            raise CommTimeoutError(
+                f"TCPStore at {self.host}:{self.port}: request for {key!r} waited {wait:.1f}s behind another "
+                "thread's request; rank 0 (the store host) is not answering — frozen or overloaded"
+            )
+        try:
+            if self._dead is not None:
+                raise CommPeerError(self._dead)
+            if self._sock is None:  # dropped after a timed-out request (its reply could still arrive): one
+                # fresh attempt, no retry loop — a refused connection now means the host is gone, not starting
+                self._sock = socket.create_connection((self.host, self.port), timeout=wait)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.settimeout(wait)
+            self._sock.sendall(_REQ.pack(op, len(k), len(value)) + k + value)
+            status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
+            return status, (_recv_exact(self._sock, n) if n else b"")
+        except TimeoutError as e:
+            self._drop()
+            raise CommTimeoutError(
+                f"TCPStore at {self.host}:{self.port}: no reply to the request for {key!r} within {wait:.1f}s; "
+                "rank 0 (the store host) is frozen, overloaded or its host is unreachable"
+            ) from e
+        except OSError as e:
+            self._drop()
+            self._dead = (
+                f"TCPStore at {self.host}:{self.port} (hosted by rank 0) is unreachable ({e}); "
+                "rank 0 has probably exited or died"
+            )
+            raise CommPeerError(self._dead) from e
+        finally:
+            self._lock.release()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
 
     def set(self, key: str, value: bytes) -> None:
         """Set ``key`` to ``value``."""
@@ -187,8 +234,7 @@ class TCPStore(Store):
 
     def close(self) -> None:
         """Close the client socket and stop the server (on the master)."""
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        self._drop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -250,3 +296,7 @@ class PrefixStore(Store):
     def add(self, key: str, amount: int) -> int:
         """Add to the prefixed counter."""
         return self.base.add(self.prefix + key, amount)
+
+    def bounded(self, seconds: float) -> contextlib.AbstractContextManager[None]:
+        """The base store's bounded requests."""
+        return self.base.bounded(seconds)

@@ -7,6 +7,7 @@ every wait into a bounded one (``CommTimeoutError`` / ``CommPeerError``, never a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +94,8 @@ class Transport:
             return None
         self._last_store_poll = now
         try:
-            raw = self.store.try_get("abort")
+            with self._store_bound():
+                raw = self.store.try_get("abort")
         except CommError:
             return None
         if raw is None:
@@ -141,10 +143,28 @@ class Transport:
                     "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
                 )
 
+    def _store_bound(self) -> contextlib.AbstractContextManager[None]:
+        """Store requests of health checks and aborts: bounded by half the heartbeat timeout when it runs,
+        so a frozen store host (rank 0) cannot stall them for the whole store timeout."""
+        if self.heartbeat is None:
+            return contextlib.nullcontext()
+        return self.store.bounded(self.heartbeat.timeout / 2)
+
     def check_heartbeat(self, what: str, waiting_on: Sequence[int]) -> None:
         """Raise ``CommPeerError`` (and abort the group) when a peer's heartbeat has been silent too long."""
         if self.heartbeat is not None and self.aborted is None:
-            quiet = self.heartbeat.silent()
+            hb = self.heartbeat
+            quiet = hb.silent()
+            store_quiet = hb.store_quiet()
+            if store_quiet > hb.timeout or (quiet is not None and store_quiet > 2 * hb.interval + 0.5):
+                err = CommPeerError(
+                    f"{what}: the store (hosted by rank 0 of the job) has not answered rank {self.rank}'s "
+                    f"heartbeat for {store_quiet:.1f}s (limit OPSTRATA_COMM_HEARTBEAT_TIMEOUT={hb.timeout:g}s); "
+                    f"rank {self.rank} was waiting on ranks {sorted(set(waiting_on))}. Rank 0 is frozen "
+                    "(stopped, swapped out) or its host is unreachable: check rank 0's process and host"
+                )
+                self.abort(err, origin=0)
+                raise err
             if quiet is not None:
                 peer, secs = quiet
                 err = CommPeerError(
@@ -166,7 +186,8 @@ class Transport:
             cls = ABORT_CODES.get(code, CommPeerError)
             detail = ""
             try:
-                raw = self.store.try_get("abort_msg") if reporter != self.rank else None
+                with self._store_bound():
+                    raw = self.store.try_get("abort_msg") if reporter != self.rank else None
             except CommError:
                 raw = None
             if raw:
@@ -193,7 +214,8 @@ class Transport:
         code = CODE_OF.get(type(err), 1)
         self._write_abort(code, origin)
         try:
-            self.store.set("abort_msg", str(err).encode())
-            self.store.set("abort", f"{code}|{origin}|{self.rank}".encode())
+            with self._store_bound():
+                self.store.set("abort_msg", str(err).encode())
+                self.store.set("abort", f"{code}|{origin}|{self.rank}".encode())
         except (CommError, OSError):
             pass
