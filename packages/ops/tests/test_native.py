@@ -32,6 +32,24 @@ RTOL, ATOL = TOLERANCES[np.dtype(np.float32)]
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+def gelu_tanh64(h: np.ndarray) -> np.ndarray:
+    """Tanh-form GELU computed in float64, rounded to float32."""
+    h = h.astype(np.float64)
+    return (0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h * h * h)))).astype(
+        np.float32
+    )
+
+
+def softmax64(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis in float64 (fully -inf rows give zeros), rounded to float32."""
+    x = x.astype(np.float64)
+    mx = x.max(axis=-1, keepdims=True)
+    mx[~np.isfinite(mx)] = 0.0
+    e = np.exp(x - mx)
+    tot = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, tot, out=np.zeros_like(e), where=tot > 0).astype(np.float32)
+
+
 def gelu64(h: np.ndarray) -> np.ndarray:
     """Exact GELU computed in float64, rounded to float32 (the kernels' dtype)."""
     h = h.astype(np.float64)
@@ -140,14 +158,14 @@ def test_bias_gelu_native_agrees_with_gelu_of_the_sum() -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["residual", "relu", "gelu_tanh", "strided", "broadcast_bias", "float64"],
+    ["residual", "relu", "silu", "strided", "broadcast_bias", "float64"],
 )
 def test_cases_outside_the_c_loop_run_on_numpy_correctly(case: str) -> None:
     x, b = rnd((6, 16), 5), rnd((16,), 6)
     act, residual, out, expect_numpy = "gelu", None, None, True  # out: None throughout
     if case == "residual":
         residual = rnd((6, 16), 7)
-    elif case in ("relu", "gelu_tanh"):
+    elif case in ("relu", "silu"):
         act = case
     elif case == "strided":
         x = rnd((6, 32), 5)[:, ::2]
@@ -159,6 +177,18 @@ def test_cases_outside_the_c_loop_run_on_numpy_correctly(case: str) -> None:
     got = ops.call("bias_act", x, b, residual, act=act, out=out)
     assert_close(got, expected, rtol=RTOL, atol=ATOL)
     assert calls("bias_act") == {"native": 0, "numpy": 1 if expect_numpy else 0}
+
+
+def test_out_the_c_loop_cannot_write_gets_a_copy_of_the_native_result() -> None:
+    x, b = rnd((6, 16), 20), rnd((16,), 21)
+    strided = np.full((6, 32), np.nan, np.float32)[:, ::2]
+    assert ops.bias_act(x, b, act="gelu", out=strided) is strided
+    np.testing.assert_array_equal(strided, ops.bias_act(x, b, act="gelu"))
+    big = rnd((7, 16), 22)
+    want = ops.layer_norm(big[:6].copy())
+    got = ops.call("layer_norm", big[:6], out=big[1:])  # partial overlap: computed whole, then copied
+    np.testing.assert_array_equal(got, want)
+    assert calls("bias_act") == {"native": 2, "numpy": 0} and calls("layer_norm") == {"native": 2, "numpy": 0}
 
 
 def test_out_the_c_loop_cannot_write_is_refused() -> None:
@@ -175,13 +205,93 @@ def test_out_the_c_loop_cannot_write_is_refused() -> None:
     assert not _writable_out(ro, x)
 
 
-def test_gelu_tanh_and_low_precision_stay_on_numpy() -> None:
+def test_low_precision_stays_on_numpy() -> None:
     x = rnd((5, 9), 8)
-    assert_close(
-        ops.gelu(x, approximate="tanh"), ops.gelu(x, approximate="tanh", device="ref"), rtol=RTOL, atol=ATOL
+    g = ops.gelu(x.astype(ops.bfloat16))
+    p = ops.softmax(x.astype(ops.float16))
+    assert g.dtype == ops.bfloat16 and p.dtype == ops.float16
+    assert ops.native_status().calls == {}  # the registry sends them straight to the numpy kernels
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 30),
+    cols=st.integers(1, 90),
+    scale=st.sampled_from([0.5, 3.0, 30.0]),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gelu_tanh_native_matches_float64(
+    rows: int, cols: int, scale: float, with_bias: bool, seed: int
+) -> None:
+    x = rnd((rows, cols), seed, scale)
+    b = rnd((cols,), seed + 1) if with_bias else None
+    before = calls("bias_act")["native"]
+    got = ops.bias_act(x, b, act="gelu_tanh")
+    assert_close(got, gelu_tanh64(x + (0 if b is None else b)), rtol=RTOL, atol=ATOL)
+    assert calls("bias_act")["native"] == before + 1
+    if b is None:  # the op and the epilogue run the same C loop: identical bits
+        np.testing.assert_array_equal(ops.gelu(x, approximate="tanh"), got)
+
+
+def test_gelu_tanh_native_specials() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, 60.0, -60.0, 1e30, -1e30], np.float32)
+    got = ops.gelu(x, approximate="tanh")
+    assert np.isnan(got[0]) and got[1] == np.inf and np.isnan(got[2])
+    np.testing.assert_array_equal(got[3:], [0.0, 60.0, 0.0, np.float32(1e30), 0.0])
+
+
+# --------------------------------------------------------------------------- softmax and attention
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple),
+    scale=st.sampled_from([0.1, 5.0, 80.0]),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_softmax_native_matches_float64(
+    shape: tuple[int, ...], scale: float, masked: bool, seed: int
+) -> None:
+    x = rnd(shape, seed, scale)
+    if masked:  # some -inf entries, and one row masked entirely
+        x[np.random.default_rng(seed).random(shape) < 0.3] = -np.inf
+        x.reshape(-1, shape[-1])[0] = -np.inf
+    before = calls("softmax")["native"]
+    got = ops.softmax(x)
+    assert_close(got, softmax64(x), rtol=RTOL, atol=ATOL)
+    assert calls("softmax")["native"] == before + 1
+
+
+def test_softmax_native_specials_and_other_axes() -> None:
+    x = np.array(
+        [[0.0, np.nan, 1.0], [np.inf, 0.0, 1.0], [-np.inf, -np.inf, 5.0], [-1e30, 0.0, 1e30]], np.float32
     )
-    ops.gelu(x.astype(ops.bfloat16))
-    assert calls("gelu") == {"native": 0, "numpy": 1}
+    got = ops.softmax(x)
+    assert np.isnan(got[0]).all() and np.isnan(got[1, 0])  # a NaN poisons its row; inf - inf is NaN
+    np.testing.assert_array_equal(got[2], [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(got[3], [0.0, 0.0, 1.0])
+    y = rnd((3, 4, 5), 15)
+    assert_close(ops.softmax(y, axis=1), ops.softmax(y, axis=1, device="ref"), rtol=RTOL, atol=ATOL)
+    assert calls("softmax") == {"native": 1, "numpy": 1}  # axis=1 is not the last: numpy
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+def test_attention_single_tile_softmax_runs_native(causal: bool, mask: str | None) -> None:
+    rng = np.random.default_rng(16)
+    q, k, v = (rng.standard_normal((2, 4, 48, 16)).astype(np.float32) for _ in range(3))
+    m: Any = None
+    if mask == "bool":
+        m = rng.random((2, 1, 48, 48)) < 0.8
+        m[0, 0, 3] = False  # a row with every key masked: zeros, as the reference
+    elif mask == "float":
+        m = np.where(rng.random((2, 1, 1, 48)) < 0.8, 0.0, -np.inf).astype(np.float32)
+    got = ops.attention(q, k, v, mask=m, causal=causal)
+    want = ops.attention(q, k, v, mask=m, causal=causal, device="ref").astype(np.float32)
+    assert_close(got, want, rtol=RTOL, atol=ATOL)
+    assert calls("attention") == {"native": 1, "numpy": 0}
 
 
 # --------------------------------------------------------------------------- layer_norm

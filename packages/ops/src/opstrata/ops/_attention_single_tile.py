@@ -4,7 +4,7 @@ When the cpu kernel's tiling gives a single query tile, a single key tile and a 
 (short sequences: BERT- and GPT-sized prompts of a few hundred tokens), the online softmax has
 nothing to combine; its running-max / running-sum bookkeeping, the query packing and the per-tile
 Python calls are pure overhead. This path computes ``softmax(q k^T * scale + mask) v`` directly on
-the ``(B, Hkv, G, N, M)`` score tensor (grouped heads as a broadcast dim, never copied K/V), with the
+the ``(B, Hkv, G, N, M)`` score tensor (the softmax in the native library's row loop for float32) (grouped heads as a broadcast dim, never copied K/V), with the
 same conventions as the tiled kernel: float32 accumulation for low precision, fully masked rows
 give 0 and logsumexp -inf.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import AttnShape, causal_keep
+from ._native_ops import softmax_rows_inplace
 
 __all__ = ["attention_single_tile"]
 
@@ -44,6 +45,10 @@ def attention_single_tile(
             sc += m5.astype(acc, copy=False)
     if causal:
         np.copyto(sc, NEG_INF, where=~causal_keep(s.n, s.m))
+    if acc == np.float32 and sc.flags.c_contiguous:  # one C loop per row: max, exp, sum, normalise, lse
+        lse = np.empty(sc.shape[:-1], np.float32)
+        if softmax_rows_inplace(sc, lse):
+            return np.matmul(sc, va).reshape(s.b, s.h, s.n, s.dv), lse.reshape(s.b, s.h, s.n)
     mx = sc.max(axis=-1, keepdims=True)  # (B, Hkv, G, N, 1)
     np.copyto(mx, 0.0, where=mx == NEG_INF)  # a row with every key masked: exp(-inf - 0) = 0, no NaN
     sc -= mx

@@ -6,6 +6,11 @@
    -ffast-math, so NaN and inf keep their IEEE meaning. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#define LANES 16 /* independent partial sums per row: reductions vectorize without reassociation flags */
+
+int opstrata_native_abi(void) { return 2; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -29,6 +34,42 @@ static inline float erf_f32(float x) {
 
 static inline float gelu_f32(float h) { return 0.5f * h * (1.0f + erf_f32(h * 0.70710678118654752f)); }
 
+/* exp by Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial for exp(r), 2^n built in the
+   exponent bits (vectorizable: no libm call); ~1 ulp. Internal: its callers pass x <= 0 (softmax) or
+   saturate long before overflow (tanh), so it returns 0 below -87.34 (no denormals) and inf above 88.37
+   (n = 127 is the largest exponent built; the true overflow is at 88.72). NaN propagates. */
+static inline float exp_f32(float x) {
+    float xc = x > 88.3762626f ? 88.3762626f : (x < -87.3365448f ? -87.3365448f : x);
+    float n = rintf(xc * 1.44269504088896341f);
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float y = p * scale;
+    return x < -87.3365448f ? 0.0f : (x > 88.3762626f ? INFINITY : y);
+}
+
+/* tanh(y) = sign(y) (1 - 2 / (exp(2|y|) + 1)): no cancellation for large |y|, ~1e-7 absolute near 0 */
+static inline float tanh_f32(float y) {
+    float a = y < 0.0f ? -y : y;
+    float t = 1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f);
+    return y < 0.0f ? -t : t;
+}
+
+/* the tanh form of GELU: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))) */
+static inline float gelu_tanh_f32(float h) {
+    float inner = 0.7978845608028654f * (h + 0.044715f * h * h * h);
+    return 0.5f * h * (1.0f + tanh_f32(inner));
+}
+
 /* out[r, j] = gelu(x[r, j] + bias[j]) (bias may be NULL); out may be x. */
 void opstrata_bias_gelu_f32(const float *x, const float *bias, float *out, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -42,9 +83,73 @@ void opstrata_bias_gelu_f32(const float *x, const float *bias, float *out, int64
     }
 }
 
-#define LANES 16
+/* the same with the tanh form of GELU */
+void opstrata_bias_gelu_tanh_f32(const float *x, const float *bias, float *out, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * cols;
+        float *orow = out + r * cols;
+        if (bias) {
+            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_tanh_f32(xr[j] + bias[j]);
+        } else {
+            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_tanh_f32(xr[j]);
+        }
+    }
+}
 
-int opstrata_native_abi(void) { return 1; }
+/* Row softmax: out[r] = exp(x[r] - max) / sum; lse[r] = max + log(sum) when lse is not NULL. A row whose
+   every entry is -inf gives zeros and lse -inf (as the numpy kernels); out may be x. */
+void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * n;
+        float *orow = out + r * n;
+        float lane_max[LANES];
+        int lane_nan[LANES] = {0};
+        for (int k = 0; k < LANES; ++k) lane_max[k] = -INFINITY;
+        int64_t j = 0;
+        for (; j + LANES <= n; j += LANES)
+            for (int k = 0; k < LANES; ++k) {
+                float v = xr[j + k];
+                lane_max[k] = v > lane_max[k] ? v : lane_max[k];
+                lane_nan[k] |= v != v;
+            }
+        float mx = -INFINITY;
+        int has_nan = 0;
+        for (int k = 0; k < LANES; ++k) {
+            mx = lane_max[k] > mx ? lane_max[k] : mx;
+            has_nan |= lane_nan[k];
+        }
+        for (; j < n; ++j) {
+            mx = xr[j] > mx ? xr[j] : mx;
+            has_nan |= xr[j] != xr[j];
+        }
+        if (has_nan) mx = NAN; /* a NaN anywhere makes the row NaN, as exp(x - max) does in numpy */
+        if (mx == -INFINITY) {
+            for (j = 0; j < n; ++j) orow[j] = 0.0f;
+            if (lse) lse[r] = -INFINITY;
+            continue;
+        }
+        float acc[LANES] = {0};
+        j = 0;
+        for (; j + LANES <= n; j += LANES)
+            for (int k = 0; k < LANES; ++k) {
+                float e = exp_f32(xr[j + k] - mx);
+                orow[j + k] = e;
+                acc[k] += e;
+            }
+        double sum = 0.0;
+        for (int k = 0; k < LANES; ++k) sum += acc[k];
+        for (; j < n; ++j) {
+            float e = exp_f32(xr[j] - mx);
+            orow[j] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (j = 0; j < n; ++j) orow[j] *= inv;
+        if (lse) lse[r] = (float)((double)mx + log(sum));
+    }
+}
+
+
 
 /* sum of a row in LANES independent float partial sums (vectorizable), combined in double */
 static double row_sum(const float *x, int64_t n) {

@@ -1,8 +1,8 @@
-"""cpu kernels backed by the native library (:mod:`._native`): exact GELU, bias + GELU, layer norm in float32.
+"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + GELU, layer norm, softmax in float32.
 
 Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
-loops cover -- C-contiguous float32 rows, a bias / weight of one row, ``out`` the input itself or not
-overlapping it -- and hands the rest (other activations, a residual, strided views, broadcasting) to the
+loops cover -- C-contiguous float32 rows, a bias / weight of one row; an ``out`` the loop cannot write
+in place (strided, partly overlapping) receives a copy -- and hands the rest (other activations, a residual, strided views, broadcasting) to the
 numpy kernel of the same device, counting both paths in :func:`opstrata.ops.native_status`.
 """
 
@@ -19,6 +19,7 @@ from ._fused import bias_act_cpu
 from ._native import count, library
 from ._normalization import _trailing, layer_norm_cpu
 from ._registry import register
+from ._softmax import softmax_cpu
 
 _F32 = np.dtype(np.float32)
 
@@ -53,17 +54,38 @@ def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
+def _target(out: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """Where the C loop writes: ``out`` when it can take it, else a fresh buffer (copied into out after)."""
+    return out if out is not None and _writable_out(out, x) else np.empty(x.shape, _F32)
+
+
+def _deliver(dst: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The result: dst itself, or copied into a caller's ``out`` the C loop could not write directly
+    (strided, or overlapping x partially), so either way ``out`` holds the native result."""
+    if out is None or dst is out:
+        return dst
+    np.copyto(out, dst, casting="unsafe")
+    return out
+
+
+def _gelu_fn(lib: Any, act: str) -> Any:
+    """The C loop of an activation: exact GELU (Eigen's rational erf) or its tanh form (a vector exp)."""
+    return lib.opstrata_bias_gelu_tanh_f32 if act == "gelu_tanh" else lib.opstrata_bias_gelu_f32
+
+
 @register("gelu", device="cpu", dtypes=[np.float32], priority=1)
 def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
-    """Exact GELU in one C loop (Eigen's rational erf, ~1e-6 absolute); the tanh form runs on numpy."""
+    """GELU (exact or tanh form) in one C loop, ~1e-6 absolute."""
     _check_approximate(approximate)
     x = nd(x)
-    lib = library() if approximate == "none" and _rows_f32(x) and x.size else None
+    lib = library() if _rows_f32(x) and x.size else None
     if lib is None:
         count("gelu", "numpy")
         return gelu_cpu(x, approximate=approximate)
     out = np.empty(x.shape, _F32)
-    lib.opstrata_bias_gelu_f32(x.ctypes.data, None, out.ctypes.data, 1, x.size)
+    _gelu_fn(lib, "gelu_tanh" if approximate == "tanh" else "gelu")(
+        x.ctypes.data, None, out.ctypes.data, 1, x.size
+    )
     count("gelu", "native")
     return out
 
@@ -72,20 +94,19 @@ def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
 def bias_act_native(
     x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
 ) -> np.ndarray:
-    """``gelu(x + bias)`` over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
+    """``gelu(x + bias)`` (either form) over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
     x = nd(x)
     cols = x.shape[-1] if x.ndim else 1
     b = _row_vector(bias, cols, broadcast=True) if x.ndim else False
-    fits = act == "gelu" and residual is None and _rows_f32(x) and x.size and b is not False
-    lib = library() if fits and _writable_out(out, x) else None
+    fits = act in ("gelu", "gelu_tanh") and residual is None and _rows_f32(x) and x.size and b is not False
+    lib = library() if fits else None
     if lib is None:
         count("bias_act", "numpy")
         return bias_act_cpu(x, bias, residual, act=act, out=out)
-    if out is None:
-        out = np.empty(x.shape, _F32)
-    lib.opstrata_bias_gelu_f32(x.ctypes.data, _ptr(b), out.ctypes.data, x.size // cols, cols)  # type: ignore[arg-type]
+    dst = _target(out, x)
+    _gelu_fn(lib, act)(x.ctypes.data, _ptr(b), dst.ctypes.data, x.size // cols, cols)  # type: ignore[arg-type]
     count("bias_act", "native")
-    return out
+    return _deliver(dst, out)
 
 
 @register("layer_norm", device="cpu", dtypes=[np.float32], priority=1)
@@ -103,20 +124,40 @@ def layer_norm_native(
     n = math.prod(xa.shape[a:])
     wv, bv = _row_vector(w, n), _row_vector(b, n)
     fits = _rows_f32(xa) and xa.size and wv is not False and bv is not False
-    lib = library() if fits and _writable_out(out, xa) else None
+    lib = library() if fits else None
     if lib is None:
         count("layer_norm", "numpy")
         return layer_norm_cpu(x, weight, bias, axis=axis, eps=eps, out=out)
-    if out is None:
-        out = np.empty(xa.shape, _F32)
-    lib.opstrata_layer_norm_f32(
-        xa.ctypes.data,
-        _ptr(wv),
-        _ptr(bv),
-        out.ctypes.data,
-        xa.size // n,
-        n,
-        float(eps),  # type: ignore[arg-type]
-    )
+    dst = _target(out, xa)
+    rows, fn = xa.size // n, lib.opstrata_layer_norm_f32
+    fn(xa.ctypes.data, _ptr(wv), _ptr(bv), dst.ctypes.data, rows, n, float(eps))  # type: ignore[arg-type]
     count("layer_norm", "native")
+    return _deliver(dst, out)
+
+
+@register("softmax", device="cpu", dtypes=[np.float32], priority=1)
+def softmax_native(x: Any, *, axis: int = -1) -> np.ndarray:
+    """Softmax over the last axis of a C-contiguous float32 array in one C loop per row (vector exp)."""
+    x = nd(x)
+    last = x.ndim and axis in (-1, x.ndim - 1)
+    lib = library() if last and _rows_f32(x) and x.size else None
+    if lib is None:
+        count("softmax", "numpy")
+        return softmax_cpu(x, axis=axis)
+    out = np.empty(x.shape, _F32)
+    lib.opstrata_softmax_rows_f32(x.ctypes.data, out.ctypes.data, None, x.size // x.shape[-1], x.shape[-1])
+    count("softmax", "native")
     return out
+
+
+def softmax_rows_inplace(sc: np.ndarray, lse: np.ndarray) -> bool:
+    """Softmax every row of a C-contiguous float32 ``sc`` in place and write each row's logsumexp into
+    ``lse`` (C-contiguous float32, one per row); False (nothing done) when the library is unavailable."""
+    lib = library()
+    if lib is None or not (_rows_f32(sc) and lse.dtype == _F32 and lse.flags.c_contiguous):
+        count("attention", "numpy")
+        return False
+    n = sc.shape[-1]
+    lib.opstrata_softmax_rows_f32(sc.ctypes.data, sc.ctypes.data, lse.ctypes.data, sc.size // n, n)
+    count("attention", "native")
+    return True
