@@ -116,9 +116,16 @@ def _compiler_version(cc: list[str]) -> str:
 def library_path(cc: list[str] | None = None) -> Path:
     """Where the library for this source, compiler and CPU lives in the cache."""
     cc = _compiler() if cc is None else cc
+    try:
+        source = SOURCE.read_text()
+    except OSError as e:
+        raise NativeBuildError(
+            f"native kernels: cannot read {SOURCE} ({e}); the opstrata-ops install is incomplete: "
+            f"reinstall it, or set {ENV_MODE}=off"
+        ) from e
     key = "\n".join(
         [
-            SOURCE.read_text(),
+            source,
             shlex.join(cc),
             _compiler_version(cc),
             " ".join(CFLAGS),

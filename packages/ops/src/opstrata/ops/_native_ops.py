@@ -47,7 +47,7 @@ def _writable_out(out: np.ndarray | None, x: np.ndarray) -> bool:
         return True
     if out.dtype != _F32 or out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
         return False
-    return out.ctypes.data == x.ctypes.data or not np.shares_memory(out, x)
+    return out.ctypes.data == x.ctypes.data or not np.may_share_memory(out, x)  # bounds only: cheap
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
