@@ -1,14 +1,39 @@
-/* opstrata native float32 kernels: exact GELU (with a bias, the GEMM epilogue) and layer norm over rows.
+/* opstrata native float32 kernels: GELU (exact and tanh form, with a bias: the GEMM epilogue), layer
+   norm and softmax over rows.
 
    Compiled on first use by opstrata.ops._native with the system C compiler and loaded through ctypes;
-   one fused loop each where numpy needs ~17 (GELU) or ~6 (layer norm) passes. Plain C99, vectorized
-   by the compiler (no intrinsics): the lane accumulators below keep reductions vectorizable without
-   -ffast-math, so NaN and inf keep their IEEE meaning. */
+   one fused loop each where numpy needs 6-17 passes. C99 plus the GCC/Clang vector extension (no
+   intrinsics, so any target the compiler knows): elementwise loops are vectorized by the compiler;
+   row reductions (sum, max) run on explicit vector accumulators, since without -ffast-math the
+   compiler may not reorder a scalar reduction -- and -ffast-math would drop NaN / inf semantics. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 16 /* independent partial sums per row: reductions vectorize without reassociation flags */
+typedef float vf __attribute__((vector_size(32))); /* 8 floats: AVX, or two SSE / NEON registers */
+typedef int32_t vi __attribute__((vector_size(32)));
+#define VW 8
+
+static inline vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline vf vsplat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
+static inline vf vmax(vf a, vf b) { /* a > b ? a : b lane-wise (a NaN in a loses, as the scalar form) */
+    vi gt = a > b;
+    return (vf)(((vi)a & gt) | ((vi)b & ~gt));
+}
+static inline double vsum(vf a) {
+    double s = 0.0;
+    for (int k = 0; k < VW; ++k) s += a[k];
+    return s;
+}
+static inline float vmax_all(vf a) {
+    float m = a[0];
+    for (int k = 1; k < VW; ++k) m = a[k] > m ? a[k] : m;
+    return m;
+}
 
 int opstrata_native_abi(void) { return 2; }
 
@@ -102,47 +127,31 @@ void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t r
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * n;
         float *orow = out + r * n;
-        float lane_max[LANES];
-        int lane_nan[LANES] = {0};
-        for (int k = 0; k < LANES; ++k) lane_max[k] = -INFINITY;
+        vf m0 = vsplat(-INFINITY), m1 = m0;
         int64_t j = 0;
-        for (; j + LANES <= n; j += LANES)
-            for (int k = 0; k < LANES; ++k) {
-                float v = xr[j + k];
-                lane_max[k] = v > lane_max[k] ? v : lane_max[k];
-                lane_nan[k] |= v != v;
-            }
-        float mx = -INFINITY;
-        int has_nan = 0;
-        for (int k = 0; k < LANES; ++k) {
-            mx = lane_max[k] > mx ? lane_max[k] : mx;
-            has_nan |= lane_nan[k];
+        for (; j + 2 * VW <= n; j += 2 * VW) {
+            m0 = vmax(vload(xr + j), m0);
+            m1 = vmax(vload(xr + j + VW), m1);
         }
-        for (; j < n; ++j) {
-            mx = xr[j] > mx ? xr[j] : mx;
-            has_nan |= xr[j] != xr[j];
-        }
-        if (has_nan) mx = NAN; /* a NaN anywhere makes the row NaN, as exp(x - max) does in numpy */
+        float mx = vmax_all(vmax(m0, m1));
+        for (; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
+        /* NaN needs no test here: it loses every comparison, then exp(NaN - max) makes the sum and the
+           whole row NaN. Only a row of -inf and NaN would look empty: */
         if (mx == -INFINITY) {
-            for (j = 0; j < n; ++j) orow[j] = 0.0f;
-            if (lse) lse[r] = -INFINITY;
+            int has_nan = 0;
+            for (j = 0; j < n; ++j) has_nan |= xr[j] != xr[j];
+            for (j = 0; j < n; ++j) orow[j] = has_nan ? NAN : 0.0f;
+            if (lse) lse[r] = has_nan ? NAN : -INFINITY;
             continue;
         }
-        float acc[LANES] = {0};
-        j = 0;
-        for (; j + LANES <= n; j += LANES)
-            for (int k = 0; k < LANES; ++k) {
-                float e = exp_f32(xr[j + k] - mx);
-                orow[j + k] = e;
-                acc[k] += e;
-            }
-        double sum = 0.0;
-        for (int k = 0; k < LANES; ++k) sum += acc[k];
-        for (; j < n; ++j) {
-            float e = exp_f32(xr[j] - mx);
-            orow[j] = e;
-            sum += e;
+        for (j = 0; j < n; ++j) orow[j] = exp_f32(xr[j] - mx);
+        vf s0 = vsplat(0.0f), s1 = s0;
+        for (j = 0; j + 2 * VW <= n; j += 2 * VW) {
+            s0 += vload(orow + j);
+            s1 += vload(orow + j + VW);
         }
+        double sum = vsum(s0) + vsum(s1);
+        for (; j < n; ++j) sum += orow[j];
         float inv = (float)(1.0 / sum);
         for (j = 0; j < n; ++j) orow[j] *= inv;
         if (lse) lse[r] = (float)((double)mx + log(sum));
@@ -151,14 +160,15 @@ void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t r
 
 
 
-/* sum of a row in LANES independent float partial sums (vectorizable), combined in double */
+/* sum of a row on two vector accumulators, combined in double */
 static double row_sum(const float *x, int64_t n) {
-    float acc[LANES] = {0};
+    vf a0 = vsplat(0.0f), a1 = a0;
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int k = 0; k < LANES; ++k) acc[k] += x[j + k];
-    double s = 0.0;
-    for (int k = 0; k < LANES; ++k) s += acc[k];
+    for (; j + 2 * VW <= n; j += 2 * VW) {
+        a0 += vload(x + j);
+        a1 += vload(x + j + VW);
+    }
+    double s = vsum(a0) + vsum(a1);
     for (; j < n; ++j) s += x[j];
     return s;
 }
@@ -166,19 +176,14 @@ static double row_sum(const float *x, int64_t n) {
 /* sums of d and d^2 for d = x - shift: x and a shift near the mean are close, so d is exact (Sterbenz)
    and the float32 rounding of the mean itself is corrected by sum(d) / n */
 static void row_dev(const float *x, int64_t n, float shift, double *s1, double *s2) {
-    float a1[LANES] = {0}, a2[LANES] = {0};
+    vf sh = vsplat(shift), a1 = vsplat(0.0f), a2 = a1;
     int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int k = 0; k < LANES; ++k) {
-            float d = x[j + k] - shift;
-            a1[k] += d;
-            a2[k] += d * d;
-        }
-    double t1 = 0.0, t2 = 0.0;
-    for (int k = 0; k < LANES; ++k) {
-        t1 += a1[k];
-        t2 += a2[k];
+    for (; j + VW <= n; j += VW) {
+        vf d = vload(x + j) - sh;
+        a1 += d;
+        a2 += d * d;
     }
+    double t1 = vsum(a1), t2 = vsum(a2);
     for (; j < n; ++j) {
         double d = (double)(x[j] - shift);
         t1 += d;
@@ -189,7 +194,7 @@ static void row_dev(const float *x, int64_t n, float shift, double *s1, double *
 }
 
 /* out[r] = (x[r] - mean) / sqrt(var + eps) * w + b over rows of n (w, b may be NULL); out may be x.
-   Shifted two-pass statistics in float32 lanes combined in double: accurate for rows with a large mean. */
+   Shifted two-pass statistics in float32 vector lanes combined in double: accurate for rows with a large mean. */
 void opstrata_layer_norm_f32(const float *x, const float *w, const float *b, float *out, int64_t rows,
                              int64_t n, float eps) {
     for (int64_t r = 0; r < rows; ++r) {
