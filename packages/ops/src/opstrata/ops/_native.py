@@ -1,7 +1,7 @@
 """Native kernels: ``_native_kernels.c`` compiled once per machine by the system C compiler, loaded by ctypes.
 
 numpy stays the compute backend; a handful of float32 kernels where numpy needs many passes over memory
-(GELU in both forms, layer norm, row softmax) run as one fused C loop instead, as torch's and onnxruntime's CPU kernels do.
+(GELU in both forms, bias + ReLU / SiLU, layer norm, row softmax) run as one fused C loop instead, as torch's and onnxruntime's CPU kernels do.
 The library is built on first use into ``$OPSTRATA_CACHE_DIR/native`` (default ``~/.cache/opstrata``),
 keyed by the source, compiler and CPU, written atomically (temp file + rename) and reused afterwards.
 
@@ -29,15 +29,14 @@ ENV_MODE = "OPSTRATA_NATIVE"
 ENV_CACHE = "OPSTRATA_CACHE_DIR"
 MODES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("_native_kernels.c")
-ABI = 2  # opstrata_native_abi() of a library these bindings understand
+ABI = 3  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 BUILD_TIMEOUT_S = 120.0
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
-    "opstrata_bias_gelu_f32": [_P, _P, _P, _I64, _I64],
-    "opstrata_bias_gelu_tanh_f32": [_P, _P, _P, _I64, _I64],
+    "opstrata_bias_act_f32": [_P, _P, _P, _I64, _I64, ctypes.c_int],
     "opstrata_softmax_rows_f32": [_P, _P, _P, _I64, _I64],
     "opstrata_layer_norm_f32": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float],
 }
@@ -166,7 +165,7 @@ def _load(path: Path) -> ctypes.CDLL:
         raise OSError(f"ABI {lib.opstrata_native_abi()} != {ABI}")
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, (ctypes.c_int if name == "opstrata_bias_act_f32" else None)
     return lib
 
 

@@ -35,7 +35,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 2; }
+int opstrata_native_abi(void) { return 3; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -95,29 +95,32 @@ static inline float gelu_tanh_f32(float h) {
     return 0.5f * h * (1.0f + tanh_f32(inner));
 }
 
-/* out[r, j] = gelu(x[r, j] + bias[j]) (bias may be NULL); out may be x. */
-void opstrata_bias_gelu_f32(const float *x, const float *bias, float *out, int64_t rows, int64_t cols) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols;
-        float *orow = out + r * cols;
-        if (bias) {
-            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_f32(xr[j] + bias[j]);
-        } else {
-            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_f32(xr[j]);
-        }
-    }
-}
+static inline float relu_f32(float h) { return h < 0.0f ? 0.0f : h; } /* NaN stays NaN, as np.maximum */
 
-/* the same with the tanh form of GELU */
-void opstrata_bias_gelu_tanh_f32(const float *x, const float *bias, float *out, int64_t rows, int64_t cols) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols;
-        float *orow = out + r * cols;
-        if (bias) {
-            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_tanh_f32(xr[j] + bias[j]);
-        } else {
-            for (int64_t j = 0; j < cols; ++j) orow[j] = gelu_tanh_f32(xr[j]);
-        }
+/* SiLU h sigmoid(h) = h / (1 + exp(-h)); far left exp overflows and h / inf gives -0, the limit */
+static inline float silu_f32(float h) { return h / (1.0f + exp_f32(-h)); }
+
+/* one loop per activation over rows of cols, the bias row (optional) added first */
+#define BIAS_ACT_LOOP(ACT)                                                                    \
+    for (int64_t r = 0; r < rows; ++r) {                                                      \
+        const float *xr = x + r * cols;                                                       \
+        float *orow = out + r * cols;                                                         \
+        if (bias) {                                                                           \
+            for (int64_t j = 0; j < cols; ++j) orow[j] = ACT(xr[j] + bias[j]);                \
+        } else {                                                                              \
+            for (int64_t j = 0; j < cols; ++j) orow[j] = ACT(xr[j]);                          \
+        }                                                                                     \
+    }
+
+/* out[r, j] = act(x[r, j] + bias[j]) (bias may be NULL; out may be x), act: 0 exact GELU, 1 tanh GELU,
+   2 ReLU, 3 SiLU. Returns 0, or -1 for an unknown act. */
+int opstrata_bias_act_f32(const float *x, const float *bias, float *out, int64_t rows, int64_t cols, int act) {
+    switch (act) {
+    case 0: BIAS_ACT_LOOP(gelu_f32) return 0;
+    case 1: BIAS_ACT_LOOP(gelu_tanh_f32) return 0;
+    case 2: BIAS_ACT_LOOP(relu_f32) return 0;
+    case 3: BIAS_ACT_LOOP(silu_f32) return 0;
+    default: return -1;
     }
 }
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _native
 from ._activation import _check_approximate, gelu_cpu
 from ._elementwise import nd
 from ._fused import bias_act_cpu
@@ -68,9 +69,18 @@ def _deliver(dst: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _gelu_fn(lib: Any, act: str) -> Any:
-    """The C loop of an activation: exact GELU (Eigen's rational erf) or its tanh form (a vector exp)."""
-    return lib.opstrata_bias_gelu_tanh_f32 if act == "gelu_tanh" else lib.opstrata_bias_gelu_f32
+#: the C library's activation codes: exact GELU (Eigen's rational erf), tanh GELU and SiLU (a vector exp)
+ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
+
+
+def _bias_act(lib: Any, act: str, x: np.ndarray, bias: np.ndarray | None, dst: np.ndarray, cols: int) -> None:
+    rc = lib.opstrata_bias_act_f32(
+        x.ctypes.data, _ptr(bias), dst.ctypes.data, x.size // cols, cols, ACT_CODES[act]
+    )
+    if rc != 0:  # the bindings and the library disagree: a stale or foreign build
+        raise RuntimeError(
+            f"native bias_act: the library at {_native.native_status().library} rejected act={act!r}"
+        )
 
 
 @register("gelu", device="cpu", dtypes=[np.float32], priority=1)
@@ -83,9 +93,7 @@ def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
         count("gelu", "numpy")
         return gelu_cpu(x, approximate=approximate)
     out = np.empty(x.shape, _F32)
-    _gelu_fn(lib, "gelu_tanh" if approximate == "tanh" else "gelu")(
-        x.ctypes.data, None, out.ctypes.data, 1, x.size
-    )
+    _bias_act(lib, "gelu_tanh" if approximate == "tanh" else "gelu", x, None, out, x.size)
     count("gelu", "native")
     return out
 
@@ -94,17 +102,17 @@ def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
 def bias_act_native(
     x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
 ) -> np.ndarray:
-    """``gelu(x + bias)`` (either form) over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
+    """``act(x + bias)`` over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
     x = nd(x)
     cols = x.shape[-1] if x.ndim else 1
     b = _row_vector(bias, cols, broadcast=True) if x.ndim else False
-    fits = act in ("gelu", "gelu_tanh") and residual is None and _rows_f32(x) and x.size and b is not False
+    fits = act in ACT_CODES and residual is None and _rows_f32(x) and x.size and b is not False
     lib = library() if fits else None
     if lib is None:
         count("bias_act", "numpy")
         return bias_act_cpu(x, bias, residual, act=act, out=out)
     dst = _target(out, x)
-    _gelu_fn(lib, act)(x.ctypes.data, _ptr(b), dst.ctypes.data, x.size // cols, cols)  # type: ignore[arg-type]
+    _bias_act(lib, act, x, b, dst, cols)  # type: ignore[arg-type]
     count("bias_act", "native")
     return _deliver(dst, out)
 

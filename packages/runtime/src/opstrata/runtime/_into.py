@@ -4,8 +4,8 @@ The executor's generic path calls a node's kernel, which returns fresh arrays, a
 into the node's planned arena views; for the large results of a transformer block the fresh
 allocations (page faults) and copies cost as much as a few elementwise passes each. Here GEMMs write
 through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the arena view itself; a
-Linear's relu runs in place on that view, its bias + gelu with ``ops.bias_act(..., out=)``,
-tile by tile while each tile is in cache), and ``SkipLayerNorm`` writes its residual sum with
+Linear's bias + relu / gelu / silu runs in place on that view with ``ops.bias_act(..., out=)``: one C
+loop for float32 when the ops native library is built, numpy tiles in cache otherwise), and ``SkipLayerNorm`` writes its residual sum with
 ``ops.add(..., out=)`` (into the output's view when the sum is not an output) and normalizes it into
 the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
@@ -56,15 +56,9 @@ def _linear(args: list[Any], dsts: list[np.ndarray]) -> object:
 
 
 def _linear_bias_act(act: str, args: list[Any], dsts: list[np.ndarray]) -> object:
-    """GEMM into the arena view, then bias + activation in place over cache-sized tiles (one DRAM pass)."""
+    """GEMM into the arena view, then bias + activation in place (one pass over the view)."""
     y = _call_into("linear", dsts[0], args[0], args[1], None)
     return _call_into("bias_act", y, y, _bias(args), None, act=act)
-
-
-def _linear_relu(args: list[Any], dsts: list[np.ndarray]) -> object:
-    """GEMM (+ bias) into the arena view, then relu in place (``max`` keeps NaN, as ``ops.relu``)."""
-    y = _call_into("linear", dsts[0], args[0], args[1], _bias(args))
-    return np.maximum(y, y.dtype.type(0), out=y)
 
 
 def _linear_act(act: Callable[[np.ndarray], np.ndarray], args: list[Any], dsts: list[np.ndarray]) -> object:
@@ -97,8 +91,6 @@ def into_kernel(node: Node) -> Into | None:
     act = node.attrs.get("activation") or ""
     if not act:
         return _linear
-    if act == "relu":
-        return _linear_relu
-    if act in ("gelu", "gelu_tanh"):  # ops.bias_act's names: the bias joins the tiled epilogue
+    if act in ("relu", "gelu", "gelu_tanh", "silu"):  # ops.bias_act's names: the bias joins the epilogue
         return partial(_linear_bias_act, act)
     return partial(_linear_act, _ACTIVATIONS[act]) if act in _ACTIVATIONS else None
