@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -218,3 +219,26 @@ def test_console_script_entry_point(workdir) -> None:
     assert f"opstrata-eval      {versions['opstrata-eval']}" in result.stdout
     version = _run([str(script), "--version"], workdir)
     assert version.stdout.strip() == f"opstrata {versions['opstrata-eval']}"
+
+
+def test_info_reports_the_native_kernel_library(workdir, monkeypatch, capsys) -> None:
+    import opstrata.ops as ops
+
+    _, report = _info_json(capsys)
+    nat = report["native"]
+    if not hasattr(ops, "native_status"):  # the compat matrix runs eval against older opstrata-ops
+        assert nat["available"] is False and "no native kernels" in nat["reason"]
+        return
+    if shutil.which("cc") is None:
+        assert nat["available"] is False and nat["reason"]
+    else:
+        assert nat["available"] is True and nat["mode"] == "auto" and Path(nat["library"]).is_file()
+    monkeypatch.setenv("OPSTRATA_NATIVE", "off")
+    off = _info.native_info()
+    assert off["available"] is False and "OPSTRATA_NATIVE=off" in off["reason"]
+    assert "native kernels: off, numpy kernels run (disabled by OPSTRATA_NATIVE=off)" in _info.format_text(
+        {**report, "native": off}
+    )
+    monkeypatch.setenv("OPSTRATA_NATIVE", "fast")
+    bad = _info.native_info()
+    assert bad["available"] is False and "OPSTRATA_NATIVE='fast'" in bad["reason"]

@@ -460,3 +460,18 @@ def test_corrupted_cached_library_is_rebuilt(tmp_path: Path) -> None:
     res = probe(tmp_path, OPSTRATA_NATIVE="on")
     assert res["available"] is True and res["calls"]["gelu"]["native"] == 2 and res["err"] < 1e-5
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_status_with_build_reports_a_failed_on_mode_build_instead_of_raising(tmp_path: Path) -> None:
+    code = """
+        import json
+        import opstrata.ops as ops
+        s = ops.native_status(build=True)
+        print(json.dumps({"available": s.available, "reason": s.reason}))
+    """
+    got = run_py(code, tmp_path, CC="false", OPSTRATA_NATIVE="on")
+    assert got.returncode == 0, got.stderr
+    res = json.loads(got.stdout.strip().splitlines()[-1])
+    assert res["available"] is False and "failed (exit 1)" in res["reason"]
+    ok = run_py(code, tmp_path)
+    assert json.loads(ok.stdout.strip().splitlines()[-1]) == {"available": True, "reason": ""}

@@ -1,4 +1,5 @@
-"""`opstrata info`: installed opstrata versions and ranges, versions.lock agreement, Python/numpy/BLAS, cache dir.
+"""`opstrata info`: installed opstrata versions and ranges, versions.lock agreement, Python/numpy/BLAS, cache dir,
+whether the ops native kernel library builds.
 
 The report is one JSON-able dict (`collect`) rendered as text (`format_text`) or JSON (`--json`), so
 bug reports and CI logs carry the same facts.
@@ -178,12 +179,33 @@ def platform_info() -> dict[str, Any]:
     }
 
 
+def native_info() -> dict[str, Any]:
+    """opstrata-ops' native kernel library, built or loaded now so the report says whether it works."""
+    try:
+        import opstrata.ops as ops
+
+        status = ops.native_status(build=True)
+    except AttributeError:  # an opstrata-ops before 0.3.2: numpy kernels only
+        return {"mode": None, "available": False, "library": None, "compiler": None,
+                "reason": "this opstrata-ops has no native kernels (added in 0.3.2)"}  # fmt: skip
+    except Exception as e:  # an unknown OPSTRATA_NATIVE value, a broken install: reported, not raised
+        return {"mode": None, "available": False, "library": None, "compiler": None, "reason": str(e)}
+    return {k: getattr(status, k) for k in ("mode", "available", "library", "compiler", "reason")}
+
+
 def collect(cwd: Path | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The whole `opstrata info` report as a JSON-able dict; `ok` is False on any unmet range or lock mismatch."""
     packages = installed_packages()
     lock = compare_lock(find_lock((cwd or Path.cwd()).resolve()), packages)
     ok = not any(row["problems"] for row in packages) and not lock["problems"]
-    return {"ok": ok, "packages": packages, "lock": lock, **platform_info(), "cache_dir": cache_dir(environ)}
+    return {
+        "ok": ok,
+        "packages": packages,
+        "lock": lock,
+        **platform_info(),
+        "cache_dir": cache_dir(environ),
+        "native": native_info(),
+    }
 
 
 def format_text(info: Mapping[str, Any]) -> str:
@@ -214,6 +236,13 @@ def format_text(info: Mapping[str, Any]) -> str:
             f"threads={pool['num_threads']} {pool.get('architecture') or ''}".rstrip()
         )
     lines.append(f"cache dir: {info['cache_dir']['path']} (from {info['cache_dir']['source']})")
+    nat = info["native"]
+    if nat["available"]:
+        lines.append(
+            f"native kernels: on ({nat['library']}, built by {nat['compiler']}; OPSTRATA_NATIVE={nat['mode']})"
+        )
+    else:
+        lines.append(f"native kernels: off, numpy kernels run ({nat['reason']})")
     lines.append("status: ok" if info["ok"] else "status: PROBLEMS FOUND (see the lines marked !)")
     return "\n".join(lines)
 

@@ -223,11 +223,23 @@ def count(op: str, path: str) -> None:
     per_op[path] += 1
 
 
-def native_status() -> NativeStatus:
-    """The mode, whether the library is loaded (and where), why not, and per-op native / numpy call counts."""
+def native_status(*, build: bool = False) -> NativeStatus:
+    """The mode, whether the library is loaded (and where), why not, and per-op native / numpy call counts.
+
+    ``build=True`` builds or loads the library first (as the first native call would), so ``available``
+    is known; a failed build under ``OPSTRATA_NATIVE=on`` is reported in ``reason`` instead of raised.
+    """
+    on_error = ""
+    if build:
+        try:
+            library()
+        except NativeBuildError as e:
+            on_error = str(e)
     mode = native_mode()
     available = None if (not _tried and mode != "off") else (_lib is not None and mode != "off")
-    reason = "disabled by OPSTRATA_NATIVE=off" if mode == "off" else _reason
+    reason = "disabled by OPSTRATA_NATIVE=off" if mode == "off" else (on_error or _reason)
+    if on_error:
+        available = False
     cc = None
     with contextlib.suppress(Exception):
         cc = shlex.join(_compiler())
