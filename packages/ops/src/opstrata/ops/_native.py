@@ -217,10 +217,14 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+_count_lock = threading.Lock()  # stream workers call kernels concurrently (ctypes releases the GIL)
+
+
 def count(op: str, path: str) -> None:
     """Record that ``op`` ran on ``path`` ("native" or "numpy") for :func:`native_status`."""
-    per_op = _calls.setdefault(op, {"native": 0, "numpy": 0})
-    per_op[path] += 1
+    with _count_lock:
+        per_op = _calls.setdefault(op, {"native": 0, "numpy": 0})
+        per_op[path] += 1
 
 
 def native_status(*, build: bool = False) -> NativeStatus:
@@ -243,9 +247,12 @@ def native_status(*, build: bool = False) -> NativeStatus:
     cc = None
     with contextlib.suppress(Exception):
         cc = shlex.join(_compiler())
-    return NativeStatus(mode, available, _lib_path, cc, reason, {k: dict(v) for k, v in _calls.items()})
+    with _count_lock:
+        calls = {k: dict(v) for k, v in _calls.items()}
+    return NativeStatus(mode, available, _lib_path, cc, reason, calls)
 
 
 def reset_native_stats() -> None:
     """Zero the per-op call counts of :func:`native_status`."""
-    _calls.clear()
+    with _count_lock:
+        _calls.clear()
