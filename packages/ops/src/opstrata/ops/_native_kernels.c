@@ -130,13 +130,16 @@ void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t r
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * n;
         float *orow = out + r * n;
-        vf m0 = vsplat(-INFINITY), m1 = m0;
+        vf m0 = vsplat(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
         int64_t j = 0;
-        for (; j + 2 * VW <= n; j += 2 * VW) {
+        for (; j + 4 * VW <= n; j += 4 * VW) {
             m0 = vmax(vload(xr + j), m0);
             m1 = vmax(vload(xr + j + VW), m1);
+            m2 = vmax(vload(xr + j + 2 * VW), m2);
+            m3 = vmax(vload(xr + j + 3 * VW), m3);
         }
-        float mx = vmax_all(vmax(m0, m1));
+        for (; j + VW <= n; j += VW) m0 = vmax(vload(xr + j), m0);
+        float mx = vmax_all(vmax(vmax(m0, m1), vmax(m2, m3)));
         for (; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
         /* NaN needs no test here: it loses every comparison, then exp(NaN - max) makes the sum and the
            whole row NaN. Only a row of -inf and NaN would look empty: */
@@ -148,12 +151,15 @@ void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t r
             continue;
         }
         for (j = 0; j < n; ++j) orow[j] = exp_f32(xr[j] - mx);
-        vf s0 = vsplat(0.0f), s1 = s0;
-        for (j = 0; j + 2 * VW <= n; j += 2 * VW) {
+        vf s0 = vsplat(0.0f), s1 = s0, s2 = s0, s3 = s0;
+        for (j = 0; j + 4 * VW <= n; j += 4 * VW) {
             s0 += vload(orow + j);
             s1 += vload(orow + j + VW);
+            s2 += vload(orow + j + 2 * VW);
+            s3 += vload(orow + j + 3 * VW);
         }
-        double sum = vsum(s0) + vsum(s1);
+        for (; j + VW <= n; j += VW) s0 += vload(orow + j);
+        double sum = vsum((s0 + s1) + (s2 + s3));
         for (; j < n; ++j) sum += orow[j];
         float inv = (float)(1.0 / sum);
         for (j = 0; j < n; ++j) orow[j] *= inv;
@@ -163,30 +169,40 @@ void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t r
 
 
 
-/* sum of a row on two vector accumulators, combined in double */
+/* sum of a row on four vector accumulators (independent chains: the adds overlap), combined in double */
 static double row_sum(const float *x, int64_t n) {
-    vf a0 = vsplat(0.0f), a1 = a0;
+    vf a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int64_t j = 0;
-    for (; j + 2 * VW <= n; j += 2 * VW) {
+    for (; j + 4 * VW <= n; j += 4 * VW) {
         a0 += vload(x + j);
         a1 += vload(x + j + VW);
+        a2 += vload(x + j + 2 * VW);
+        a3 += vload(x + j + 3 * VW);
     }
-    double s = vsum(a0) + vsum(a1);
+    for (; j + VW <= n; j += VW) a0 += vload(x + j);
+    double s = vsum((a0 + a1) + (a2 + a3));
     for (; j < n; ++j) s += x[j];
     return s;
 }
 
 /* sums of d and d^2 for d = x - shift: x and a shift near the mean are close, so d is exact (Sterbenz)
-   and the float32 rounding of the mean itself is corrected by sum(d) / n */
+   and the float32 rounding of the mean itself is corrected by sum(d) / n. Two chains per sum. */
 static void row_dev(const float *x, int64_t n, float shift, double *s1, double *s2) {
-    vf sh = vsplat(shift), a1 = vsplat(0.0f), a2 = a1;
+    vf sh = vsplat(shift), a1 = vsplat(0.0f), b1 = a1, a2 = a1, b2 = a1;
     int64_t j = 0;
+    for (; j + 2 * VW <= n; j += 2 * VW) {
+        vf d = vload(x + j) - sh, e = vload(x + j + VW) - sh;
+        a1 += d;
+        b1 += e;
+        a2 += d * d;
+        b2 += e * e;
+    }
     for (; j + VW <= n; j += VW) {
         vf d = vload(x + j) - sh;
         a1 += d;
         a2 += d * d;
     }
-    double t1 = vsum(a1), t2 = vsum(a2);
+    double t1 = vsum(a1 + b1), t2 = vsum(a2 + b2);
     for (; j < n; ++j) {
         double d = (double)(x[j] - shift);
         t1 += d;
