@@ -128,12 +128,17 @@ def test_sigstop_of_the_store_host_is_caught_by_heartbeat(backend: str) -> None:
     )
     assert time.monotonic() - t0 < 45
     assert res[0].exitcode == -9, (res[0].exitcode, res[0].error)
+    said_store = 0
     for r in (1, 2):
         v = res[r].value
         assert res[r].ok and v["error"] == "CommPeerError", (res[r].error, v)
-        assert "the store (hosted by rank 0 of the job) has not answered" in v["msg"], v["msg"]
-        assert "all_reduce seq=" in v["msg"] and "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
-        assert 2.5 < v["after"] < 3.0 + 8.0, v
+        assert "all_reduce seq=" in v["msg"] and 2.5 < v["after"] < 3.0 + 8.0, v
+        if "the store (hosted by rank 0 of the job) has not answered" in v["msg"]:
+            assert "OPSTRATA_COMM_HEARTBEAT_TIMEOUT=3s" in v["msg"], v["msg"]
+            said_store += 1
+        else:  # the other survivor saw that rank's group abort first: it names rank 0 as the failure
+            assert "aborted the group (failing rank 0)" in v["msg"], v["msg"]
+    assert said_store >= 1  # whoever noticed first explains why
     assert shm_leftovers(job) == []
 
 
