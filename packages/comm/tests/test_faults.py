@@ -325,3 +325,12 @@ def test_launcher_two_nodes_on_one_host(tmp_path) -> None:
     outs = [p.communicate(timeout=60)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert "[rank 3] rank 3 local 1 sum 6.0" in outs[0] and "[rank 0] rank 0 local 0 sum 6.0" in outs[1]
+
+
+def test_launcher_blames_the_signal_death_among_ranks_failed_in_one_poll() -> None:
+    from opstrata.comm._launch import root_failure
+
+    assert root_failure([(0, 1), (2, -9)]) == (2, -9)  # rank 0 exited on noticing rank 2's SIGKILL
+    assert root_failure([(3, 1), (1, 2)]) == (1, 2)  # no signal: the lowest rank
+    assert root_failure([(1, -15), (0, -9)]) == (0, -9)
+    assert root_failure([(5, 1)]) == (5, 1)

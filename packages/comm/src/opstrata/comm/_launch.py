@@ -69,6 +69,13 @@ def _pump(rank: int, stream, tail: collections.deque, lock: threading.Lock) -> N
     stream.close()
 
 
+def root_failure(failures: list[tuple[int, int]]) -> tuple[int, int]:
+    """The (rank, exit code) to blame among ranks found failed in one poll: a rank killed by a signal
+    (negative code) before ranks that exited with an error (they usually exit on noticing it), then the
+    lowest rank."""
+    return min(failures, key=lambda rc: (rc[1] >= 0, rc[0]))
+
+
 def _describe(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
@@ -116,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         th.start()
         pumps.append(th)
     failed: tuple[int, int] | None = None
+    also_failed: list[tuple[int, int]] = []  # other ranks found failed in the same poll
     interrupted = False
 
     def _on_term(signum: int, _frame: object) -> None:
@@ -124,14 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     try:
         while procs and failed is None:
+            round_failed: list[tuple[int, int]] = []
             for rank, p in list(procs.items()):
                 code = p.poll()
                 if code is None:
                     continue
                 del procs[rank]
                 if code != 0:
-                    failed = (rank, code)
-                    break
+                    round_failed.append((rank, code))
+            if round_failed:  # ranks seen dead in one poll: a signal death is the likelier root cause
+                failed = root_failure(round_failed)
+                also_failed.extend(rc for rc in round_failed if rc != failed)
+                break
             time.sleep(0.05)
     except KeyboardInterrupt:
         interrupted = True
@@ -144,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if failed is not None:
         rank, code = failed
         last = "\n".join(f"    {line}" for line in tails[rank]) or "    (no output)"
+        also = "".join(f"; rank {r} also exited ({_describe(c)})" for r, c in also_failed)
         print(
-            f"opstrata-launch: rank {rank} failed ({_describe(code)}); terminated the other ranks. "
+            f"opstrata-launch: rank {rank} failed ({_describe(code)}){also}; terminated the other ranks. "
             f"Last lines of rank {rank}:\n{last}",
             file=sys.stderr,
         )
