@@ -67,6 +67,10 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+#: longest the abort path waits to leave its explanation in the store before raising the flags
+ABORT_MSG_BOUND_S = 5.0
+
+
 class Transport:
     """Moves bytes between the ranks ``0..size-1`` of one group."""
 
@@ -212,10 +216,18 @@ class Transport:
             return
         self.aborted = err
         code = CODE_OF.get(type(err), 1)
+        # the explanation goes to the store before any flag: a peer that sees the shared-memory flag at once
+        # must find the message when it reads it (the store request is bounded when the store host froze)
+        try:  # bounded even without a heartbeat: the shared-memory flag below must not wait on a frozen store
+            with self.store.bounded(
+                ABORT_MSG_BOUND_S if self.heartbeat is None else self.heartbeat.timeout / 2
+            ):
+                self.store.set("abort_msg", str(err).encode())
+        except (CommError, OSError):
+            pass
         self._write_abort(code, origin)
         try:
             with self._store_bound():
-                self.store.set("abort_msg", str(err).encode())
                 self.store.set("abort", f"{code}|{origin}|{self.rank}".encode())
         except (CommError, OSError):
             pass
