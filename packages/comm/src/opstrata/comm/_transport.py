@@ -147,12 +147,15 @@ class Transport:
                     "Raise timeout= / OPSTRATA_COMM_TIMEOUT if it is just slow"
                 )
 
-    def _store_bound(self) -> contextlib.AbstractContextManager[None]:
+    def _store_bound(self, without_heartbeat: float | None = None) -> contextlib.AbstractContextManager[None]:
         """Store requests of health checks and aborts: bounded by half the heartbeat timeout when it runs,
-        so a frozen store host (rank 0) cannot stall them for the whole store timeout."""
-        if self.heartbeat is None:
-            return contextlib.nullcontext()
-        return self.store.bounded(self.heartbeat.timeout / 2)
+        so a frozen store host (rank 0) cannot stall them for the whole store timeout; without a heartbeat
+        by ``without_heartbeat`` seconds (None: unbounded)."""
+        if self.heartbeat is not None:
+            return self.store.bounded(self.heartbeat.timeout / 2)
+        if without_heartbeat is not None:
+            return self.store.bounded(without_heartbeat)
+        return contextlib.nullcontext()
 
     def check_heartbeat(self, what: str, waiting_on: Sequence[int]) -> None:
         """Raise ``CommPeerError`` (and abort the group) when a peer's heartbeat has been silent too long."""
@@ -217,11 +220,10 @@ class Transport:
         self.aborted = err
         code = CODE_OF.get(type(err), 1)
         # the explanation goes to the store before any flag: a peer that sees the shared-memory flag at once
-        # must find the message when it reads it (the store request is bounded when the store host froze)
-        try:  # bounded even without a heartbeat: the shared-memory flag below must not wait on a frozen store
-            with self.store.bounded(
-                ABORT_MSG_BOUND_S if self.heartbeat is None else self.heartbeat.timeout / 2
-            ):
+        # must find the message when it reads it; bounded even without a heartbeat, so the flag below never
+        # waits long on a frozen store host
+        try:
+            with self._store_bound(ABORT_MSG_BOUND_S):
                 self.store.set("abort_msg", str(err).encode())
         except (CommError, OSError):
             pass

@@ -181,15 +181,15 @@ def platform_info() -> dict[str, Any]:
 
 def native_info() -> dict[str, Any]:
     """opstrata-ops' native kernel library, built or loaded now so the report says whether it works."""
-    try:
-        import opstrata.ops as ops
+    unavailable = {"mode": None, "available": False, "library": None, "compiler": None}
+    import opstrata.ops as ops
 
+    if not hasattr(ops, "native_status"):  # an opstrata-ops before 0.3.2: numpy kernels only
+        return {**unavailable, "reason": "this opstrata-ops has no native kernels (added in 0.3.2)"}
+    try:
         status = ops.native_status(build=True)
-    except AttributeError:  # an opstrata-ops before 0.3.2: numpy kernels only
-        return {"mode": None, "available": False, "library": None, "compiler": None,
-                "reason": "this opstrata-ops has no native kernels (added in 0.3.2)"}  # fmt: skip
     except Exception as e:  # an unknown OPSTRATA_NATIVE value, a broken install: reported, not raised
-        return {"mode": None, "available": False, "library": None, "compiler": None, "reason": str(e)}
+        return {**unavailable, "reason": str(e)}
     return {k: getattr(status, k) for k in ("mode", "available", "library", "compiler", "reason")}
 
 

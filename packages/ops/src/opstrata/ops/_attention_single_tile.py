@@ -4,9 +4,9 @@ When the cpu kernel's tiling gives a single query tile, a single key tile and a 
 (short sequences: BERT- and GPT-sized prompts of a few hundred tokens), the online softmax has
 nothing to combine; its running-max / running-sum bookkeeping, the query packing and the per-tile
 Python calls are pure overhead. This path computes ``softmax(q k^T * scale + mask) v`` directly on
-the ``(B, Hkv, G, N, M)`` score tensor (the softmax in the native library's row loop for float32) (grouped heads as a broadcast dim, never copied K/V), with the
-same conventions as the tiled kernel: float32 accumulation for low precision, fully masked rows
-give 0 and logsumexp -inf.
+the ``(B, Hkv, G, N, M)`` score tensor (grouped heads as a broadcast dim, never copied K/V; for float32
+the softmax is the native library's row loop), with the same conventions as the tiled kernel: float32
+accumulation for low precision, fully masked rows give 0 and logsumexp -inf.
 """
 
 from __future__ import annotations

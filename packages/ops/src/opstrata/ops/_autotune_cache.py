@@ -33,13 +33,19 @@ class AutotuneCacheWarning(UserWarning):
     """A cache file was unreadable, foreign or locked by a dead process; it is ignored and rebuilt."""
 
 
-def autotune_cache_dir() -> Path:
-    """``$OPSTRATA_CACHE_DIR/autotune``, default ``$XDG_CACHE_HOME/opstrata`` or ``~/.cache/opstrata``."""
+def cache_root() -> Path:
+    """``$OPSTRATA_CACHE_DIR``, default ``$XDG_CACHE_HOME/opstrata`` or ``~/.cache/opstrata`` (autotune
+    results and the native kernel library live in subdirectories)."""
     root = os.environ.get(ENV_DIR)
     if not root:
         xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = str(Path(xdg) / "opstrata")
-    return Path(root) / "autotune"
+    return Path(root)
+
+
+def autotune_cache_dir() -> Path:
+    """``$OPSTRATA_CACHE_DIR/autotune``, default ``$XDG_CACHE_HOME/opstrata`` or ``~/.cache/opstrata``."""
+    return cache_root() / "autotune"
 
 
 def entry_path(key_text: str, op: str) -> Path:

@@ -1,7 +1,8 @@
 """Native kernels: ``_native_kernels.c`` compiled once per machine by the system C compiler, loaded by ctypes.
 
 numpy stays the compute backend; a handful of float32 kernels where numpy needs many passes over memory
-(GELU in both forms, bias + ReLU / SiLU, layer norm, row softmax) run as one fused C loop instead, as torch's and onnxruntime's CPU kernels do.
+(GELU in both forms, bias + ReLU / SiLU, layer norm, row softmax) run as one fused C loop instead, as
+torch's and onnxruntime's CPU kernels do.
 The library is built on first use into ``$OPSTRATA_CACHE_DIR/native`` (default ``~/.cache/opstrata``),
 keyed by the source, compiler and CPU, written atomically (temp file + rename) and reused afterwards.
 
@@ -25,8 +26,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._autotune_cache import cache_root
+
 ENV_MODE = "OPSTRATA_NATIVE"
-ENV_CACHE = "OPSTRATA_CACHE_DIR"
 MODES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("_native_kernels.c")
 ABI = 3  # opstrata_native_abi() of a library these bindings understand
@@ -35,10 +37,11 @@ CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-t
 BUILD_TIMEOUT_S = 120.0
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
+#: exported function -> (argument types, result type)
 _SIGNATURES = {
-    "opstrata_bias_act_f32": [_P, _P, _P, _I64, _I64, ctypes.c_int],
-    "opstrata_softmax_rows_f32": [_P, _P, _P, _I64, _I64],
-    "opstrata_layer_norm_f32": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float],
+    "opstrata_bias_act_f32": ([_P, _P, _P, _I64, _I64, ctypes.c_int], ctypes.c_int),
+    "opstrata_softmax_rows_f32": ([_P, _P, _P, _I64, _I64], None),
+    "opstrata_layer_norm_f32": ([_P, _P, _P, _P, _I64, _I64, ctypes.c_float], None),
 }
 
 
@@ -82,10 +85,7 @@ def native_mode() -> str:
 
 def native_cache_dir() -> Path:
     """``$OPSTRATA_CACHE_DIR/native``, default ``$XDG_CACHE_HOME/opstrata/native`` or ``~/.cache/...``."""
-    root = os.environ.get(ENV_CACHE)
-    if not root:
-        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opstrata")
-    return Path(root) / "native"
+    return cache_root() / "native"
 
 
 def _compiler() -> list[str]:
@@ -163,9 +163,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     if lib.opstrata_native_abi() != ABI:
         raise OSError(f"ABI {lib.opstrata_native_abi()} != {ABI}")
-    for name, argtypes in _SIGNATURES.items():
+    for name, (argtypes, restype) in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, (ctypes.c_int if name == "opstrata_bias_act_f32" else None)
+        fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 
@@ -240,10 +240,12 @@ def native_status(*, build: bool = False) -> NativeStatus:
         except NativeBuildError as e:
             on_error = str(e)
     mode = native_mode()
-    available = None if (not _tried and mode != "off") else (_lib is not None and mode != "off")
-    reason = "disabled by OPSTRATA_NATIVE=off" if mode == "off" else (on_error or _reason)
-    if on_error:
+    available: bool | None
+    if mode == "off" or on_error:
         available = False
+    else:
+        available = (_lib is not None) if _tried else None
+    reason = "disabled by OPSTRATA_NATIVE=off" if mode == "off" else (on_error or _reason)
     cc = None
     with contextlib.suppress(Exception):
         cc = shlex.join(_compiler())

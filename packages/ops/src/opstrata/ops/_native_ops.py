@@ -1,9 +1,10 @@
-"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + GELU, layer norm, softmax in float32.
+"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, softmax.
 
 Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
 loops cover -- C-contiguous float32 rows, a bias / weight of one row; an ``out`` the loop cannot write
-in place (strided, partly overlapping) receives a copy -- and hands the rest (other activations, a residual, strided views, broadcasting) to the
-numpy kernel of the same device, counting both paths in :func:`opstrata.ops.native_status`.
+in place (strided, partly overlapping) receives a copy -- and hands the rest (other activations, a
+residual, strided views, broadcasting) to the numpy kernel of the same device, counting both paths in
+:func:`opstrata.ops.native_status`.
 """
 
 from __future__ import annotations
