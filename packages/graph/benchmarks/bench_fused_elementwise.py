@@ -19,9 +19,10 @@ import numpy as np
 
 import opstrata.graph as og
 import opstrata.ops as ops
-from opstrata.graph import _execute, _fused_codegen
-from opstrata.ops import _chunking, codegen as cg
+from opstrata.graph import _execute
+from opstrata.graph.opdefs import fused_codegen as _fused_codegen
 from opstrata.ops.benchtools import compare, format_table
+from opstrata.ops.kernels import chunking as _chunking, codegen as cg
 
 K = math.sqrt(2 / math.pi)
 

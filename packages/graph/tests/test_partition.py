@@ -412,7 +412,7 @@ def test_row_parallel_epilogue_activation_moves_after_the_reduce() -> None:
 
 
 def test_simulator_collective_times_out_instead_of_hanging() -> None:
-    from opstrata.graph._partition_sim import _Group
+    from opstrata.graph.partition.simulate import _Group
 
     with pytest.raises(GraphError, match=r"collective 'AllReduce_0' was abandoned.*within 0.2 s"):
         _Group(2, timeout=0.2).exchange(0, "AllReduce_0", np.zeros(1))  # rank 1 never arrives

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 import opstrata.ops as ops
-from opstrata.ops._attention import attention_rows_cpu
-from opstrata.ops._flash_attention import attention_cpu
 from opstrata.ops.benchtools import compare, format_table
+from opstrata.ops.kernels.attention import attention_rows_cpu
+from opstrata.ops.kernels.flash_attention import attention_cpu
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle OpenMP threads must not spin
 

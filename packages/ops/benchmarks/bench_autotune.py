@@ -85,8 +85,8 @@ def run(quick: bool, repeats: int) -> str:
 
 def write_pretuned_table() -> str:
     """Tune the full-size and quick shapes and write them as ``autotune_pretuned.json``."""
-    from opstrata.ops._autotune import shape_key
-    from opstrata.ops._autotune_pretuned import write_pretuned
+    from opstrata.ops.tune.autotune import shape_key
+    from opstrata.ops.tune.pretuned import write_pretuned
 
     specs = {(t.op, t.device): t for t in ops.tunables()}
     entries = []

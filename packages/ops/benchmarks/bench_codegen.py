@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from opstrata.ops import _chunking, codegen as cg
+from opstrata.ops import codegen as cg
 from opstrata.ops.benchtools import compare, format_table
+from opstrata.ops.kernels import chunking as _chunking
 
 try:  # optional peer: numexpr's own blocked virtual machine
     import numexpr

@@ -3,7 +3,7 @@
 Run: ``PYTHONPATH=packages/ops/src python packages/ops/benchmarks/bench_fused.py [--quick] [--sweep]``
 (or ``nox -s bench``). Prints a markdown table of ratios = baseline median / fused median, interleaved
 (:func:`opstrata.ops.benchtools.compare`). Targets are issue 4's. ``--sweep`` also times each fused
-kernel at several block sizes (``opstrata.ops._chunking.BLOCK_ELEMS``), the measurement the default
+kernel at several block sizes (``opstrata.ops.kernels.chunking.BLOCK_ELEMS``), the measurement the default
 block size was chosen by.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 
 import opstrata.ops as ops
-from opstrata.ops import _chunking
 from opstrata.ops.benchtools import compare, format_table
+from opstrata.ops.kernels import chunking as _chunking
 
 RNG = np.random.default_rng(0)
 _K = math.sqrt(2.0 / math.pi)

@@ -22,11 +22,11 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import opstrata.ops as ops  # noqa: E402
-from opstrata.ops._activation import gelu_cpu  # noqa: E402
-from opstrata.ops._fused import bias_act_cpu  # noqa: E402
-from opstrata.ops._normalization import layer_norm_cpu  # noqa: E402
-from opstrata.ops._softmax import softmax_cpu  # noqa: E402
 from opstrata.ops.benchtools import compare, format_table  # noqa: E402
+from opstrata.ops.kernels.activation import gelu_cpu  # noqa: E402
+from opstrata.ops.kernels.fused import bias_act_cpu  # noqa: E402
+from opstrata.ops.kernels.normalization import layer_norm_cpu  # noqa: E402
+from opstrata.ops.kernels.softmax import softmax_cpu  # noqa: E402
 
 try:
     import torch

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
 from opstrata.ops._dtypes import FLOAT_DTYPES
-from opstrata.ops._flash_attention import attention_cpu
+from opstrata.ops.kernels.flash_attention import attention_cpu
 from opstrata.ops.testing import assert_close, tolerances
 
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import opstrata.ops as ops
-from opstrata.ops import _autotune, _autotune_cache
+from opstrata.ops.tune import autotune as _autotune, cache as _autotune_cache
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CALLS: Counter = Counter()
@@ -356,7 +356,7 @@ def test_default_kept_unless_a_candidate_wins_by_min_gain(cache: Path, other_s: 
 def test_deterministic_mode_answers_from_the_shipped_pretuned_table(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from opstrata.ops import _autotune_pretuned as pre
+    from opstrata.ops.tune import pretuned as pre
 
     spec = fake([2, 4])
     key = _autotune.shape_key(spec, (np.ones(3),), {})
@@ -373,7 +373,7 @@ def test_deterministic_mode_answers_from_the_shipped_pretuned_table(
 
 
 def test_damaged_pretuned_table_warns_and_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opstrata.ops import _autotune_pretuned as pre
+    from opstrata.ops.tune import pretuned as pre
 
     bad = tmp_path / "pretuned.json"
     bad.write_text("{oops")
@@ -387,7 +387,7 @@ def test_damaged_pretuned_table_warns_and_falls_back(tmp_path: Path, monkeypatch
 
 
 def test_shipped_pretuned_table_matches_the_declared_tunables() -> None:
-    from opstrata.ops import _autotune_pretuned as pre
+    from opstrata.ops.tune import pretuned as pre
 
     pre._table.cache_clear()
     table = pre._table()

@@ -292,7 +292,7 @@ def test_norm_backward_saved_statistics_match_recomputed() -> None:
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("block_rows", [None, 1, 3, 64])
 def test_norm_backward_cpu_matches_ref_any_chunking(dtype: str, block_rows: int | None) -> None:
-    from opstrata.ops._backward_norm import layer_norm_backward_cpu, rms_norm_backward_cpu
+    from opstrata.ops.grad.norm import layer_norm_backward_cpu, rms_norm_backward_cpu
 
     dt = ops.as_dtype(dtype)
     x, w, g = (rand(7, 3, 8) * 3 + 1).astype(dt), rand(8).astype(dt), rand(7, 3, 8).astype(dt)

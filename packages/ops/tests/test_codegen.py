@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from opstrata.ops import _chunking, codegen as cg
+from opstrata.ops import codegen as cg
 from opstrata.ops._dtypes import bfloat16, float16, float32, float64
 from opstrata.ops.codegen import CodegenError, Expr, compile_expr, var
+from opstrata.ops.kernels import chunking as _chunking
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("x", "y", "z")
@@ -126,7 +127,7 @@ def check_tree(e: Expr, n_vars: int, shapes: tuple[int, ...], seed: int, dtype: 
 
 
 def cg_variables(e: Expr) -> list[str]:
-    from opstrata.ops._codegen_ir import variables
+    from opstrata.ops.codegen.ir import variables
 
     return variables(e)
 

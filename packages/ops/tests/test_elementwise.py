@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import opstrata.ops as ops
-from opstrata.ops import OpError, _activation as act
-from opstrata.ops._activation import ERF_ATANH_POLY, gelu_exact_f32
+from opstrata.ops import OpError
 from opstrata.ops._dtypes import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LOW_PRECISION_DTYPES
+from opstrata.ops.kernels import activation as act
+from opstrata.ops.kernels.activation import ERF_ATANH_POLY, gelu_exact_f32
 from opstrata.ops.testing import TOLERANCES, assert_close
 
 SETTINGS = settings(

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
-from opstrata.ops import _flash_attention as fa
-from opstrata.ops._flash_attention import attention_backward_cpu, attention_cpu
+from opstrata.ops.kernels import flash_attention as fa
+from opstrata.ops.kernels.flash_attention import attention_backward_cpu, attention_cpu
 from opstrata.ops.testing import assert_close, tolerances
 
 DTYPES = [np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
@@ -318,7 +318,7 @@ def test_float8_accumulates_in_float32(dtype) -> None:
 
 
 def test_num_threads_env(monkeypatch) -> None:
-    from opstrata.ops._parallel import default_workers
+    from opstrata.ops.kernels.parallel import default_workers
 
     monkeypatch.setenv("OPSTRATA_NUM_THREADS", "3")
     assert default_workers() == 3
@@ -328,7 +328,7 @@ def test_num_threads_env(monkeypatch) -> None:
 
 
 def test_without_threadpoolctl_tiles_run_serially(monkeypatch) -> None:
-    from opstrata.ops import _parallel
+    from opstrata.ops.kernels import parallel as _parallel
 
     monkeypatch.delenv("OPSTRATA_NUM_THREADS", raising=False)
     monkeypatch.setattr(_parallel, "_CONTROLLER", [None])  # as if threadpoolctl were missing
@@ -338,8 +338,8 @@ def test_without_threadpoolctl_tiles_run_serially(monkeypatch) -> None:
 
 
 def test_backward_splits_query_tiles_when_kv_heads_are_fewer_than_workers() -> None:
-    from opstrata.ops._attention import AttnShape
-    from opstrata.ops._flash_attention import Tiling, _backward_units
+    from opstrata.ops.kernels.attention import AttnShape
+    from opstrata.ops.kernels.flash_attention import Tiling, _backward_units
 
     q, k, v, mask = inputs(1, 4, 1, 70, 50, 8, np.float64, mask_kind="bool", seed=10)  # MQA: one kv head
     s_units = _backward_units(AttnShape(1, 4, 1, 70, 50, 8, 8), Tiling(4, 8, 16, 1, -20, True), nw=3)

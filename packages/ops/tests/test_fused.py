@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
-from opstrata.ops import OpError, _chunking
+from opstrata.ops import OpError
 from opstrata.ops._dtypes import bfloat16, float16, float32
+from opstrata.ops.kernels import chunking as _chunking
 from opstrata.ops.testing import TOLERANCES, assert_close
 
 DTYPES = (float32, bfloat16, float16)

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
-from opstrata.ops import _native
-from opstrata.ops._activation import gelu_cpu
-from opstrata.ops._fused import bias_act_cpu
-from opstrata.ops._normalization import layer_norm_cpu
+from opstrata.ops.kernels.activation import gelu_cpu
+from opstrata.ops.kernels.fused import bias_act_cpu
+from opstrata.ops.kernels.normalization import layer_norm_cpu
+from opstrata.ops.native import library as _native
 from opstrata.ops.testing import TOLERANCES, assert_close
 
 pytestmark = pytest.mark.skipif(
@@ -205,7 +205,7 @@ def test_out_the_c_loop_cannot_write_gets_a_copy_of_the_native_result() -> None:
 
 
 def test_out_the_c_loop_cannot_write_is_refused() -> None:
-    from opstrata.ops._native_ops import _writable_out
+    from opstrata.ops.native.kernels import _writable_out
 
     big = rnd((7, 16), 5)
     x = big[:6]
@@ -448,7 +448,7 @@ def test_unknown_mode_is_an_error_naming_the_variable(tmp_path: Path) -> None:
 
 def test_corrupted_cached_library_is_rebuilt(tmp_path: Path) -> None:
     code = """
-        from opstrata.ops import _native
+        from opstrata.ops.native import library as _native
         p = _native.library_path()
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"not a shared library")

@@ -90,7 +90,7 @@ def test_concat(dtype, shape, sizes, axis, seed) -> None:
 )
 def test_concat_kernels(dtype, shape, sizes, axis, seed) -> None:
     """The kernels themselves, bypassing dispatch."""
-    from opstrata.ops._shape import concat_cpu, concat_ref
+    from opstrata.ops.kernels.shape import concat_cpu, concat_ref
 
     assume(-len(shape) <= axis < len(shape))
     parts = []

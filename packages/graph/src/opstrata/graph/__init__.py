@@ -8,23 +8,8 @@ __version__: str = _check_compatible("opstrata-graph")
 
 # --- IR ---
 # --- optimisation passes (levels 0-3) and the pass report ---
-from . import _fused_ops as _fused_ops  # registers shape rules and exporters of the fused ops
-from ._collective import Collectives as Collectives, use_collectives as use_collectives
-from ._cse import eliminate_common_subexpressions as eliminate_common_subexpressions
-from ._dce import eliminate_dead_code as eliminate_dead_code
 from ._errors import GraphError as GraphError, UnsupportedOpError as UnsupportedOpError
 from ._execute import HOST_OPS as HOST_OPS, KERNELS as EXECUTOR_KERNELS, run_graph as run_graph
-from ._fold import fold_constants as fold_constants
-from ._fold_shapes import fold_shapes as fold_shapes
-from ._fuse_activation import fuse_bias_activation as fuse_bias_activation
-from ._fuse_attention import fuse_attention as fuse_attention
-from ._fuse_elementwise import fuse_elementwise as fuse_elementwise
-from ._fuse_gelu import fuse_gelu as fuse_gelu
-from ._fuse_linear import fuse_linear as fuse_linear
-from ._fuse_norm import fuse_layer_norm as fuse_layer_norm, fuse_rms_norm as fuse_rms_norm
-from ._fuse_skip_norm import fuse_skip_norm as fuse_skip_norm
-from ._fused_codegen import fused_kernel as fused_kernel
-from ._identity import remove_identities as remove_identities
 from ._ir import OPSTRATA_DOMAIN as OPSTRATA_DOMAIN, Graph as Graph, Node as Node, Value as Value
 
 # --- memory planning, execution plans ---
@@ -33,26 +18,6 @@ from ._memory import (
     MemoryPlan as MemoryPlan,
     MemoryPlanner as MemoryPlanner,
     plan_memory as plan_memory,
-)
-from ._onnx_export import (
-    ExportContext as ExportContext,
-    export_as_function as export_as_function,
-    register_export as register_export,
-    to_onnx as to_onnx,
-)
-
-# --- ONNX front end and back end (need the [onnx] extra at call time) ---
-from ._onnx_import import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
-
-# --- tensor-parallel partitioning (Megatron-LM): rank graphs, their collective, the simulator ---
-from ._partition import partition as partition
-from ._partition_sim import simulate_tensor_parallel as simulate_tensor_parallel
-from ._pipeline import (
-    LEVELS as LEVELS,
-    PassReport as PassReport,
-    PassResult as PassResult,
-    optimize as optimize,
-    passes_for_level as passes_for_level,
 )
 from ._plan import (
     FORMAT_VERSION as FORMAT_VERSION,
@@ -70,8 +35,43 @@ from ._symbolic import (
     broadcast_shapes as broadcast_shapes,
     is_static as is_static,
 )
-from ._transpose import fold_transposes as fold_transposes
 from ._validate import find_cycle as find_cycle, validate as validate
+from .onnx.export import (
+    ExportContext as ExportContext,
+    export_as_function as export_as_function,
+    register_export as register_export,
+    to_onnx as to_onnx,
+)
+
+# --- ONNX front end and back end (need the [onnx] extra at call time) ---
+from .onnx.importer import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
+from .opdefs import fused as _fused_ops  # noqa: F401  (registers shape rules and exporters of the fused ops)
+from .opdefs.fused_codegen import fused_kernel as fused_kernel
+from .partition.collective import Collectives as Collectives, use_collectives as use_collectives
+
+# --- tensor-parallel partitioning (Megatron-LM): rank graphs, their collective, the simulator ---
+from .partition.partition import partition as partition
+from .partition.simulate import simulate_tensor_parallel as simulate_tensor_parallel
+from .passes.cse import eliminate_common_subexpressions as eliminate_common_subexpressions
+from .passes.dce import eliminate_dead_code as eliminate_dead_code
+from .passes.fold import fold_constants as fold_constants
+from .passes.fold_shapes import fold_shapes as fold_shapes
+from .passes.fuse_activation import fuse_bias_activation as fuse_bias_activation
+from .passes.fuse_attention import fuse_attention as fuse_attention
+from .passes.fuse_elementwise import fuse_elementwise as fuse_elementwise
+from .passes.fuse_gelu import fuse_gelu as fuse_gelu
+from .passes.fuse_linear import fuse_linear as fuse_linear
+from .passes.fuse_norm import fuse_layer_norm as fuse_layer_norm, fuse_rms_norm as fuse_rms_norm
+from .passes.fuse_skip_norm import fuse_skip_norm as fuse_skip_norm
+from .passes.identity import remove_identities as remove_identities
+from .passes.pipeline import (
+    LEVELS as LEVELS,
+    PassReport as PassReport,
+    PassResult as PassResult,
+    optimize as optimize,
+    passes_for_level as passes_for_level,
+)
+from .passes.transpose import fold_transposes as fold_transposes
 
 __all__ = [
     "ALIGNMENT",

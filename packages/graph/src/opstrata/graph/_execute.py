@@ -17,9 +17,9 @@ import numpy as np
 import opstrata.ops as ops
 
 from ._errors import GraphError
-from ._fused_codegen import result_dtype, run_fused
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._shape_rules import conv_pads
+from .opdefs.fused_codegen import result_dtype, run_fused
 
 __all__ = ["HOST_OPS", "KERNELS", "run_graph"]
 

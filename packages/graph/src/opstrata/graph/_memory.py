@@ -17,8 +17,8 @@ import numpy as np
 
 from ._errors import GraphError
 from ._ir import OPSTRATA_DOMAIN, Graph
-from ._pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
 from ._shape_infer import infer_shapes
+from .passes.pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
 
 __all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "plan_memory"]
 

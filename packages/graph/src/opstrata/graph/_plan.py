@@ -20,11 +20,11 @@ import opstrata.ops as ops
 
 from ._errors import GraphError
 from ._execute import KERNELS, run_graph
-from ._fused_codegen import CODEGEN
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._memory import MemoryPlan, MemoryPlanner
-from ._pipeline import PassReport, optimize
 from ._serialize import graph_from_json, graph_to_json
+from .opdefs.fused_codegen import CODEGEN
+from .passes.pipeline import PassReport, optimize
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "KernelBinding", "Plan", "compile", "kernels_of"]
 
@@ -220,7 +220,7 @@ class Plan:
         """Write the plan to ``path`` atomically (a temp file then rename); returns the path."""
         path = Path(path)
         from . import __version__
-        from ._onnx_export import to_onnx
+        from .onnx.export import to_onnx
 
         tensors: dict[str, bytes] = {}
 
@@ -330,7 +330,7 @@ def compile(
     """
     if not isinstance(graph, Graph):
         if isinstance(graph, (bytes, str, os.PathLike)) or hasattr(graph, "graph"):
-            from ._onnx_import import from_onnx
+            from .onnx.importer import from_onnx
 
             graph = from_onnx(graph)
         else:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ._ir import OPSTRATA_DOMAIN, Graph
-from ._onnx_types import require_onnx
 from ._shape_infer import infer_shapes
+from .onnx.types import require_onnx
 
 __all__ = [
     "ModelBuilder",
@@ -456,7 +456,7 @@ def random_feeds(
     dims = dict(dims or {})
     specs: list[tuple[str, np.dtype, list[Any]]] = []
     if hasattr(model, "graph") and hasattr(model.graph, "input"):
-        from ._onnx_types import shape_from_type
+        from .onnx.types import shape_from_type
 
         inits = {t.name for t in model.graph.initializer}
         for vi in model.graph.input:

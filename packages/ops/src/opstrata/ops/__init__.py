@@ -7,37 +7,6 @@ from .compat import check_compatible as _check_compatible
 __version__: str = _check_compatible("opstrata-ops")
 
 from . import codegen as codegen
-from ._activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
-from ._attention import attention as attention, attention_backward as attention_backward
-from ._autotune import (
-    AutotuneCacheWarning as AutotuneCacheWarning,
-    AutotuneStats as AutotuneStats,
-    Tunable as Tunable,
-    TuneResult as TuneResult,
-    autotune as autotune,
-    autotune_cache_dir as autotune_cache_dir,
-    autotune_stats as autotune_stats,
-    autotuned as autotuned,
-    clear_autotune_cache as clear_autotune_cache,
-    device_fingerprint as device_fingerprint,
-    reset_autotune_stats as reset_autotune_stats,
-    tunables as tunables,
-    tune as tune,
-)
-from ._backward_activation import (
-    embedding_backward as embedding_backward,
-    gelu_backward as gelu_backward,
-    silu_backward as silu_backward,
-)
-from ._backward_matmul import linear_backward as linear_backward, matmul_backward as matmul_backward
-from ._backward_norm import layer_norm_backward as layer_norm_backward, rms_norm_backward as rms_norm_backward
-from ._backward_softmax import (
-    cross_entropy_backward as cross_entropy_backward,
-    log_softmax_backward as log_softmax_backward,
-    softmax_backward as softmax_backward,
-)
-from ._collective import all_reduce as all_reduce
-from ._conv import conv2d as conv2d
 from ._devices import (
     device as device,
     get_default_device as get_default_device,
@@ -67,7 +36,55 @@ from ._dtypes import (
     result_dtype as result_dtype,
     uint8 as uint8,
 )
-from ._elementwise import (
+from ._errors import (
+    DevicePluginError as DevicePluginError,
+    FallbackError as FallbackError,
+    FallbackWarning as FallbackWarning,
+    NoKernelError as NoKernelError,
+    OpError as OpError,
+    UnknownDeviceError as UnknownDeviceError,
+    UnknownOpError as UnknownOpError,
+)
+from ._fallback import (
+    FallbackRecord as FallbackRecord,
+    FallbackReport as FallbackReport,
+    fallback_policy as fallback_policy,
+    fallback_report as fallback_report,
+    get_fallback_policy as get_fallback_policy,
+    reset_fallback_report as reset_fallback_report,
+    set_fallback_policy as set_fallback_policy,
+)
+from ._registry import (
+    KernelEntry as KernelEntry,
+    call as call,
+    coverage as coverage,
+    dispatch_path as dispatch_path,
+    kernels as kernels,
+    list_devices as list_devices,
+    list_ops as list_ops,
+    register as register,
+    register_decomposition as register_decomposition,
+    registry_generation as registry_generation,
+    resolve_kernel as resolve_kernel,
+    unregister as unregister,
+)
+from .grad.activation import (
+    embedding_backward as embedding_backward,
+    gelu_backward as gelu_backward,
+    silu_backward as silu_backward,
+)
+from .grad.matmul import linear_backward as linear_backward, matmul_backward as matmul_backward
+from .grad.norm import layer_norm_backward as layer_norm_backward, rms_norm_backward as rms_norm_backward
+from .grad.softmax import (
+    cross_entropy_backward as cross_entropy_backward,
+    log_softmax_backward as log_softmax_backward,
+    softmax_backward as softmax_backward,
+)
+from .kernels.activation import gelu as gelu, relu as relu, sigmoid as sigmoid, silu as silu
+from .kernels.attention import attention as attention, attention_backward as attention_backward
+from .kernels.collective import all_reduce as all_reduce
+from .kernels.conv import conv2d as conv2d
+from .kernels.elementwise import (
     abs as abs,
     add as add,
     cast as cast,
@@ -87,44 +104,21 @@ from ._elementwise import (
     tanh as tanh,
     where as where,
 )
-from ._erf import erf as erf
-from ._errors import (
-    DevicePluginError as DevicePluginError,
-    FallbackError as FallbackError,
-    FallbackWarning as FallbackWarning,
-    NoKernelError as NoKernelError,
-    OpError as OpError,
-    UnknownDeviceError as UnknownDeviceError,
-    UnknownOpError as UnknownOpError,
+from .kernels.erf import erf as erf
+from .kernels.flash_attention import attention_cpu as _attention_cpu  # noqa: F401  (registers the cpu kernels)
+from .kernels.fused import bias_act as bias_act, scale_mask_softmax as scale_mask_softmax
+from .kernels.fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_rms_norm
+from .kernels.index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
+from .kernels.loss import cross_entropy as cross_entropy
+from .kernels.matmul import gemm as gemm, linear as linear, matmul as matmul
+from .kernels.normalization import batch_norm as batch_norm, layer_norm as layer_norm, rms_norm as rms_norm
+from .kernels.optim import adamw_step as adamw_step
+from .kernels.pool import (
+    avg_pool2d as avg_pool2d,
+    global_avg_pool as global_avg_pool,
+    max_pool2d as max_pool2d,
 )
-from ._fallback import (
-    FallbackRecord as FallbackRecord,
-    FallbackReport as FallbackReport,
-    fallback_policy as fallback_policy,
-    fallback_report as fallback_report,
-    get_fallback_policy as get_fallback_policy,
-    reset_fallback_report as reset_fallback_report,
-    set_fallback_policy as set_fallback_policy,
-)
-from ._flash_attention import attention_cpu as _attention_cpu  # noqa: F401  (registers the cpu kernels)
-from ._fused import bias_act as bias_act, scale_mask_softmax as scale_mask_softmax
-from ._fused_norm import add_layer_norm as add_layer_norm, add_rms_norm as add_rms_norm
-from ._index import cumsum as cumsum, embedding as embedding, gather as gather, top_k as top_k
-from ._loss import cross_entropy as cross_entropy
-from ._matmul import gemm as gemm, linear as linear, matmul as matmul
-from ._native import (
-    NativeBuildError as NativeBuildError,
-    NativeBuildWarning as NativeBuildWarning,
-    NativeStatus as NativeStatus,
-    native_cache_dir as native_cache_dir,
-    native_status as native_status,
-    reset_native_stats as reset_native_stats,
-)
-from ._native_ops import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
-from ._normalization import batch_norm as batch_norm, layer_norm as layer_norm, rms_norm as rms_norm
-from ._optim import adamw_step as adamw_step
-from ._pool import avg_pool2d as avg_pool2d, global_avg_pool as global_avg_pool, max_pool2d as max_pool2d
-from ._reduce import (
+from .kernels.reduce import (
     argmax as argmax,
     max as max,
     mean as mean,
@@ -132,22 +126,8 @@ from ._reduce import (
     sum as sum,
     var as var,
 )
-from ._registry import (
-    KernelEntry as KernelEntry,
-    call as call,
-    coverage as coverage,
-    dispatch_path as dispatch_path,
-    kernels as kernels,
-    list_devices as list_devices,
-    list_ops as list_ops,
-    register as register,
-    register_decomposition as register_decomposition,
-    registry_generation as registry_generation,
-    resolve_kernel as resolve_kernel,
-    unregister as unregister,
-)
-from ._rotary import rotary_embedding as rotary_embedding
-from ._shape import (
+from .kernels.rotary import rotary_embedding as rotary_embedding
+from .kernels.shape import (
     concat as concat,
     expand as expand,
     reshape as reshape,
@@ -155,7 +135,31 @@ from ._shape import (
     split as split,
     transpose as transpose,
 )
-from ._softmax import log_softmax as log_softmax, softmax as softmax
+from .kernels.softmax import log_softmax as log_softmax, softmax as softmax
+from .native.kernels import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
+from .native.library import (
+    NativeBuildError as NativeBuildError,
+    NativeBuildWarning as NativeBuildWarning,
+    NativeStatus as NativeStatus,
+    native_cache_dir as native_cache_dir,
+    native_status as native_status,
+    reset_native_stats as reset_native_stats,
+)
+from .tune.autotune import (
+    AutotuneCacheWarning as AutotuneCacheWarning,
+    AutotuneStats as AutotuneStats,
+    Tunable as Tunable,
+    TuneResult as TuneResult,
+    autotune as autotune,
+    autotune_cache_dir as autotune_cache_dir,
+    autotune_stats as autotune_stats,
+    autotuned as autotuned,
+    clear_autotune_cache as clear_autotune_cache,
+    device_fingerprint as device_fingerprint,
+    reset_autotune_stats as reset_autotune_stats,
+    tunables as tunables,
+    tune as tune,
+)
 
 __all__ = [
     "ALL_DTYPES",

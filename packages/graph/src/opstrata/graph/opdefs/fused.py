@@ -1,0 +1,171 @@
+"""Shape rules and ONNX exporters of the fused ops the level 2/3 passes create (kernels: _execute.py).
+
+| op (``ai.opstrata``) | inputs | attrs | outputs |
+|---|---|---|---|
+| ``Linear`` | x, w (out, in), b? | ``activation`` = "" / relu / gelu / gelu_tanh / sigmoid / tanh | y |
+| ``SkipLayerNorm`` | x, skip, gamma, beta? | ``axis``, ``epsilon`` | y, sum? (``x + skip``) |
+| ``SkipRMSNorm`` | x, skip, w? | ``axis``, ``epsilon`` | y, sum? |
+| ``FusedElementwise`` | x0, x1, ... | ``expr``: steps ``[op, [refs]]``, ref ``"x<i>"`` / ``"t<j>"`` / ``"c<k>"``; ``consts``: floats | the last step |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._ir import OPSTRATA_DOMAIN, Node
+from .._shape_rules import RULES, RuleContext, TypeShape, _bcast, _linear, _norm
+from ..onnx.export import (
+    ExportContext,
+    _gelu_body,
+    _layer_norm_body,
+    _linear_body,
+    _rms_norm_export,
+    export_as_function,
+    export_standard_from,
+    register_export,
+)
+from ..passes.pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
+
+__all__ = ["ACTIVATIONS", "check_expr"]
+
+#: ``Linear`` epilogue activations -> the ONNX op they stand for.
+ACTIVATIONS = {
+    "": None,
+    "relu": "Relu",
+    "gelu": "Gelu",
+    "gelu_tanh": "Gelu",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+}
+
+
+def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str, n_consts: int = 0) -> None:
+    """Validate a FusedElementwise expression (GraphError naming the bad step)."""
+    from .._errors import GraphError
+
+    if not expr:
+        raise GraphError(where, "expr is empty", "give at least one step [op, [refs]]")
+    for j, step in enumerate(expr):
+        op, refs = step[0], list(step[1])
+        arity = 1 if op in ELEMENTWISE_UNARY else 2 if op in ELEMENTWISE_BINARY else None
+        if arity is None or len(refs) != arity:
+            raise GraphError(
+                where, f"step {j} {op}({refs}) is not a supported {arity or '?'}-ary elementwise op",
+                f"use {sorted(ELEMENTWISE_UNARY)} (1 ref) or {sorted(ELEMENTWISE_BINARY)} (2 refs)",
+            )  # fmt: skip
+        for r in refs:
+            limit = {"x": n_inputs, "t": j, "c": n_consts}.get(r[:1], 0)
+            if not (r[1:].isdigit() and int(r[1:]) < limit):
+                raise GraphError(
+                    where, f"step {j} refers to '{r}', which is neither an input x0..x{n_inputs - 1}, "
+                    f"an earlier step nor one of the {n_consts} consts",
+                    "refs are 'x<i>' (node input i), 't<j>' (result of step j < this one) or 'c<k>' (consts[k])",
+                )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- shape rules
+
+
+def _skip_norm(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    dt = ctx.same_dtype([0, 1])
+    s = _bcast(ctx, [0, 1])
+    return [(dt, s), (dt, s)][: len(n.outputs)]
+
+
+def _fused_elementwise(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    from .._errors import GraphError
+
+    where = f"node '{n.name}' ({n.qualified_type})"
+    consts = n.attrs.get("consts") or []
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in consts):
+        raise GraphError(where, f"consts must be numbers, got {consts!r}", "give consts as a list of floats")
+    check_expr(n.attrs.get("expr") or [], len(n.inputs), where, len(consts))
+    from .fused_codegen import result_dtype
+
+    dts = [ctx.dtype(i) for i in range(len(n.inputs))]
+    dt = (
+        result_dtype(n, dts) if all(d is not None for d in dts) else None
+    )  # ONNX typing: Pow keeps its base's
+    return [(dt, _bcast(ctx, range(len(n.inputs))))]
+
+
+RULES[(OPSTRATA_DOMAIN, "SkipLayerNorm")] = _skip_norm
+RULES[(OPSTRATA_DOMAIN, "SkipRMSNorm")] = _skip_norm
+RULES[(OPSTRATA_DOMAIN, "FusedElementwise")] = _fused_elementwise
+_ = (_linear, _norm)  # Linear and RMSNorm keep their rules
+
+
+# --------------------------------------------------------------------------- exporters
+
+
+def _activation(ctx: ExportContext, act: str, x: str, out: str) -> None:
+    op = ACTIVATIONS[act]
+    if op == "Gelu":
+        node = Node("Gelu", [x], [out], {"approximate": "tanh" if act == "gelu_tanh" else "none"})
+        if ctx.opset >= 20:
+            ctx.emit("Gelu", [x], [out], approximate=node.attrs["approximate"])
+        else:
+            _gelu_body(node, ctx)
+    else:
+        ctx.emit(op, [x], [out])  # type: ignore[arg-type]
+
+
+def _linear_act_body(node: Node, ctx: ExportContext) -> None:
+    act = node.attrs.get("activation") or ""
+    if not act:
+        _linear_body(node, ctx)
+        return
+    pre = ctx.fresh("pre_act")
+    _linear_body(Node("Linear", node.inputs, [pre], {}, node.name, node.domain), ctx)
+    _activation(ctx, act, pre, node.outputs[0])
+
+
+_layer_norm_export = export_standard_from(17, _layer_norm_body)
+
+
+def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
+    s = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else ctx.fresh(f"{node.name}_sum")
+    ctx.emit("Add", node.inputs[:2], [s])
+    if node.op_type == "SkipLayerNorm":
+        ln = Node("LayerNormalization", [s, *node.inputs[2:]], node.outputs[:1], dict(node.attrs), node.name)
+        _layer_norm_export(ln, ctx)
+    else:
+        rms = Node(
+            "RMSNorm", [s, *node.inputs[2:]], node.outputs[:1], dict(node.attrs), node.name, OPSTRATA_DOMAIN
+        )
+        _rms_norm_export(rms, ctx)
+
+
+def _fused_elementwise_body(node: Node, ctx: ExportContext) -> None:
+    from .fused_codegen import result_dtype
+
+    names: list[str] = []
+    expr = node.attrs["expr"]
+    consts = node.attrs.get("consts") or []
+    dt = result_dtype(node, [ctx.dtype_of(x) for x in node.inputs])
+    const_names = [ctx.scalar(float(c), dt, f"c{k}") for k, c in enumerate(consts)]
+    for j, (op, refs) in enumerate(expr):
+        args = [
+            node.inputs[int(r[1:])]
+            if r[0] == "x"
+            else names[int(r[1:])]
+            if r[0] == "t"
+            else const_names[int(r[1:])]
+            for r in refs
+        ]
+        out = node.outputs[0] if j == len(expr) - 1 else ctx.fresh(f"t{j}")
+        if op == "Pow":  # ONNX Pow takes any exponent dtype; keep the base's
+            ctx.emit("Pow", args, [out])
+        else:
+            ctx.emit(op, args, [out])
+        names.append(out)
+
+
+def _linear_export(node: Node, ctx: ExportContext) -> None:
+    ctx.call_function(node, _linear_act_body)
+
+
+register_export("Linear", _linear_export, domain=OPSTRATA_DOMAIN)
+register_export("SkipLayerNorm", _skip_norm_export, domain=OPSTRATA_DOMAIN)
+register_export("SkipRMSNorm", _skip_norm_export, domain=OPSTRATA_DOMAIN)
+register_export("FusedElementwise", export_as_function(_fused_elementwise_body), domain=OPSTRATA_DOMAIN)

@@ -1,0 +1,37 @@
+"""Bias + activation -> one node: ``act(Linear(x, w, b))`` becomes ``Linear(..., activation=act)``
+(a GEMM epilogue, as cuBLASLt and ONNX Runtime's FusedGemm do)."""
+
+from __future__ import annotations
+
+from .._ir import OPSTRATA_DOMAIN, Graph, Node
+from .pattern import Matcher, is_onnx
+
+__all__ = ["fuse_bias_activation"]
+
+
+def _activation_of(node: Node) -> str | None:
+    if is_onnx(node, "Relu", "Sigmoid", "Tanh"):
+        return node.op_type.lower()
+    if is_onnx(node, "Gelu"):
+        return "gelu_tanh" if node.attrs.get("approximate", "none") == "tanh" else "gelu"
+    return None
+
+
+def fuse_bias_activation(graph: Graph) -> Graph:
+    """``Relu/Gelu/Sigmoid/Tanh`` of a Linear's sole output folds into the Linear's ``activation``."""
+    g = graph.copy()
+    m = Matcher(g)
+    for node in list(g.nodes):
+        if node.domain != OPSTRATA_DOMAIN or node.op_type != "Linear" or node.attrs.get("activation"):
+            continue
+        act_node = m.only_use(node.outputs[0])
+        act = _activation_of(act_node) if act_node is not None else None
+        if act_node is None or not act:
+            continue
+        node.attrs["activation"] = act
+        old = node.outputs[0]
+        node.outputs[0] = act_node.outputs[0]
+        g.remove_node(act_node)
+        g.values.pop(old, None)
+        m = Matcher(g)
+    return g

@@ -1,0 +1,297 @@
+"""Reduction kernels — sum, mean, max, min, argmax, var — on ``ref`` and ``cpu``, plus axis validation.
+
+Semantics are numpy's/torch's: ``axis`` is None (all dims), an int or a tuple of ints; ``var`` takes
+torch's ``correction`` (Bessel's correction by default). Rule of accumulation
+(:func:`opstrata.ops._dtypes.accumulation_dtype`): float16/bfloat16/float8 accumulate in float32,
+float32 in float32, float64 in float64, integers in int64.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import accumulation_dtype, int64
+from .._errors import OpError
+from .._registry import call, register, register_decomposition
+from .elementwise import FLOATS, NUMERIC, cast_back, checked, ieee, nd
+
+Axis = int | tuple[int, ...] | None
+
+
+# --------------------------------------------------------------------------- axis helpers
+
+
+def normalize_axis(op: str, x: np.ndarray, axis: Any, name: str = "axis") -> int:
+    """A single axis in ``[0, ndim)``; :class:`OpError` for non-ints or out-of-range axes."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise OpError(op, name, "an int", f"{type(axis).__name__} {axis!r}")
+    nd_ = x.ndim
+    if not -nd_ <= axis < nd_:
+        raise OpError(op, name, f"an axis in [-{nd_}, {nd_}) for x of shape {x.shape}", str(axis))
+    return operator.index(axis) % nd_
+
+
+def normalize_axes(op: str, x: np.ndarray, axis: Axis, name: str = "axis") -> tuple[int, ...]:
+    """Axes as a sorted tuple in ``[0, ndim)``; None means every dim; duplicates are an error."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(normalize_axis(op, x, a, name) for a in items)
+    if len(set(axes)) != len(axes):
+        raise OpError(op, name, "distinct axes", str(axis))
+    return tuple(sorted(axes))
+
+
+def reduced_count(x: np.ndarray, axes: tuple[int, ...]) -> int:
+    """How many elements each output of a reduction over ``axes`` combines."""
+    return math.prod(x.shape[a] for a in axes)
+
+
+def mean_over(
+    t: np.ndarray, axes: int | tuple[int, ...], keepdims: bool = False, dtype: Any = None
+) -> np.ndarray:
+    """``sum / count`` over ``axes``: NaN (not numpy's "Mean of empty slice" warning) for empty ones."""
+    axes_t = (axes,) if isinstance(axes, int) else axes
+    s = nd(t.sum(axis=axes_t, keepdims=keepdims, dtype=dtype))
+    with np.errstate(invalid="ignore"):
+        return np.divide(s, math.prod(t.shape[a] for a in axes_t), out=s)
+
+
+def _check_nonempty(op: str, x: np.ndarray, axes: tuple[int, ...]) -> None:
+    if any(x.shape[a] == 0 for a in axes):
+        raise OpError(
+            op, "x", "a non-empty dimension to reduce (no identity exists)", f"shape {x.shape}, axes {axes}"
+        )
+
+
+def _sum_dtype(dtype: np.dtype) -> np.dtype:
+    """sum returns int64 for integers (like numpy and torch) and the input dtype for floats."""
+    return int64 if dtype.kind in "iu" else dtype
+
+
+# --------------------------------------------------------------------------- sum, mean
+
+
+def sum(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Sum over ``axis`` (None: all). Low-precision floats accumulate in float32 and return their dtype;
+    float32/64 accumulate in their own dtype; integers accumulate in and return int64.
+
+    >>> sum(np.array([[1, 2], [3, 4]], dtype=np.int8), axis=0)
+    array([4, 6])
+    """
+    return call("sum", checked("sum", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+
+
+@register("sum", device="ref", dtypes=NUMERIC)
+@ieee
+def sum_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("sum", x, axis)
+    total = np.sum(x.astype(accumulation_dtype(x.dtype)), axis=axes, keepdims=keepdims)
+    return cast_back(total, _sum_dtype(x.dtype))
+
+
+@register("sum", device="cpu", dtypes=NUMERIC)
+@ieee
+def sum_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("sum", x, axis)
+    # dtype= upcasts chunk-wise in numpy's buffered loop: no full-size float32 copy of a bf16 input
+    return cast_back(
+        x.sum(axis=axes, dtype=accumulation_dtype(x.dtype), keepdims=keepdims), _sum_dtype(x.dtype)
+    )
+
+
+def mean(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Arithmetic mean over ``axis``; floats; accumulates as :func:`sum` and returns x's dtype.
+
+    The mean of an empty reduction is NaN (as torch and numpy).
+
+    >>> mean(np.array([1.0, 2.0, 6.0]))
+    array(3.)
+    """
+    return call("mean", checked("mean", "x", x, FLOATS), axis=axis, keepdims=keepdims, device=device)
+
+
+@register("mean", device="ref", dtypes=FLOATS)
+@ieee
+def mean_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("mean", x, axis)
+    total = np.sum(x.astype(accumulation_dtype(x.dtype)), axis=axes, keepdims=keepdims)
+    return cast_back(total / reduced_count(x, axes), x.dtype)
+
+
+@register("mean", device="cpu", dtypes=FLOATS)
+@ieee
+def mean_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("mean", x, axis)
+    return cast_back(mean_over(x, axes, keepdims, dtype=accumulation_dtype(x.dtype)), x.dtype)
+
+
+@register_decomposition("mean", dtypes=FLOATS)
+def mean_decomposition(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    """mean = sum(x) / count (sum accumulates in float32 for low precision)."""
+    x = nd(x)
+    n = reduced_count(x, normalize_axes("mean", x, axis))
+    return call("div", call("sum", x, axis=axis, keepdims=keepdims), np.asarray(n, dtype=x.dtype))
+
+
+# --------------------------------------------------------------------------- max, min, argmax
+
+
+def max(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Maximum over ``axis``; floats and ints; exact, returns x's dtype; NaN propagates (as torch).
+
+    Reducing an empty dimension is an :class:`OpError` (there is no identity).
+
+    >>> max(np.array([[1, 5], [7, 2]]), axis=1)
+    array([5, 7])
+    """
+    return call("max", checked("max", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+
+
+def min(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Minimum over ``axis``; as :func:`max`.
+
+    >>> min(np.array([[1, 5], [7, 2]]), axis=1)
+    array([1, 2])
+    """
+    return call("min", checked("min", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+
+
+def _ref_extreme(op: str, x: Any, axis: Axis, keepdims: bool, pick: Any) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes(op, x, axis)
+    _check_nonempty(op, x, axes)
+    r = x
+    for a in reversed(axes):  # one axis at a time, highest first so lower indices stay valid
+        r = pick.reduce(r, axis=a, keepdims=keepdims)
+    return nd(r)
+
+
+@register("max", device="ref", dtypes=NUMERIC)
+def max_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    return _ref_extreme("max", x, axis, keepdims, np.maximum)
+
+
+@register("max", device="cpu", dtypes=NUMERIC)
+def max_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("max", x, axis)
+    _check_nonempty("max", x, axes)
+    return nd(x.max(axis=axes, keepdims=keepdims))
+
+
+@register("min", device="ref", dtypes=NUMERIC)
+def min_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    return _ref_extreme("min", x, axis, keepdims, np.minimum)
+
+
+@register("min", device="cpu", dtypes=NUMERIC)
+def min_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("min", x, axis)
+    _check_nonempty("min", x, axes)
+    return nd(x.min(axis=axes, keepdims=keepdims))
+
+
+def argmax(
+    x: Any, *, axis: int | None = None, keepdims: bool = False, device: str | None = None
+) -> np.ndarray:
+    """Index of the maximum along ``axis`` (None: of the flattened array) as int64; floats and ints.
+
+    Ties give the first index; a NaN counts as the maximum (first NaN wins), as numpy and torch.
+
+    >>> argmax(np.array([[1, 5], [7, 2]]), axis=1)
+    array([1, 0])
+    """
+    return call("argmax", checked("argmax", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+
+
+def _argmax_prep(x: Any, axis: int | None) -> tuple[np.ndarray, int | None]:
+    x = nd(x)
+    ax = None if axis is None else normalize_axis("argmax", x, axis)
+    _check_nonempty("argmax", x, tuple(range(x.ndim)) if ax is None else (ax,))
+    return x, ax
+
+
+@register("argmax", device="ref", dtypes=NUMERIC)
+def argmax_ref(x: Any, *, axis: int | None = None, keepdims: bool = False) -> np.ndarray:
+    x, ax = _argmax_prep(x, axis)
+    rows = np.moveaxis(x.reshape(-1) if ax is None else x, -1 if ax is None else ax, -1)  # (..., n)
+    rows = rows.astype(np.float64) if rows.dtype.kind not in "iu" else rows
+    nan = np.isnan(rows) if rows.dtype.kind == "f" else np.zeros(rows.shape, bool)
+    is_best = np.where(nan.any(-1, keepdims=True), nan, rows == rows.max(-1, keepdims=True))
+    idx = np.where(is_best, np.arange(rows.shape[-1]), rows.shape[-1]).min(-1)  # first hit
+    if keepdims:
+        idx = idx.reshape((1,) * x.ndim) if ax is None else np.expand_dims(idx, ax)
+    return nd(idx).astype(int64)
+
+
+@register("argmax", device="cpu", dtypes=NUMERIC)
+def argmax_cpu(x: Any, *, axis: int | None = None, keepdims: bool = False) -> np.ndarray:
+    x, ax = _argmax_prep(x, axis)
+    return nd(np.argmax(x, axis=ax, keepdims=keepdims)).astype(int64, copy=False)
+
+
+# --------------------------------------------------------------------------- var
+
+
+def var(
+    x: Any,
+    *,
+    axis: Axis = None,
+    correction: float = 1,
+    keepdims: bool = False,
+    device: str | None = None,
+) -> np.ndarray:
+    """Variance over ``axis`` with torch's ``correction``: ``sum((x - mean)^2) / max(N - correction, 0)``.
+
+    Floats; accumulates as :func:`sum` (two passes: mean, then squared deviations) and returns x's
+    dtype. ``N <= correction`` divides by zero: NaN for zero deviations, inf otherwise (as torch).
+
+    >>> var(np.array([1.0, 2.0, 3.0, 4.0]))
+    array(1.66666667)
+    """
+    if isinstance(correction, bool) or not isinstance(correction, (int, float, np.integer, np.floating)):
+        raise OpError("var", "correction", "a number", f"{type(correction).__name__} {correction!r}")
+    return call(
+        "var",
+        checked("var", "x", x, FLOATS),
+        axis=axis,
+        correction=correction,
+        keepdims=keepdims,
+        device=device,
+    )
+
+
+@register("var", device="ref", dtypes=FLOATS)
+@ieee
+def var_ref(x: Any, *, axis: Axis = None, correction: float = 1, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("var", x, axis)
+    n = reduced_count(x, axes)
+    t = x.astype(accumulation_dtype(x.dtype))
+    mu = np.sum(t, axis=axes, keepdims=True) / n
+    ss = np.sum((t - mu) ** 2, axis=axes, keepdims=keepdims)
+    return cast_back(ss / builtins.max(n - correction, 0), x.dtype)
+
+
+@register("var", device="cpu", dtypes=FLOATS)
+@ieee
+def var_cpu(x: Any, *, axis: Axis = None, correction: float = 1, keepdims: bool = False) -> np.ndarray:
+    x = nd(x)
+    axes = normalize_axes("var", x, axis)
+    n = reduced_count(x, axes)
+    t = x.astype(accumulation_dtype(x.dtype))  # the one full-size buffer; deviations squared in place
+    t -= mean_over(t, axes, keepdims=True)
+    np.square(t, out=t)
+    ss = nd(t.sum(axis=axes, keepdims=keepdims))
+    return cast_back(np.divide(ss, builtins.max(n - correction, 0), out=ss), x.dtype)

@@ -1,0 +1,89 @@
+"""rotary_embedding on ``ref`` and ``cpu``: RoPE (Su et al., RoFormer 2021) in rotate-half and GPT-J layouts.
+
+Each pair of channels ``(a, b)`` of a head is rotated by the position's angle:
+``a' = a cos - b sin``, ``b' = b cos + a sin``. Rotate-half (GPT-NeoX / Llama) pairs channel ``i``
+with ``i + D/2``; interleaved (GPT-J) pairs ``2i`` with ``2i + 1``. Low precision computes in
+float32 and returns the input dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import FLOAT_DTYPES, compute_dtype
+from .._errors import OpError, check_dtype, check_ndim
+from .._registry import call, register
+
+__all__ = ["rotary_embedding"]
+
+
+def _check_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    op = "rotary_embedding"
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    check_ndim(op, "x", x, 4, layout="[B, H, N, D]")
+    d, n = x.shape[3], x.shape[2]
+    if d % 2:
+        raise OpError(op, "x", "an even head dim D (channels rotate in pairs)", f"D = {d}, shape {x.shape}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_dtype(op, name, t, FLOAT_DTYPES)
+        if t.shape != (n, d // 2):
+            raise OpError(op, name, f"shape ({n}, {d // 2}) = (N, D/2) for x {x.shape}", str(t.shape))
+
+
+def _pairs(d: int, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Channel indices ``(a, b)`` of each rotated pair."""
+    half = np.arange(d // 2)
+    return (2 * half, 2 * half + 1) if interleaved else (half, half + d // 2)
+
+
+@register("rotary_embedding", device="ref", dtypes=FLOAT_DTYPES)
+def rotary_embedding_ref(x: Any, cos: Any, sin: Any, *, interleaved: bool = False) -> np.ndarray:
+    x, cos, sin = np.asarray(x), np.asarray(cos), np.asarray(sin)
+    _check_rotary(x, cos, sin)
+    cdt = compute_dtype(x.dtype)
+    xc, c, s = x.astype(cdt), cos.astype(cdt), sin.astype(cdt)  # (B, H, N, D), (N, D/2), (N, D/2)
+    out = np.empty_like(xc)
+    for p, (a, b) in enumerate(
+        zip(*_pairs(x.shape[3], interleaved), strict=True)
+    ):  # one channel pair at a time
+        out[..., a] = xc[..., a] * c[:, p] - xc[..., b] * s[:, p]
+        out[..., b] = xc[..., b] * c[:, p] + xc[..., a] * s[:, p]
+    return out.astype(x.dtype)
+
+
+@register("rotary_embedding", device="cpu", dtypes=FLOAT_DTYPES)
+def rotary_embedding_cpu(x: Any, cos: Any, sin: Any, *, interleaved: bool = False) -> np.ndarray:
+    x, cos, sin = np.asarray(x), np.asarray(cos), np.asarray(sin)
+    _check_rotary(x, cos, sin)
+    cdt = compute_dtype(x.dtype)
+    xc = x.astype(cdt, copy=False)
+    c, s = cos.astype(cdt, copy=False), sin.astype(cdt, copy=False)  # (N, D/2)
+    h = x.shape[3] // 2
+    a, b = (
+        (xc[..., 0::2], xc[..., 1::2]) if interleaved else (xc[..., :h], xc[..., h:])
+    )  # views (B, H, N, D/2)
+    out = np.empty(x.shape, cdt)
+    oa, ob = (out[..., 0::2], out[..., 1::2]) if interleaved else (out[..., :h], out[..., h:])
+    np.multiply(a, c, out=oa)
+    oa -= b * s
+    np.multiply(b, c, out=ob)
+    ob += a * s
+    return out.astype(x.dtype, copy=False)
+
+
+def rotary_embedding(
+    x: Any, cos: Any, sin: Any, *, interleaved: bool = False, device: str | None = None
+) -> np.ndarray:
+    """Rotary position embedding of ``x`` ``(B, H, N, D)`` with per-position ``cos``/``sin`` ``(N, D/2)``.
+
+    Default rotate-half pairs channel ``i`` with ``i + D/2`` (Llama, GPT-NeoX); ``interleaved=True``
+    pairs ``2i`` with ``2i + 1`` (GPT-J). Pair ``p`` at position ``n`` turns by the angle whose cosine
+    is ``cos[n, p]``. Low precision computes in float32 and returns ``x``'s dtype.
+
+    >>> x = np.ones((1, 1, 1, 2), np.float32)
+    >>> rotary_embedding(x, np.zeros((1, 1)), np.ones((1, 1))).tolist()  # a quarter turn
+    [[[[-1.0, 1.0]]]]
+    """
+    return call("rotary_embedding", x, cos, sin, interleaved=interleaved, device=device)

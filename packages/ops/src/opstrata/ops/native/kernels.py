@@ -1,0 +1,172 @@
+"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, softmax.
+
+Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
+loops cover -- C-contiguous float32 rows, a bias / weight of one row; an ``out`` the loop cannot write
+in place (strided, partly overlapping) receives a copy -- and hands the rest (other activations, a
+residual, strided views, broadcasting) to the numpy kernel of the same device, counting both paths in
+:func:`opstrata.ops.native_status`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .._registry import register
+from ..kernels.activation import _check_approximate, gelu_cpu
+from ..kernels.elementwise import nd
+from ..kernels.fused import bias_act_cpu
+from ..kernels.normalization import _trailing, layer_norm_cpu
+from ..kernels.softmax import softmax_cpu
+from . import library as _native
+from .library import count, library
+
+_F32 = np.dtype(np.float32)
+
+
+def _rows_f32(a: np.ndarray) -> bool:
+    return a.dtype == _F32 and a.flags.c_contiguous and a.ndim >= 1
+
+
+def _row_vector(v: Any, n: int, *, broadcast: bool = False) -> np.ndarray | bool | None:
+    """``v`` as n contiguous float32 values (None stays None); False when the C loop cannot take it.
+
+    ``broadcast``: v broadcasts against rows of n (its last dim must then be n, e.g. ``(1, n)``).
+    """
+    if v is None:
+        return None
+    v = nd(v)
+    if v.dtype != _F32 or v.size != n or not v.flags.c_contiguous or (broadcast and v.shape[-1:] != (n,)):
+        return False
+    return v
+
+
+def _writable_out(out: np.ndarray | None, x: np.ndarray) -> bool:
+    """out is None, or a C-contiguous float32 array of x's shape that is x itself or disjoint from it."""
+    if out is None:
+        return True
+    if out.dtype != _F32 or out.shape != x.shape or not out.flags.c_contiguous or not out.flags.writeable:
+        return False
+    return out.ctypes.data == x.ctypes.data or not np.may_share_memory(out, x)  # bounds only: cheap
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _target(out: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """Where the C loop writes: ``out`` when it can take it, else a fresh buffer (copied into out after)."""
+    return out if out is not None and _writable_out(out, x) else np.empty(x.shape, _F32)
+
+
+def _deliver(dst: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The result: dst itself, or copied into a caller's ``out`` the C loop could not write directly
+    (strided, or overlapping x partially), so either way ``out`` holds the native result."""
+    if out is None or dst is out:
+        return dst
+    np.copyto(out, dst, casting="unsafe")
+    return out
+
+
+#: the C library's activation codes: exact GELU (Eigen's rational erf), tanh GELU and SiLU (a vector exp)
+ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
+
+
+def _bias_act(lib: Any, act: str, x: np.ndarray, bias: np.ndarray | None, dst: np.ndarray, cols: int) -> None:
+    rc = lib.opstrata_bias_act_f32(
+        x.ctypes.data, _ptr(bias), dst.ctypes.data, x.size // cols, cols, ACT_CODES[act]
+    )
+    if rc != 0:  # the bindings and the library disagree: a stale or foreign build
+        raise RuntimeError(
+            f"native bias_act: the library at {_native.native_status().library} rejected act={act!r}"
+        )
+
+
+@register("gelu", device="cpu", dtypes=[np.float32], priority=1)
+def gelu_native(x: Any, *, approximate: str = "none") -> np.ndarray:
+    """GELU (exact or tanh form) in one C loop, ~1e-6 absolute."""
+    _check_approximate(approximate)
+    x = nd(x)
+    lib = library() if _rows_f32(x) and x.size else None
+    if lib is None:
+        count("gelu", "numpy")
+        return gelu_cpu(x, approximate=approximate)
+    out = np.empty(x.shape, _F32)
+    _bias_act(lib, "gelu_tanh" if approximate == "tanh" else "gelu", x, None, out, x.size)
+    count("gelu", "native")
+    return out
+
+
+@register("bias_act", device="cpu", dtypes=[np.float32], priority=1)
+def bias_act_native(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: np.ndarray | None = None
+) -> np.ndarray:
+    """``act(x + bias)`` over rows in one C loop (in place when ``out`` is x: the GEMM epilogue)."""
+    x = nd(x)
+    cols = x.shape[-1] if x.ndim else 1
+    b = _row_vector(bias, cols, broadcast=True) if x.ndim else False
+    fits = act in ACT_CODES and residual is None and _rows_f32(x) and x.size and b is not False
+    lib = library() if fits else None
+    if lib is None:
+        count("bias_act", "numpy")
+        return bias_act_cpu(x, bias, residual, act=act, out=out)
+    dst = _target(out, x)
+    _bias_act(lib, act, x, b, dst, cols)  # type: ignore[arg-type]
+    count("bias_act", "native")
+    return _deliver(dst, out)
+
+
+@register("layer_norm", device="cpu", dtypes=[np.float32], priority=1)
+def layer_norm_native(
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    *,
+    axis: int = -1,
+    eps: float = 1e-5,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Layer norm over the trailing dims in one C routine per row set (two-pass variance, float32)."""
+    xa, a, (w, b) = _trailing("layer_norm", x, axis, {"weight": weight, "bias": bias})
+    n = math.prod(xa.shape[a:])
+    wv, bv = _row_vector(w, n), _row_vector(b, n)
+    fits = _rows_f32(xa) and xa.size and wv is not False and bv is not False
+    lib = library() if fits else None
+    if lib is None:
+        count("layer_norm", "numpy")
+        return layer_norm_cpu(x, weight, bias, axis=axis, eps=eps, out=out)
+    dst = _target(out, xa)
+    rows, fn = xa.size // n, lib.opstrata_layer_norm_f32
+    fn(xa.ctypes.data, _ptr(wv), _ptr(bv), dst.ctypes.data, rows, n, float(eps))  # type: ignore[arg-type]
+    count("layer_norm", "native")
+    return _deliver(dst, out)
+
+
+@register("softmax", device="cpu", dtypes=[np.float32], priority=1)
+def softmax_native(x: Any, *, axis: int = -1) -> np.ndarray:
+    """Softmax over the last axis of a C-contiguous float32 array in one C loop per row (vector exp)."""
+    x = nd(x)
+    last = x.ndim and axis in (-1, x.ndim - 1)
+    lib = library() if last and _rows_f32(x) and x.size else None
+    if lib is None:
+        count("softmax", "numpy")
+        return softmax_cpu(x, axis=axis)
+    out = np.empty(x.shape, _F32)
+    lib.opstrata_softmax_rows_f32(x.ctypes.data, out.ctypes.data, None, x.size // x.shape[-1], x.shape[-1])
+    count("softmax", "native")
+    return out
+
+
+def softmax_rows_inplace(sc: np.ndarray, lse: np.ndarray) -> bool:
+    """Softmax every row of a C-contiguous float32 ``sc`` in place and write each row's logsumexp into
+    ``lse`` (C-contiguous float32, one per row); False (nothing done) when the library is unavailable."""
+    lib = library()
+    if lib is None or not (_rows_f32(sc) and lse.dtype == _F32 and lse.flags.c_contiguous):
+        count("attention", "numpy")
+        return False
+    n = sc.shape[-1]
+    lib.opstrata_softmax_rows_f32(sc.ctypes.data, sc.ctypes.data, lse.ctypes.data, sc.size // n, n)
+    count("attention", "native")
+    return True
