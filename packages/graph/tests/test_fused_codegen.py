@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import opstrata.graph as og
-from opstrata.graph import _execute
+from opstrata.graph.opdefs import fused as _fused
 from opstrata.ops import codegen as cg
 
 TOL = {np.float16: (1e-2, 1e-2), np.float32: (1e-4, 1e-5), np.float64: (1e-10, 1e-12)}
@@ -175,8 +175,8 @@ def test_shared_producer_inside_chain_is_fused_with_constants_folded(cube: str) 
 def test_cpu_runs_the_generated_kernel_and_ref_steps(monkeypatch) -> None:
     h = og.fuse_elementwise(_gelu_tanh_graph("mul"))
     calls: list[str] = []
-    real = _execute.run_fused
-    monkeypatch.setattr(_execute, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
+    real = _fused.run_fused
+    monkeypatch.setattr(_fused, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
     x = np.ones((2, 16), np.float32)
     og.run_graph(h, {"mm": x}, "ref")
     assert calls == []

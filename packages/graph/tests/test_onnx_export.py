@@ -112,7 +112,7 @@ def test_fused_opstrata_ops_export_as_standard_ops_or_functions(opset: int) -> N
 
 
 def test_register_export_for_a_new_op() -> None:
-    from opstrata.graph import _execute, _shape_rules
+    from opstrata.graph import define_op, lookup_op, undefine_op
 
     def swish_export(node: Node, ctx: ExportContext) -> None:
         s = ctx.fresh("sig")
@@ -120,8 +120,10 @@ def test_register_export_for_a_new_op() -> None:
         ctx.emit("Mul", [node.inputs[0], s], node.outputs)
 
     register_export("Swish", export_as_function(swish_export), domain="test.custom")
-    _shape_rules.RULES[("test.custom", "Swish")] = _shape_rules.RULES[("", "Sigmoid")]
-    _execute.KERNELS[("test.custom", "Swish")] = lambda n, x: [x[0] / (1 + np.exp(-x[0]))]
+    define_op(
+        "Swish", "test.custom", shape=lookup_op("Sigmoid").shape, uses=("host",),
+        kernel=lambda n, x: [x[0] / (1 + np.exp(-x[0]))],
+    )  # fmt: skip
     try:
         g = Graph("swish")
         g.add_input("x", np.float32, (3,))
@@ -130,7 +132,7 @@ def test_register_export_for_a_new_op() -> None:
         m = _exported_matches(g, {"x": np.array([-1.0, 0.0, 2.0], np.float32)}, 17)
         assert m.functions[0].node[0].op_type == "Sigmoid"
     finally:
-        del _shape_rules.RULES[("test.custom", "Swish")], _execute.KERNELS[("test.custom", "Swish")]
+        undefine_op("Swish", "test.custom")
 
 
 def test_unregistered_custom_op_is_a_clear_error() -> None:

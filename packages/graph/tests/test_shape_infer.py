@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from opstrata.graph import Graph, GraphError, broadcast_shapes, infer_shapes, run_graph, supported_ops
 from opstrata.graph._execute import KERNELS
-from opstrata.graph._shape_rules import RULES
 from opstrata.graph._symbolic import dim_div, dim_mul, dim_prod
+from opstrata.graph.opdefs.registry import RULES
 
 dims = st.integers(1, 4)
 shapes = st.lists(dims, min_size=0, max_size=4).map(tuple)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from opstrata.graph import _execute
+from opstrata.graph.opdefs import fused as _fused
 from opstrata.graph.testing import ModelBuilder, ort_run, random_feeds
 from opstrata.runtime import InferenceSession, SessionOptions
 
@@ -32,8 +32,8 @@ def _chain_model():
 def test_session_runs_the_generated_kernel_and_matches_onnxruntime(monkeypatch, arena: bool) -> None:
     model = _chain_model()
     calls: list[str] = []
-    real = _execute.run_fused
-    monkeypatch.setattr(_execute, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
+    real = _fused.run_fused
+    monkeypatch.setattr(_fused, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
     sess = InferenceSession(
         model, SessionOptions(graph_optimization_level=3, enable_profiling=True, enable_mem_arena=arena)
     )
@@ -53,7 +53,7 @@ def test_session_runs_the_generated_kernel_and_matches_onnxruntime(monkeypatch, 
 def test_ref_session_steps_through_the_chain(monkeypatch) -> None:
     model = _chain_model()
     calls: list[str] = []
-    monkeypatch.setattr(_execute, "run_fused", lambda n, x: calls.append(n.name))
+    monkeypatch.setattr(_fused, "run_fused", lambda n, x: calls.append(n.name))
     sess = InferenceSession(model, SessionOptions(graph_optimization_level=3), device="ref")
     kernels = {b.kernel for b in sess.plan.bindings if b.op_type == "ai.opstrata::FusedElementwise"}
     assert "codegen" not in kernels and {"tanh", "sigmoid", "mul", "add"} <= kernels

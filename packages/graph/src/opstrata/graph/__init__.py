@@ -47,6 +47,15 @@ from .onnx.export import (
 from .onnx.importer import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
 from .opdefs import fused as _fused_ops  # noqa: F401  (registers shape rules and exporters of the fused ops)
 from .opdefs.fused_codegen import fused_kernel as fused_kernel
+
+# --- the op vocabulary: one OpDef per op (import, shape rule, kernel, classes); plugins add their own ---
+from .opdefs.registry import (
+    OpDef as OpDef,
+    define as define_op,
+    lookup as lookup_op,
+    op_defs as op_defs,
+    undefine as undefine_op,
+)
 from .partition.collective import Collectives as Collectives, use_collectives as use_collectives
 
 # --- tensor-parallel partitioning (Megatron-LM): rank graphs, their collective, the simulator ---
@@ -89,6 +98,7 @@ __all__ = [
     "MemoryPlan",
     "MemoryPlanner",
     "Node",
+    "OpDef",
     "PassReport",
     "PassResult",
     "Plan",
@@ -98,6 +108,7 @@ __all__ = [
     "__version__",
     "broadcast_shapes",
     "compile",
+    "define_op",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "export_as_function",
@@ -118,6 +129,8 @@ __all__ = [
     "infer_shapes",
     "is_static",
     "kernels_of",
+    "lookup_op",
+    "op_defs",
     "optimize",
     "partition",
     "passes_for_level",
@@ -129,6 +142,7 @@ __all__ = [
     "supported_onnx_ops",
     "supported_ops",
     "to_onnx",
+    "undefine_op",
     "use_collectives",
     "validate",
 ]

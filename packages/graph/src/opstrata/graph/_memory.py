@@ -18,14 +18,14 @@ import numpy as np
 from ._errors import GraphError
 from ._ir import OPSTRATA_DOMAIN, Graph
 from ._shape_infer import infer_shapes
-from .passes.pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
+from .passes.pattern import fusable_binary, fusable_unary
 
 __all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "plan_memory"]
 
 #: Byte alignment of every offset and size in the arena (a cache line; AVX-512 loads).
 ALIGNMENT = 64
 
-_INPLACE_ONNX = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"Gelu", "Clip", "Where", "Softmax", "Cast"}
+_INPLACE_EXTRA = frozenset({"Gelu", "Clip", "Where", "Softmax", "Cast"})
 _INPLACE_FUSED = {"FusedElementwise"}
 #: outputs that are the input's bytes with a new shape (cpu kernels return a view)
 _VIEW_ONNX = frozenset(("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))
@@ -246,7 +246,10 @@ def plan_memory(
     outs = set(g.outputs)
     for i, n in enumerate(g.nodes):
         can = inplace and (
-            (n.domain in ("", "ai.onnx") and n.op_type in _INPLACE_ONNX)
+            (
+                n.domain in ("", "ai.onnx")
+                and n.op_type in (_INPLACE_EXTRA | fusable_unary() | fusable_binary())
+            )
             or (n.domain == OPSTRATA_DOMAIN and n.op_type in _INPLACE_FUSED)
         )
         view = inplace and n.domain in ("", "ai.onnx") and n.op_type in _VIEW_ONNX and len(n.outputs) == 1

@@ -23,6 +23,10 @@ from ._execute import KERNELS, run_graph
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._memory import MemoryPlan, MemoryPlanner
 from ._serialize import graph_from_json, graph_to_json
+from .opdefs import (
+    families as _families,  # noqa: F401  (loads every op definition)
+    registry,
+)
 from .opdefs.fused_codegen import CODEGEN
 from .passes.pipeline import PassReport, optimize
 
@@ -34,26 +38,9 @@ FORMAT_VERSION = 1
 
 _HOST = "host"
 _COLLECTIVE = "collective"  # plans saved before AllReduce bound to ops' all_reduce carry this path
-# IR op -> the opstrata.ops kernels its executor function calls ("" = none: metadata only)
-_OPS: dict[str, str] = {
-    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Sqrt": "sqrt", "Exp": "exp",
-    "Log": "log", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid", "Relu": "relu", "Neg": "neg",
-    "Abs": "abs", "Reciprocal": "div", "Equal": "equal", "Less": "less", "Greater": "greater",
-    "LessOrEqual": "less equal", "GreaterOrEqual": "greater equal", "Where": "where", "MatMul": "matmul",
-    "Gemm": "gemm", "Conv": "conv2d", "MaxPool": "max_pool2d", "AveragePool": "avg_pool2d",
-    "GlobalAveragePool": "global_avg_pool", "GlobalMaxPool": "max", "BatchNormalization": "batch_norm",
-    "LayerNormalization": "layer_norm", "Softmax": "softmax", "LogSoftmax": "log_softmax",
-    "ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min", "ArgMax": "argmax",
-    "CumSum": "cumsum", "Reshape": "reshape", "Flatten": "reshape", "Squeeze": "reshape",
-    "Unsqueeze": "reshape", "Transpose": "transpose", "Concat": "concat", "Split": "split",
-    "Slice": "slice", "Gather": "gather", "Expand": "expand", "Cast": "cast", "Clip": "clip",
-    "Gelu": "gelu", "Max": "greater where", "Min": "less where", "Sum": "add", "Identity": "",
-    "Shape": _HOST, "Size": _HOST, "Range": _HOST, "ConstantOfShape": _HOST, "Trilu": _HOST,
-    "Not": _HOST, "And": _HOST, "Or": _HOST, "Xor": _HOST,
-    "ai.opstrata::Linear": "linear", "ai.opstrata::RMSNorm": "rms_norm",
-    "ai.opstrata::Attention": "attention", "ai.opstrata::SkipLayerNorm": "add layer_norm",
-    "ai.opstrata::SkipRMSNorm": "add rms_norm", "ai.opstrata::AllReduce": "all_reduce",
-}  # fmt: skip
+# IR op -> the opstrata.ops kernels its executor function calls ("" = none: metadata only); every
+# OpDef publishes its ``uses`` here (opdefs/registry.py)
+_OPS = registry.USES
 _ACT_OPS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "sigmoid": "sigmoid", "tanh": "tanh"}
 
 

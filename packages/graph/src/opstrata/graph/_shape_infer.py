@@ -12,8 +12,13 @@ import numpy as np
 
 from ._errors import GraphError
 from ._ir import Graph, Node, Value
-from ._shape_rules import RULES, RuleContext, rule_for
+from ._shape_rules import RuleContext
 from ._symbolic import Dim, Shape, dim_div, dim_mul, dim_prod, dims_equal
+from .opdefs import (
+    families as _families,  # noqa: F401  (loads every op definition)
+    registry,
+)
+from .opdefs.registry import RULES
 
 __all__ = ["infer_shapes", "supported_ops"]
 
@@ -218,3 +223,9 @@ def infer_shapes(graph: Graph, *, reset: bool = False) -> Graph:
                 _merge(node, v, dt, shape)
         _propagate(node, graph, known)
     return graph
+
+
+def rule_for(domain: str, op_type: str) -> Callable[[Node, RuleContext], list] | None:
+    """The shape rule of an IR op (``ai.onnx`` and ``""`` are the same domain)."""
+    d = registry.lookup(op_type, domain)
+    return None if d is None else d.shape

@@ -1,4 +1,4 @@
-"""Shape rules and ONNX exporters of the fused ops the level 2/3 passes create (kernels: _execute.py).
+"""The fused ops the level 2/3 passes create: shape rules, executor kernels, ONNX exporters, one row each.
 
 | op (``ai.opstrata``) | inputs | attrs | outputs |
 |---|---|---|---|
@@ -10,10 +10,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
+
+import opstrata.ops as ops
+
+from .._errors import GraphError
 from .._ir import OPSTRATA_DOMAIN, Node
-from .._shape_rules import RULES, RuleContext, TypeShape, _bcast, _linear, _norm
+from .._shape_rules import RuleContext, TypeShape, bcast, linear_rule, unary_float
 from ..onnx.export import (
     ExportContext,
     _gelu_body,
@@ -24,7 +30,10 @@ from ..onnx.export import (
     export_standard_from,
     register_export,
 )
-from ..passes.pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
+from . import registry
+from .common import Arr
+from .fused_codegen import result_dtype, run_fused
+from .registry import define
 
 __all__ = ["ACTIVATIONS", "check_expr"]
 
@@ -47,11 +56,15 @@ def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str, n_consts: in
         raise GraphError(where, "expr is empty", "give at least one step [op, [refs]]")
     for j, step in enumerate(expr):
         op, refs = step[0], list(step[1])
-        arity = 1 if op in ELEMENTWISE_UNARY else 2 if op in ELEMENTWISE_BINARY else None
+        unary, binary = (
+            registry.elementwise_ops("unary", codegen=True),
+            registry.elementwise_ops("binary", codegen=True),
+        )
+        arity = 1 if op in unary else 2 if op in binary else None
         if arity is None or len(refs) != arity:
             raise GraphError(
                 where, f"step {j} {op}({refs}) is not a supported {arity or '?'}-ary elementwise op",
-                f"use {sorted(ELEMENTWISE_UNARY)} (1 ref) or {sorted(ELEMENTWISE_BINARY)} (2 refs)",
+                f"use {sorted(unary)} (1 ref) or {sorted(binary)} (2 refs)",
             )  # fmt: skip
         for r in refs:
             limit = {"x": n_inputs, "t": j, "c": n_consts}.get(r[:1], 0)
@@ -68,7 +81,7 @@ def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str, n_consts: in
 
 def _skip_norm(n: Node, ctx: RuleContext) -> list[TypeShape]:
     dt = ctx.same_dtype([0, 1])
-    s = _bcast(ctx, [0, 1])
+    s = bcast(ctx, [0, 1])
     return [(dt, s), (dt, s)][: len(n.outputs)]
 
 
@@ -86,13 +99,7 @@ def _fused_elementwise(n: Node, ctx: RuleContext) -> list[TypeShape]:
     dt = (
         result_dtype(n, dts) if all(d is not None for d in dts) else None
     )  # ONNX typing: Pow keeps its base's
-    return [(dt, _bcast(ctx, range(len(n.inputs))))]
-
-
-RULES[(OPSTRATA_DOMAIN, "SkipLayerNorm")] = _skip_norm
-RULES[(OPSTRATA_DOMAIN, "SkipRMSNorm")] = _skip_norm
-RULES[(OPSTRATA_DOMAIN, "FusedElementwise")] = _fused_elementwise
-_ = (_linear, _norm)  # Linear and RMSNorm keep their rules
+    return [(dt, bcast(ctx, range(len(n.inputs))))]
 
 
 # --------------------------------------------------------------------------- exporters
@@ -169,3 +176,86 @@ register_export("Linear", _linear_export, domain=OPSTRATA_DOMAIN)
 register_export("SkipLayerNorm", _skip_norm_export, domain=OPSTRATA_DOMAIN)
 register_export("SkipRMSNorm", _skip_norm_export, domain=OPSTRATA_DOMAIN)
 register_export("FusedElementwise", export_as_function(_fused_elementwise_body), domain=OPSTRATA_DOMAIN)
+
+
+# --------------------------------------------------------------------------- executor kernels
+
+
+_ACT: dict[str, Callable[[Arr], Arr]] = {
+    "relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh,
+    "gelu": lambda a: ops.gelu(a, approximate="none"), "gelu_tanh": lambda a: ops.gelu(a, approximate="tanh"),
+}  # fmt: skip
+
+
+def _run_linear(n: Node, x: list[Any]) -> list[Arr]:
+    y = ops.linear(x[0], x[1], x[2] if len(x) > 2 else None)
+    act = n.attrs.get("activation") or ""
+    if act:
+        if act not in _ACT:
+            raise GraphError(
+                f"node '{n.name}' ({n.qualified_type})",
+                f"unknown activation '{act}'",
+                f"use one of {sorted(_ACT)}",
+            )
+        y = _ACT[act](y)
+    return [y]
+
+
+def _run_skip_norm(n: Node, x: list[Any]) -> list[Arr]:
+    s = ops.add(x[0], x[1])  # (..., D): the residual sum, also an output
+    a = n.attrs
+    if n.op_type == "SkipLayerNorm":
+        y = ops.layer_norm(
+            s, x[2], x[3] if len(x) > 3 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-5)
+        )
+    else:
+        y = ops.rms_norm(s, x[2] if len(x) > 2 else None, axis=a.get("axis", -1), eps=a.get("epsilon", 1e-6))
+    return [y, s]
+
+
+_STEP_NODES: dict[str, Node] = {}
+
+
+def fused_steps(n: Node, x: list[Any]) -> Arr:
+    """A FusedElementwise expression evaluated step by step on the ops kernels of its unfused ops."""
+    t: list[Arr] = []
+    consts = n.attrs.get("consts") or []
+    dt = result_dtype(n, [a.dtype for a in x])
+    for op, refs in n.attrs["expr"]:
+        args = [
+            x[int(r[1:])]
+            if r[0] == "x"
+            else t[int(r[1:])]
+            if r[0] == "t"
+            else np.asarray(consts[int(r[1:])], dt)
+            for r in refs
+        ]
+        step = _STEP_NODES.setdefault(op, Node(op, [], [], name=f"{n.name}/{op}"))
+        t.append(registry.KERNELS[("", op)](step, args)[0])
+    return t[-1]
+
+
+def _run_fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
+    """On ``cpu``: one generated kernel (opstrata.ops codegen). Elsewhere (``ref``, plugin devices):
+    step by step, so that device's own kernels run."""
+    if ops.get_default_device() == "cpu":
+        return [run_fused(n, x)]
+    return [fused_steps(n, x)]
+
+
+def _run_rms_norm(n: Node, x: list[Any]) -> list[Arr]:
+    w = x[1] if len(x) > 1 else None
+    return [ops.rms_norm(x[0], w, axis=n.attrs.get("axis", -1), eps=n.attrs.get("epsilon", 1e-6))]
+
+
+# --------------------------------------------------------------------------- the rows
+
+_O = OPSTRATA_DOMAIN
+define("Linear", _O, shape=linear_rule, kernel=_run_linear, uses=("linear",), onnx=False)
+define("SkipLayerNorm", _O, shape=_skip_norm, kernel=_run_skip_norm, uses=("add", "layer_norm"), onnx=False)
+define("SkipRMSNorm", _O, shape=_skip_norm, kernel=_run_skip_norm, uses=("add", "rms_norm"), onnx=False)
+define(
+    "FusedElementwise", _O, shape=_fused_elementwise, kernel=_run_fused_elementwise, elementwise="other",
+    onnx=False, doc="a generated elementwise chain (its steps' kernels are listed per device by the plan)",
+)  # fmt: skip
+define("RMSNorm", _O, shape=unary_float, kernel=_run_rms_norm, uses=("rms_norm",), onnx=False)

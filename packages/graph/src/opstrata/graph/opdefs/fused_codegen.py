@@ -17,20 +17,28 @@ import numpy as np
 from opstrata.ops import codegen as cg
 
 from .._ir import Node
+from . import registry
 
 __all__ = ["CODEGEN", "fused_expr", "fused_kernel", "run_fused"]
 
 #: Binding kernel name and path of a FusedElementwise node run through the ops code generator.
 CODEGEN = "codegen"
 
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
-_UNARY = {
-    "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid",
-    "Relu": "relu", "Neg": "neg", "Abs": "abs",
-}  # fmt: skip
 
 _KERNELS: dict[tuple[str, str], cg.ElementwiseKernel] = {}  # (expr/consts text, dtype) -> kernel
 _LOCK = threading.Lock()
+
+
+def codegen_step(op: str, args: Sequence[cg.Expr]) -> cg.Expr:
+    """The codegen expression of one fusable ONNX op (its OpDef's ``codegen`` name) over ``args``."""
+    d = registry.lookup(op)
+    if d is None or d.codegen is None:
+        raise KeyError(
+            f"{op} has no codegen expression; fusable ops: {sorted(registry.elementwise_ops(codegen=True))}"
+        )
+    if d.codegen == "reciprocal":  # 1 / x: the generator's div with a constant numerator
+        return cg.apply("div", 1.0, args[0])
+    return cg.apply(d.codegen, *args)
 
 
 def fused_expr(expr: Sequence[Sequence[Any]], consts: Sequence[float] = ()) -> cg.Expr:
@@ -45,12 +53,7 @@ def fused_expr(expr: Sequence[Sequence[Any]], consts: Sequence[float] = ()) -> c
             else cg.const(float(consts[int(r[1:])]))
             for r in refs
         ]
-        if op in _BINARY:
-            t.append(cg.apply(_BINARY[op], *args))
-        elif op == "Reciprocal":
-            t.append(cg.apply("div", 1.0, args[0]))
-        else:
-            t.append(cg.apply(_UNARY[op], *args))
+        t.append(codegen_step(op, args))
     return t[-1]
 
 

@@ -1,7 +1,7 @@
 """The ``ai.opstrata::AllReduce`` collective op: shape rule, ONNX exporter, executor kernel and backend hook.
 
 Tensor-parallel rank graphs (Megatron-LM, Shoeybi et al. 2019) end each row-parallel layer with an
-AllReduce. The op is registered in the existing tables (``RULES``, the exporters, ``KERNELS``) so the
+AllReduce. The op is one OpDef row (opdefs/registry.py) plus its exporter so the
 rest of the package needs no special case. It executes through the ``all_reduce`` op of opstrata.ops
 (so plans bind it like any kernel): ops' kernel is a world of one, and opstrata.comm registers the
 multi-process kernel when a process group is initialised. A *collective backend* — an object with
@@ -21,10 +21,10 @@ import numpy as np
 import opstrata.ops as ops
 
 from .._errors import GraphError
-from .._execute import kernel
 from .._ir import OPSTRATA_DOMAIN, Node
-from .._shape_rules import RULES, RuleContext, TypeShape
+from .._shape_rules import RuleContext, TypeShape
 from ..onnx.export import FUNCTION_DOMAIN, ExportContext, register_export
+from ..opdefs.registry import define
 
 __all__ = ["ALL_REDUCE", "REDUCE_OPS", "Collectives", "current_collectives", "use_collectives"]
 
@@ -85,9 +85,6 @@ def _all_reduce_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     return [(ctx.dtype(0), ctx.shape(0))]  # identity: every rank holds the whole reduced tensor
 
 
-RULES[(OPSTRATA_DOMAIN, ALL_REDUCE)] = _all_reduce_rule
-
-
 # --------------------------------------------------------------------------- ONNX export
 
 
@@ -118,7 +115,6 @@ register_export(ALL_REDUCE, _export_all_reduce, domain=OPSTRATA_DOMAIN)
 # --------------------------------------------------------------------------- executor
 
 
-@kernel(ALL_REDUCE, OPSTRATA_DOMAIN)
 def _all_reduce(n: Node, x: list[Any]) -> list[np.ndarray]:
     """The installed backend if any (the simulator), else the ``all_reduce`` op of opstrata.ops.
 
@@ -141,3 +137,9 @@ def _all_reduce(n: Node, x: list[Any]) -> list[np.ndarray]:
             "kernel), or run the rank graphs together with "
             "opstrata.graph.simulate_tensor_parallel(rank_graphs, feeds)",
         ) from exc
+
+
+define(
+    ALL_REDUCE, OPSTRATA_DOMAIN, shape=_all_reduce_rule, kernel=_all_reduce, uses=("all_reduce",), onnx=False,
+    doc="a tensor-parallel collective: op (sum/avg/max/min) across group_size ranks",
+)  # fmt: skip

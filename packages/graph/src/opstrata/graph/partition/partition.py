@@ -32,7 +32,7 @@ from .._ir import OPSTRATA_DOMAIN, Graph, Node, Value
 from .._shape_infer import infer_shapes
 from .._symbolic import Shape, dim_div, dims_equal
 from .collective import ALL_REDUCE
-from .rules import ELEMENTWISE, RULES, Shard, divisors, split_sizes
+from .rules import RULES, Shard, divisors, is_elementwise, split_sizes
 
 __all__ = ["partition"]
 
@@ -175,7 +175,7 @@ class _Analysis:
             return
         region = self.union({s.region for _, _, s in sharded})
         key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        rule = RULES.get("elementwise" if key in ELEMENTWISE else key)
+        rule = RULES.get("elementwise" if is_elementwise(key) else key)
         if rule is None:
             x, s = sharded[0][1], sharded[0][2]
             self.fail(

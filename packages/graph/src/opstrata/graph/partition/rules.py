@@ -18,20 +18,18 @@ import numpy as np
 
 from .._ir import OPSTRATA_DOMAIN, Node
 from .._symbolic import Dim, Shape, dim_mul, dim_prod, dims_equal
+from ..opdefs import registry
 
 if TYPE_CHECKING:
     from .partition import _Analysis
 
-__all__ = ["ELEMENTWISE", "RULES", "Shard", "divisors", "split_sizes"]
+__all__ = ["RULES", "Shard", "divisors", "is_elementwise", "split_sizes"]
 
 
-ELEMENTWISE = frozenset(
-    [
-        *"Add Sub Mul Div Pow Max Min Sum Where Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not "
-        "Exp Log Sqrt Tanh Erf Sigmoid Reciprocal Gelu Relu Neg Abs Identity Clip Cast".split(),
-        f"{OPSTRATA_DOMAIN}::FusedElementwise",  # a generated elementwise chain (broadcasting inputs)
-    ]
-)
+def is_elementwise(qualified: str) -> bool:
+    """An op whose output follows a split of its (broadcasting) inputs: its OpDef has an elementwise class."""
+    d = registry.DEFS.get(tuple(qualified.split("::")) if "::" in qualified else ("", qualified))  # type: ignore[arg-type]
+    return d is not None and d.elementwise is not None
 
 
 @dataclass(frozen=True)

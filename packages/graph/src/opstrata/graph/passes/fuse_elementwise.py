@@ -17,15 +17,17 @@ from __future__ import annotations
 import numpy as np
 
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
-from .pattern import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, Matcher
+from .pattern import Matcher, fusable_binary, fusable_unary
 
 __all__ = ["fuse_elementwise"]
 
-_OPS = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
-
 
 def _fusible(m: Matcher, node: Node) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type not in _OPS or len(node.outputs) != 1:
+    if (
+        node.domain not in ("", "ai.onnx")
+        or node.op_type not in fusable_unary() | fusable_binary()
+        or len(node.outputs) != 1
+    ):
         return False
     dt = m.dtype(node.outputs[0])
     return dt is not None and dt.kind == "f" and all(x and m.dtype(x) is not None for x in node.inputs)

@@ -7,12 +7,19 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .._ir import Graph, Node
+from ..opdefs import registry
 
 __all__ = ["Matcher", "is_onnx"]
 
-#: Elementwise IR ops (ONNX domain) that a fused elementwise node may hold.
-ELEMENTWISE_UNARY = frozenset("Exp Log Sqrt Tanh Erf Sigmoid Relu Neg Abs Reciprocal".split())
-ELEMENTWISE_BINARY = frozenset("Add Sub Mul Div Pow".split())
+
+def fusable_unary() -> frozenset[str]:
+    """Unary IR ops (ONNX domain) a FusedElementwise chain may hold: those with a codegen expression."""
+    return registry.elementwise_ops("unary", codegen=True)
+
+
+def fusable_binary() -> frozenset[str]:
+    """Binary IR ops (ONNX domain) a FusedElementwise chain may hold."""
+    return registry.elementwise_ops("binary", codegen=True)
 
 
 def is_onnx(node: Node, *op_types: str) -> bool:
