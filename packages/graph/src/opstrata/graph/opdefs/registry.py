@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,8 @@ class OpDef:
     codegen: str | None = None  # opstrata.ops.codegen function of a fusable unary/binary op
     onnx: bool = True  # the ONNX op of this name imports (default domain only)
     dtypes: str = ""  # the dtypes the kernel takes, for docs ("float", "numeric", "all", ...)
-    doc: str = ""  # one line for docs/graph.md
+    doc: str = ""  # one line for docs/ir-ops.md
+    module: str = ""  # the module that defined the op (set by define)
 
     @property
     def qualified(self) -> str:
@@ -129,6 +131,7 @@ def define(name: str, domain: str = "", **facts: Any) -> OpDef:
         raise ValueError(
             f"define({name!r}): elementwise={facts['elementwise']!r}; use one of {ELEMENTWISE_CLASSES}"
         )
+    facts.setdefault("module", sys._getframe(1).f_globals.get("__name__", ""))
     undefine(name, domain)
     d = OpDef(name, domain, **facts)
     DEFS[(domain, name)] = d
