@@ -339,10 +339,11 @@ else:
 
 @nox.session(python=None, tags=["ci"])
 def docs(session: nox.Session) -> None:
-    """Generated docs agree with the code: docs/op-coverage.md against the ops registry."""
-    _install(session, {"ops": _current_wheel(session, "ops")}, "ops")
+    """Generated docs agree with the code: docs/op-coverage.md (ops registry), docs/ir-ops.md (graph OpDefs)."""
+    _install(session, {name: _current_wheel(session, name) for name in ("ops", "graph")}, "graph")
     with session.chdir(ROOT):
         session.run("python", "tools/gen_op_coverage.py", "--check")
+        session.run("python", "tools/gen_ir_ops.py", "--check")
 
 
 @nox.session(python=None)

@@ -52,15 +52,6 @@ def test_op_missing_from_the_models_opset() -> None:
 
 
 def test_unsupported_form_of_a_supported_op() -> None:
-    nodes = [
-        oh.make_node("ReduceSum", ["x"], ["s"], name="shape"),
-        oh.make_node("Cast", ["s"], ["ax"], to=TensorProto.INT64),
-    ]
-    nodes.append(oh.make_node("Squeeze", ["x", "ax"], ["y"], name="sq"))
-    with pytest.raises(
-        UnsupportedOpError, match=r"node 'sq'.*Squeeze with axes computed at run time \('ax'\)"
-    ):
-        from_onnx(_model(nodes))
     bn = oh.make_node(
         "BatchNormalization", ["x", "s", "s", "s", "s"], ["y", "m", "v"], name="bn", training_mode=1
     )

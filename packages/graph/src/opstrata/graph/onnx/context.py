@@ -65,6 +65,16 @@ class ImportContext:
             )
         return [int(v) for v in np.asarray(arr).ravel()]
 
+    def ints_or_input(self, i: int) -> tuple[list[int] | None, list[str]]:
+        """Input ``i`` for an op that takes it either way: ``(ints, [])`` when constant, ``(None, [name])``
+        when computed at run time (the IR node keeps it as an input), ``(None, [])`` when omitted."""
+        if not self.input(i):
+            return None, []
+        arr = self.const(i)
+        if arr is None:
+            return None, [self.input(i)]
+        return [int(v) for v in np.asarray(arr).ravel()], []
+
     def is_used(self, k: int) -> bool:
         """True when output ``k`` exists and something reads it."""
         return k < len(self.outputs) and bool(self.outputs[k]) and self.outputs[k] in self._used

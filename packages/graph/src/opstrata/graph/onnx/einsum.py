@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .importer import ImportContext
+    from .context import ImportContext
 
 __all__ = ["import_einsum"]
 

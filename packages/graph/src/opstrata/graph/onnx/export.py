@@ -222,13 +222,13 @@ def _reduce(node: Node, ctx: ExportContext) -> None:
 
 def _axes_input(node: Node, ctx: ExportContext) -> None:
     axes = node.attrs.get("axes")
-    ins = [node.inputs[0]] + ([ctx.ints(axes, "axes")] if axes is not None else [])
+    ins = [node.inputs[0]] + ([ctx.ints(axes, "axes")] if axes is not None else node.inputs[1:2])
     ctx.emit(node.op_type, ins, node.outputs)
 
 
 def _split(node: Node, ctx: ExportContext) -> None:
     sizes = node.attrs.get("split")
-    ins = [node.inputs[0]] + ([ctx.ints(sizes, "split")] if sizes is not None else [])
+    ins = [node.inputs[0]] + ([ctx.ints(sizes, "split")] if sizes is not None else node.inputs[1:2])
     n_out = len(node.outputs) if sizes is None and ctx.opset >= 18 else None
     ctx.emit("Split", ins, node.outputs, axis=node.attrs.get("axis", 0), num_outputs=n_out)
 

@@ -60,16 +60,26 @@ def _import_dropout(ctx: ImportContext) -> None:
         ctx.emit("ConstantOfShape", [shape], [ctx.outputs[1]], {"value": np.array([True])})
 
 
-def _import_squeeze(ctx: ImportContext) -> None:
-    ctx.emit("Squeeze", ctx.inputs[:1], ctx.outputs, {"axes": ctx.const_ints(1, "axes")})
+def _import_axes(ctx: ImportContext) -> None:
+    """(Un)Squeeze: constant axes (input, or attribute before opset 13) become the ``axes`` attribute;
+    axes computed at run time stay the node's second input."""
+    if ctx.since < 13:
+        ctx.emit(ctx.op_type, ctx.inputs[:1], ctx.outputs, {"axes": ctx.attrs.get("axes")})
+        return
+    axes, runtime = ctx.ints_or_input(1)
+    ctx.emit(ctx.op_type, ctx.inputs[:1] + runtime, ctx.outputs, {} if runtime else {"axes": axes})
 
 
-def _import_unsqueeze(ctx: ImportContext) -> None:
-    ctx.emit("Unsqueeze", ctx.inputs[:1], ctx.outputs, {"axes": ctx.const_ints(1, "axes")})
+def _axes_of(n: Node, ctx: RuleContext) -> tuple[list[int] | None, bool]:
+    """(axes, known): the attribute, or the run-time axes input's contents when shape folding knows them."""
+    if len(n.inputs) > 1 and n.inputs[1]:
+        axes = ctx.static_ints(1)
+        return axes, axes is not None
+    return n.attrs.get("axes"), True
 
 
 def _import_split(ctx: ImportContext) -> None:
-    sizes = ctx.const_ints(1, "split")
+    sizes, runtime = ctx.ints_or_input(1) if ctx.since >= 13 else (ctx.attrs.get("split"), [])
     n = ctx.attrs.get("num_outputs")
     if n is not None and n != len(ctx.outputs):
         raise GraphError(
@@ -79,7 +89,12 @@ def _import_split(ctx: ImportContext) -> None:
         raise GraphError(
             f"node '{ctx.name}' (Split)", f"{len(sizes)} split sizes for {len(ctx.outputs)} outputs"
         )
-    ctx.emit("Split", ctx.inputs[:1], ctx.outputs, {"axis": int(ctx.attrs.get("axis", 0)), "split": sizes})
+    ctx.emit(
+        "Split",
+        ctx.inputs[:1] + runtime,
+        ctx.outputs,
+        {"axis": int(ctx.attrs.get("axis", 0)), "split": sizes},
+    )
 
 
 def _import_constant_of_shape(ctx: ImportContext) -> None:
@@ -148,8 +163,8 @@ def _flatten_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 
 def _squeeze_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    x, axes = ctx.shape(0), n.attrs.get("axes")
-    if x is None:
+    x, (axes, known) = ctx.shape(0), _axes_of(n, ctx)
+    if x is None or not known:
         return [(ctx.dtype(0), None)]
     if axes is None:
         if any(not isinstance(d, int) for d in x):
@@ -163,9 +178,13 @@ def _squeeze_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 
 def _unsqueeze_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    x, axes = ctx.shape(0), n.attrs["axes"]
+    x, (axes, known) = ctx.shape(0), _axes_of(n, ctx)
     if x is None:
         return [(ctx.dtype(0), None)]
+    if not known:  # run-time axes: the rank is known when the axes tensor's length is
+        k = ctx.shape(1)
+        return [(ctx.dtype(0), None if not k or not isinstance(k[0], int) else (None,) * (len(x) + k[0]))]
+    assert axes is not None
     r = len(x) + len(axes)
     ax = {ctx.axis(a, r, "axes") for a in axes}
     it = iter(x)
@@ -208,10 +227,12 @@ def _split_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     a = ctx.axis(n.attrs.get("axis", 0), len(x))
     assert a is not None
     sizes: list[Dim] | None = n.attrs.get("split")
+    if len(n.inputs) > 1 and n.inputs[1]:
+        sizes = ctx.static_ints(1) or [None] * k  # type: ignore[assignment]
     d = x[a]
     if sizes is None:
         sizes = [None] * k if not isinstance(d, int) else [-(-d // k)] * (k - 1) + [d - -(-d // k) * (k - 1)]
-    elif isinstance(d, int) and sum(sizes) != d:  # type: ignore[arg-type]
+    elif isinstance(d, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != d:  # type: ignore[arg-type]  # type: ignore[arg-type]
         raise ctx.fail(
             f"inconsistent shapes: split sizes {sizes} sum to {sum(sizes)} but axis {a} of {x} is {d}"
         )  # type: ignore[arg-type]
@@ -323,7 +344,7 @@ def _run_flatten(n: Node, x: list[Arr]) -> list[Arr]:
 
 
 def _run_squeeze(n: Node, x: list[Arr]) -> list[Arr]:
-    axes = n.attrs.get("axes")
+    axes = [int(a) for a in x[1]] if len(x) > 1 and x[1] is not None else n.attrs.get("axes")
     r = x[0].ndim
     drop = {a % r for a in axes} if axes is not None else {i for i, d in enumerate(x[0].shape) if d == 1}
     bad = [a for a in drop if x[0].shape[a] != 1]
@@ -333,8 +354,13 @@ def _run_squeeze(n: Node, x: list[Arr]) -> list[Arr]:
 
 
 def _run_unsqueeze(n: Node, x: list[Arr]) -> list[Arr]:
-    r = x[0].ndim + len(n.attrs["axes"])
-    axes = {a % r for a in n.attrs["axes"]}
+    given = [int(a) for a in x[1]] if len(x) > 1 and x[1] is not None else n.attrs["axes"]
+    r = x[0].ndim + len(given)
+    axes = {a % r for a in given}
+    if len(axes) != len(given):
+        raise GraphError(
+            f"node '{n.name}' (Unsqueeze)", f"axes {list(given)} repeat an axis of the rank-{r} output"
+        )
     it = iter(x[0].shape)
     return [ops.reshape(x[0], shape=[1 if i in axes else next(it) for i in range(r)])]
 
@@ -358,7 +384,7 @@ def _run_concat(n: Node, x: list[Arr]) -> list[Arr]:
 
 def _run_split(n: Node, x: list[Arr]) -> list[Arr]:
     axis = n.attrs.get("axis", 0)
-    sizes = n.attrs.get("split")
+    sizes = [int(s) for s in x[1]] if len(x) > 1 and x[1] is not None else n.attrs.get("split")
     if sizes is None:  # ONNX: equal chunks of ceil(d / k), the last one smaller
         d, k = x[0].shape[axis], len(n.outputs)
         c = -(-d // k)
@@ -404,10 +430,8 @@ define(
     "Transpose", importer=_import_transpose, shape=_transpose_rule, kernel=_run_transpose, uses=("transpose",)
 )
 define("Flatten", attrs={"axis": 1}, shape=_flatten_rule, kernel=_run_flatten, uses=("reshape",))
-define("Squeeze", importer=_import_squeeze, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",))
-define(
-    "Unsqueeze", importer=_import_unsqueeze, shape=_unsqueeze_rule, kernel=_run_unsqueeze, uses=("reshape",)
-)
+define("Squeeze", importer=_import_axes, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",))
+define("Unsqueeze", importer=_import_axes, shape=_unsqueeze_rule, kernel=_run_unsqueeze, uses=("reshape",))
 define("Concat", shape=_concat_rule, kernel=_run_concat, uses=("concat",))
 define("Split", importer=_import_split, shape=_split_rule, kernel=_run_split, uses=("split",))
 define("Slice", shape=_slice_rule, kernel=_run_slice, uses=("slice",))
