@@ -177,7 +177,7 @@ def test_unplannable_shape_runs_on_the_allocator(monkeypatch, models) -> None:
     feeds = random_feeds(model, dims)
     want = InferenceSession(model).run(None, feeds)[0]
 
-    def unplannable(shapes):
+    def unplannable(shapes, **kwargs):
         raise og.GraphError("graph 'gpt_block': value 'x'", "needs a concrete shape")
 
     monkeypatch.setattr(sess.plan, "memory_for", unplannable)

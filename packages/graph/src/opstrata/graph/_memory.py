@@ -54,6 +54,9 @@ class MemoryPlan:
     no_reuse_bytes: int = 0
     alignment: int = ALIGNMENT
     dims: dict[str, int] = field(default_factory=dict)
+    #: values left out of the arena because their shape depends on input values (``dynamic=True``):
+    #: the executor gives them allocator buffers each run
+    dynamic: list[str] = field(default_factory=list)
 
     @property
     def ratio_to_lower_bound(self) -> float:
@@ -71,6 +74,7 @@ class MemoryPlan:
             f"arena {self.arena_bytes} B, lower bound {self.lower_bound_bytes} B "
             f"(x{self.ratio_to_lower_bound:.3f}), no reuse {self.no_reuse_bytes} B "
             f"(x{self.reuse_saving:.2f} saved), {len(self.offsets)} values, {len(self.inplace)} in place"
+            + (f", {len(self.dynamic)} dynamic (shape depends on input values)" if self.dynamic else "")
         )
 
     def table(self) -> str:
@@ -98,6 +102,7 @@ class MemoryPlan:
             "lifetimes": {k: list(v) for k, v in self.lifetimes.items()}, "inplace": self.inplace,
             "arena_bytes": self.arena_bytes, "lower_bound_bytes": self.lower_bound_bytes,
             "no_reuse_bytes": self.no_reuse_bytes, "alignment": self.alignment, "dims": self.dims,
+            "dynamic": list(self.dynamic),
         }  # fmt: skip
 
     @classmethod
@@ -222,8 +227,13 @@ def plan_memory(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     alignment: int = ALIGNMENT,
     inplace: bool = True,
+    dynamic: bool = False,
 ) -> MemoryPlan:
     """Plan one arena for every node output of ``graph`` at concrete ``dims`` (or ``input_shapes``).
+
+    A value whose shape depends on input values (NonZero, a run-time Squeeze axes, ...) has no
+    concrete shape at planning time: an error, or with ``dynamic=True`` left out of the arena and
+    listed in ``MemoryPlan.dynamic`` (the executor allocates it per run; the rest stays planned).
 
     >>> import opstrata.graph as og
     >>> from opstrata.graph.testing import mlp_model
@@ -235,6 +245,9 @@ def plan_memory(
         raise GraphError("plan_memory", f"alignment must be a power of two, got {alignment}", "use 64")
     g = concrete_graph(graph, dims, input_shapes)
     lifetimes, order = _lifetimes(g)
+    left_out = [v for v in order if dynamic and not _concrete(g, v)]
+    order = [v for v in order if v not in set(left_out)]
+    lifetimes = {v: lifetimes[v] for v in order}
     shapes, sizes = {}, {}
     for v in order:
         shapes[v], raw = _nbytes(g, v)
@@ -300,6 +313,17 @@ def plan_memory(
         no_reuse_bytes=int(sum(sizes.values())),
         alignment=alignment,
         dims=_bound_dims(graph, g),
+        dynamic=left_out,
+    )
+
+
+def _concrete(g: Graph, name: str) -> bool:
+    v = g.values.get(name)
+    return (
+        v is not None
+        and v.dtype is not None
+        and v.shape is not None
+        and all(isinstance(d, int) for d in v.shape)
     )
 
 
@@ -319,16 +343,26 @@ class MemoryPlanner:
         self.graph, self.alignment, self.inplace = graph, alignment, inplace
         self._cache: dict[tuple, MemoryPlan] = {}
 
-    def for_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
-        """The plan for these input shapes (planned on first use, then cached)."""
-        key = tuple(
+    def _key(self, input_shapes: Mapping[str, Sequence[int]]) -> tuple:
+        return tuple(
             (n, tuple(int(d) for d in input_shapes[n])) for n in self.graph.inputs if n in input_shapes
         )
+
+    def seed(self, input_shapes: Mapping[str, Sequence[int]], plan: MemoryPlan) -> None:
+        """Cache an already made ``plan`` (a loaded Plan's) for these input shapes."""
+        self._cache[self._key(input_shapes)] = plan
+
+    def for_shapes(self, input_shapes: Mapping[str, Sequence[int]], *, dynamic: bool = False) -> MemoryPlan:
+        """The plan for these input shapes (planned on first use, then cached); ``dynamic`` as in
+        :func:`plan_memory`."""
+        key = self._key(input_shapes)
         plan = self._cache.get(key)
-        if plan is None:
-            plan = self._cache[key] = plan_memory(
-                self.graph, input_shapes=input_shapes, alignment=self.alignment, inplace=self.inplace
-            )
+        if plan is None or (plan.dynamic and not dynamic):  # a partial plan does not answer a full request
+            plan = plan_memory(
+                self.graph, input_shapes=input_shapes, alignment=self.alignment, inplace=self.inplace,
+                dynamic=dynamic,
+            )  # fmt: skip
+            self._cache[key] = plan
         return plan
 
     def for_feeds(self, feeds: Mapping[str, np.ndarray]) -> MemoryPlan:

@@ -161,7 +161,7 @@ class Plan:
         if memory is None and input_shapes is not None:
             memory = self._planner.for_shapes(input_shapes)
         elif memory is not None and input_shapes is not None:
-            self._planner._cache[tuple((k, tuple(v)) for k, v in input_shapes.items())] = memory
+            self._planner.seed(input_shapes, memory)
         self.memory = memory
 
     @property
@@ -169,9 +169,10 @@ class Plan:
         """Bindings whose kernel is not native on ``device`` (decomposition or another device)."""
         return [b for b in self.bindings if b.is_fallback]
 
-    def memory_for(self, input_shapes: Mapping[str, Sequence[int]]) -> MemoryPlan:
-        """The memory plan at these input shapes (planned on first use, then cached)."""
-        return self._planner.for_shapes(input_shapes)
+    def memory_for(self, input_shapes: Mapping[str, Sequence[int]], *, dynamic: bool = False) -> MemoryPlan:
+        """The memory plan at these input shapes (planned on first use, then cached); with ``dynamic``
+        values whose shape depends on input values are left to the allocator (``MemoryPlan.dynamic``)."""
+        return self._planner.for_shapes(input_shapes, dynamic=dynamic)
 
     def run(self, feeds: Mapping[str, Any], *, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Execute on ``feeds`` (with run_graph; the runtime package will use the arena)."""

@@ -167,7 +167,8 @@ def bind_arena(sch: Schedule, arena: Arena, template: list[Any]) -> BoundProgram
     skip = sch.view_steps(arena)
     # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
     set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
-    dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped)
+    unplanned = {s for st in sch.steps for s in st.outs if s >= 0 and vals[s] is None}  # dynamic shapes
+    dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped) | unplanned
     calls, index = [], []
     for i, st in enumerate(sch.steps):
         if i not in skip:

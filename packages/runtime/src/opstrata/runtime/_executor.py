@@ -177,7 +177,7 @@ class Schedule:
         args = [vals[i] if i >= 0 else None for i in st.ins]
         while args and args[-1] is None:
             args.pop()
-        if st.out_fn is not None and len(args) == 2:
+        if st.out_fn is not None and len(args) == 2 and vals[st.outs[0]] is not None:
             try:
                 st.out_fn(args[0], args[1], out=vals[st.outs[0]])
             except Exception as exc:
@@ -198,7 +198,10 @@ class Schedule:
                     self._store(st, k, dst, r, arena)  # raises the shape/dtype error
                 vals[s] = r
             elif s >= 0 and k < len(res):
-                self._store(st, k, vals[s], res[k], arena)
+                if vals[s] is None:  # a dynamic value (shape depends on input values): not in the arena
+                    vals[s] = np.asarray(res[k])
+                else:
+                    self._store(st, k, vals[s], res[k], arena)
         return args
 
     def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:

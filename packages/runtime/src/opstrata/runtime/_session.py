@@ -255,10 +255,12 @@ class InferenceSession:
         arena: Arena | None = None
         mp: og.MemoryPlan | None = None
         if self.options.enable_mem_arena:
-            try:
-                mp = self.plan.memory_for(dict(zip(self.graph.inputs, key, strict=True)))
-            except og.GraphError:  # a value without a concrete shape: run on the caching allocator
+            try:  # values whose shape depends on input values stay out of the arena (mp.dynamic)
+                mp = self.plan.memory_for(dict(zip(self.graph.inputs, key, strict=True)), dynamic=True)
+            except og.GraphError:  # no concrete shape at all: run on the caching allocator
                 mp = None
+            if mp is not None and mp.dynamic and self._pool is not None:
+                mp = None  # stream programs lay out every value: the allocator runs them instead
         if self._pool is not None:  # streams: assign nodes once per shape, lay the arena out for it
             asg = assign_streams(
                 self._preds,

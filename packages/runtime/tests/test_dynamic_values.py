@@ -1,0 +1,68 @@
+"""Values whose shape depends on input values: the static part keeps its arena, the rest runs on allocated
+buffers, and the answers equal onnxruntime's on every run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper as oh  # noqa: E402
+
+from opstrata.graph.testing import ort_run  # noqa: E402
+from opstrata.runtime import InferenceSession, SessionOptions  # noqa: E402
+
+
+def _model() -> onnx.ModelProto:
+    """relu(x) -> static output ``r``; Squeeze(relu(x) * 2, axes) with ``axes`` fed at run time -> ``y``."""
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r"], name="relu"),
+        oh.make_node("Mul", ["r", "two"], ["m"], name="mul"),
+        oh.make_node("Squeeze", ["m", "axes"], ["s"], name="squeeze"),
+        oh.make_node("Neg", ["s"], ["y"], name="neg"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "dyn",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n", 1]),
+            oh.make_tensor_value_info("axes", TensorProto.INT64, [None]),
+        ],
+        [
+            oh.make_tensor_value_info("r", TensorProto.FLOAT, None),
+            oh.make_tensor_value_info("y", TensorProto.FLOAT, None),
+        ],
+        [oh.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("profiling", [False, True])
+def test_static_part_keeps_its_arena_dynamic_part_runs(profiling: bool) -> None:
+    model = _model()
+    sess = InferenceSession(model, SessionOptions(enable_profiling=profiling))
+    x = np.linspace(-1, 1, 5, dtype=np.float32).reshape(1, 5, 1)
+    for axes in ([0], [2], [0, 2], [-1], [0]):
+        feeds = {"x": x, "axes": np.array(axes, np.int64)}
+        got = sess.run(None, feeds)
+        want = ort_run(model, feeds)
+        np.testing.assert_array_equal(got[0], want["r"])
+        np.testing.assert_array_equal(got[1], want["y"])
+    arenas = [a for a in sess.arenas.values() if a is not None]
+    assert len(arenas) == 2, "one arena per input-shape signature (axes of length 1 and 2)"
+    for arena in arenas:
+        mp = arena.plan
+        assert {"s", "y"} <= set(mp.dynamic), mp.dynamic
+        assert "m" in mp.offsets and "s" not in mp.offsets
+        assert "dynamic" in mp.summary()
+
+
+def test_dynamic_value_error_names_the_node() -> None:
+    sess = InferenceSession(_model())
+    with pytest.raises(Exception, match=r"squeeze"):
+        sess.run(None, {"x": np.ones((1, 3, 1), np.float32), "axes": np.array([1], np.int64)})
+    # the session is still usable after a failed run
+    out = sess.run(None, {"x": np.ones((1, 3, 1), np.float32), "axes": np.array([0], np.int64)})
+    assert out[1].shape == (3, 1)
