@@ -50,6 +50,9 @@ def test_static_part_keeps_its_arena_dynamic_part_runs(profiling: bool) -> None:
         want = ort_run(model, feeds)
         np.testing.assert_array_equal(got[0], want["r"])
         np.testing.assert_array_equal(got[1], want["y"])
+    if profiling:  # the profile says which nodes ran outside the arena, and why
+        dyn = {e.name for e in sess.profiler.events if e.dynamic}
+        assert dyn == {"squeeze", "neg"}, dyn
     arenas = [a for a in sess.arenas.values() if a is not None]
     assert len(arenas) == 2, "one arena per input-shape signature (axes of length 1 and 2)"
     for arena in arenas:
@@ -66,3 +69,20 @@ def test_dynamic_value_error_names_the_node() -> None:
     # the session is still usable after a failed run
     out = sess.run(None, {"x": np.ones((1, 3, 1), np.float32), "axes": np.array([0], np.int64)})
     assert out[1].shape == (3, 1)
+
+
+def test_plan_cache_is_bounded_and_evicted_shapes_replan() -> None:
+    model = _model()
+    sess = InferenceSession(model, SessionOptions(plan_cache_size=2))
+    for n in (2, 3, 4, 2):
+        feeds = {"x": np.full((1, n, 1), -0.5 + n, np.float32), "axes": np.array([0], np.int64)}
+        got = sess.run(None, feeds)
+        np.testing.assert_array_equal(got[1], ort_run(model, feeds)["y"])
+        assert len(sess.arenas) <= 2
+    assert [k[0] for k in sess.arenas] == [(1, 4, 1), (1, 2, 1)], "least recently used first"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
+def test_plan_cache_size_is_validated(bad) -> None:
+    with pytest.raises(Exception, match=r"plan_cache_size must be a positive int"):
+        InferenceSession(_model(), SessionOptions(plan_cache_size=bad))

@@ -348,6 +348,10 @@ class MemoryPlanner:
             (n, tuple(int(d) for d in input_shapes[n])) for n in self.graph.inputs if n in input_shapes
         )
 
+    def forget(self, input_shapes: Mapping[str, Sequence[int]]) -> None:
+        """Drop the cached plan for these input shapes (no error when there is none)."""
+        self._cache.pop(self._key(input_shapes), None)
+
     def seed(self, input_shapes: Mapping[str, Sequence[int]], plan: MemoryPlan) -> None:
         """Cache an already made ``plan`` (a loaded Plan's) for these input shapes."""
         self._cache[self._key(input_shapes)] = plan

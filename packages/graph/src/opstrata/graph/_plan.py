@@ -169,6 +169,10 @@ class Plan:
         """Bindings whose kernel is not native on ``device`` (decomposition or another device)."""
         return [b for b in self.bindings if b.is_fallback]
 
+    def forget_memory(self, input_shapes: Mapping[str, Sequence[int]]) -> None:
+        """Drop the cached memory plan of these input shapes (a session's bounded plan cache evicts it)."""
+        self._planner.forget(input_shapes)
+
     def memory_for(self, input_shapes: Mapping[str, Sequence[int]], *, dynamic: bool = False) -> MemoryPlan:
         """The memory plan at these input shapes (planned on first use, then cached); with ``dynamic``
         values whose shape depends on input values are left to the allocator (``MemoryPlan.dynamic``)."""

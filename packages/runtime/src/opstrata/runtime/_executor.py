@@ -213,13 +213,22 @@ class Schedule:
                 if i not in skip:
                     self.exec_arena(st, vals, alias, arena)
             return
+        dynamic = set(arena.plan.dynamic)
         for i, st in enumerate(self.steps):
             t0 = time.perf_counter_ns()
             if i in skip:  # recorded (as the near-zero cost it is) so the profile lists every node
                 args = [vals[s] if s >= 0 else None for s in st.ins]
             else:
                 args = self.exec_arena(st, vals, alias, arena)
-            self._record(prof, st, args, vals, t0, run_id)
+            self._record(
+                prof,
+                st,
+                args,
+                vals,
+                t0,
+                run_id,
+                dynamic=bool(dynamic) and not dynamic.isdisjoint(st.node.outputs),
+            )
 
     def exec_alloc(
         self, st: _Step, vals: list[Any], held: dict[int, np.ndarray], alloc: CachingAllocator
@@ -278,6 +287,8 @@ class Schedule:
         t0: int,
         run_id: int,
         stream: int = 0,
+        *,
+        dynamic: bool = False,
     ) -> None:
         dur = time.perf_counter_ns() - t0
         outs = [vals[s] if s >= 0 else None for s in st.outs]
@@ -287,6 +298,6 @@ class Schedule:
         prof.events.append(
             NodeEvent(
                 st.node.name, st.node.op_type, st.kernels, self.device, st.fallback, t0, dur,
-                ins_s, outs_s, moved, node_flops(st.node, ins_s, outs_s), run_id, stream,
+                ins_s, outs_s, moved, node_flops(st.node, ins_s, outs_s), run_id, stream, dynamic,
             )
         )  # fmt: skip

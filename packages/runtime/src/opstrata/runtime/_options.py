@@ -34,6 +34,7 @@ class SessionOptions:
     stream_timeout_s: float = (
         60.0  # a run with no node finishing for this long fails (hung or too-slow kernel)
     )
+    plan_cache_size: int = 16  # input-shape signatures whose arena and bound program are kept (LRU)
 
     def validate(self) -> SessionOptions:
         """Raise InvalidArgument naming the first bad option; return self."""
@@ -61,6 +62,12 @@ class SessionOptions:
             raise InvalidArgument(
                 where, f"stream_timeout_s must be a positive finite number of seconds, got {t!r}",
                 "use e.g. 60.0; it must exceed the slowest single kernel",
+            )  # fmt: skip
+        c = self.plan_cache_size
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise InvalidArgument(
+                where, f"plan_cache_size must be a positive int, got {c!r}",
+                "use e.g. 16: one arena and bound program is kept per distinct set of input shapes",
             )  # fmt: skip
         if not isinstance(self.profile_file_prefix, str) or not self.profile_file_prefix:
             raise InvalidArgument(where, "profile_file_prefix must be a non-empty string")

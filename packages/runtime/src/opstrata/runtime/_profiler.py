@@ -41,6 +41,7 @@ class NodeEvent:
     flops: int
     run: int
     stream: int = 0  # the stream (worker) that ran it; 0 for sequential runs
+    dynamic: bool = False  # an output's shape depends on input values: a per-run buffer, not the arena
 
 
 class Profiler:
@@ -85,6 +86,7 @@ class Profiler:
                     "input_shapes": [list(s) if s is not None else None for s in e.input_shapes],
                     "output_shapes": [list(s) if s is not None else None for s in e.output_shapes],
                     "bytes": e.bytes_moved, "flops": e.flops, "run": e.run, "stream": e.stream,
+                    "dynamic": e.dynamic,
                 },
             })  # fmt: skip
         at = {(e.run, e.name): e for e in self.events}

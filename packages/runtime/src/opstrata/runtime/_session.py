@@ -11,6 +11,7 @@ import time
 import warnings
 import weakref
 import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,9 @@ class InferenceSession:
         self.allocator = CachingAllocator(opts.memory_limit_bytes)
         self._schedule = Schedule(self.graph, self.plan.bindings, device)
         # per input-shape signature: (arena or None = not plannable -> allocator, value template)
-        self._programs: dict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = {}
+        self._programs: OrderedDict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = (
+            OrderedDict()
+        )
         self._dtypes = {k: v.dtype for k, v in self.graph.values.items()}
         # arena runs without the profiler: each shape's steps bound once to zero-argument calls
         self._bound: dict[tuple[tuple[int, ...], ...], BoundProgram] = {}
@@ -251,7 +254,13 @@ class InferenceSession:
     def _program(self, key: tuple[tuple[int, ...], ...]) -> tuple[Arena | None, list[Any]]:
         prog = self._programs.get(key)
         if prog is not None:
+            self._programs.move_to_end(key)
             return prog
+        while len(self._programs) >= self.options.plan_cache_size:  # least recently used signature goes
+            old, _ = self._programs.popitem(last=False)
+            self._bound.pop(old, None)
+            self._stream_programs.pop(old, None)
+            self.plan.forget_memory(dict(zip(self.graph.inputs, old, strict=True)))
         arena: Arena | None = None
         mp: og.MemoryPlan | None = None
         if self.options.enable_mem_arena:
