@@ -102,6 +102,9 @@ class Graph:
         self.values: dict[str, Value] = {}
         self.opset_imports: dict[str, int] = dict(opset_imports or {"": 17})
         self.doc_string = ""
+        #: what the importer did to the model before the IR saw it (e.g. an opset conversion); the pass
+        #: report repeats these lines
+        self.import_notes: list[str] = []
 
     # ------------------------------------------------------------------ building
 
@@ -339,6 +342,7 @@ class Graph:
         g.initializers = dict(self.initializers)
         g.values = {k: Value(v.name, v.dtype, v.shape) for k, v in self.values.items()}
         g.doc_string = self.doc_string
+        g.import_notes = list(self.import_notes)
         return g
 
     def value_names(self) -> Iterable[str]:

@@ -1,4 +1,9 @@
-"""ONNX front end: ModelProto (opset 13..newest) -> Graph, one small importer per ONNX op type.
+"""ONNX front end: ModelProto (opset 13..newest, older converted) -> Graph, one small importer per op type.
+
+Models with an older default-domain opset are converted to opset 13 on import with
+``onnx.version_converter`` (ONNX's own adapters, e.g. Softmax-11's axis flattening becomes
+Flatten/Softmax-13/Reshape); the Graph records the conversion (``graph.import_notes``) and the pass
+report prints it. A model the converter refuses is a GraphError naming the op and the opset.
 
 Canonical IR forms (docs/graph.md): ONNX op names and attributes, except that axes/split lists that
 newer opsets pass as inputs are always attributes, Constant becomes an initializer, Dropout becomes
@@ -8,6 +13,7 @@ Identity and Einsum becomes Transpose/MatMul/ReduceSum/(Un)Squeeze.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +93,57 @@ def _opset(model: Any, where: str) -> int:
     if "ai.onnx" not in opsets:
         raise GraphError(where, "the model imports no default-domain (ai.onnx) opset", "re-export the model")
     v, newest = opsets["ai.onnx"], onnx.defs.onnx_opset_version()
-    if not MIN_OPSET <= v <= newest:
+    if not 1 <= v <= newest:
         raise GraphError(
             where,
-            f"opset {v} is outside the supported range {MIN_OPSET}..{newest}",
-            "convert it: onnx.version_converter.convert_version(model, 17)",
+            f"opset {v} is outside the supported range 1..{newest} (older than {MIN_OPSET} is converted)",
+            f"re-export the model with opset {MIN_OPSET}..{newest}",
         )
     return v
+
+
+_NAMED_OP = re.compile(r"op_type:\s*(\w+)|\bfor (\w+)\b|adapt_([A-Za-z]+)_\d")
+
+
+def _culprits(model: Any, opset: int, text: str) -> list[tuple[str, str]]:
+    """(label, op) of the nodes the converter's message names, else of those whose op changed after ``opset``."""
+    onnx = require_onnx()
+    named = {g.lower() for groups in _NAMED_OP.findall(text) for g in groups if g}
+    nodes = [
+        (f"node '{n.name or f'{n.op_type}_{i}'}' ({n.op_type})", n.op_type)
+        for i, n in enumerate(model.graph.node)
+        if n.domain in ("", "ai.onnx")
+    ]
+    hits = [(label, op) for label, op in nodes if op.lower() in named]
+    if hits:
+        return hits
+    changed = []
+    for label, op in nodes:
+        try:
+            if onnx.defs.get_schema(op, MIN_OPSET, "").since_version > opset:
+                changed.append((label, op))
+        except onnx.defs.SchemaError:  # removed or unknown op: the converter cannot carry it either
+            changed.append((label, op))
+    return changed
+
+
+def _convert(model: Any, opset: int, where: str) -> Any:
+    """``model`` converted from ``opset`` to MIN_OPSET by onnx.version_converter (GraphError if refused)."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:  # the converter raises RuntimeError/InferenceError/ValueError with C++ text
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        text = text.rsplit("failed: ", 1)[-1].strip()  # drop the C++ file:line and assertion prefix
+        nodes = _culprits(model, opset, text)
+        at = f" at {', '.join(label for label, _ in nodes[:4])}" if nodes else ""
+        raise GraphError(
+            where,
+            f"onnx.version_converter cannot convert opset {opset} to {MIN_OPSET}{at}: {text[:200]}",
+            f"re-export the model with opset {MIN_OPSET} or newer"
+            + (f", or rewrite {nodes[0][1]} in its opset-{MIN_OPSET} form" if nodes else ""),
+        ) from None
 
 
 def _used_names(model: Any) -> set[str]:
@@ -165,8 +215,10 @@ def _graph_from_proto(model: Any, opset: int) -> Graph:
 def from_onnx(model: str | os.PathLike[str] | bytes | Any, *, infer: bool = True) -> Graph:
     """Import an ONNX model (path, serialized bytes or ModelProto) as a validated, shape-inferred Graph.
 
-    Raises UnsupportedOpError (naming op, domain, opset, node and the supported ops) for an op the
-    IR does not cover, and GraphError for malformed models.
+    Opsets older than 13 are converted to 13 by onnx.version_converter first (``graph.import_notes``
+    says so; the pass report prints it). Raises UnsupportedOpError (naming op, domain, opset, node and
+    the supported ops) for an op the IR does not cover, and GraphError for malformed models or ones
+    the converter refuses.
 
     >>> import onnx, onnx.helper as oh
     >>> m = oh.make_model(oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g",
@@ -184,7 +236,13 @@ def from_onnx(model: str | os.PathLike[str] | bytes | Any, *, infer: bool = True
         import onnx.inliner
 
         m = onnx.inliner.inline_local_functions(m)
+    notes: list[str] = []
+    if opset < MIN_OPSET:
+        m = _convert(m, opset, where)
+        notes.append(f"converted opset {opset} -> {MIN_OPSET} on import")
+        opset = MIN_OPSET
     graph = _graph_from_proto(m, opset)
+    graph.import_notes = notes  # read by optimize() into the PassReport
     defined = _check_definitions(graph)
     _check_uses(graph, defined)
     graph.nodes = toposorted(graph)

@@ -44,10 +44,14 @@ class PassResult:
 
 @dataclass
 class PassReport:
-    """The passes an ``optimize`` call ran, in order; ``str()`` prints a table."""
+    """The passes an ``optimize`` call ran, in order; ``str()`` prints a table.
+
+    ``notes`` carries what the import did before the passes (e.g. "converted opset 9 -> 13 on import").
+    """
 
     level: int
     results: list[PassResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def nodes_before(self) -> int:
@@ -73,11 +77,12 @@ class PassReport:
                 }
                 for r in self.results
             ],
+            "notes": list(self.notes),
         }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> PassReport:
-        return cls(d["level"], [PassResult(**r) for r in d["results"]])
+        return cls(d["level"], [PassResult(**r) for r in d["results"]], list(d.get("notes", [])))
 
     def table(self) -> str:
         """One row per pass run: nodes before -> after, what was removed and added."""
@@ -94,7 +99,7 @@ class PassReport:
         ]
         lines.insert(1, "-" * len(lines[0]))
         lines.append(f"level {self.level}: {self.nodes_before} -> {self.nodes_after} nodes")
-        return "\n".join(lines)
+        return "\n".join([*self.notes, *lines])
 
     def __str__(self) -> str:
         return self.table()
@@ -185,7 +190,8 @@ def optimize(graph: Graph, level: int = 2) -> tuple[Graph, PassReport]:
     >>> g.op_counts()["ai.opstrata::Attention"]
     1
     """
-    report = PassReport(level)
+    notes = list(graph.import_notes)  # set by from_onnx
+    report = PassReport(level, notes=notes)
     g = graph.copy()
     infer_shapes(g)
     for lvl, name, fn in passes_for_level(level):
@@ -202,4 +208,5 @@ def optimize(graph: Graph, level: int = 2) -> tuple[Graph, PassReport]:
         report.results.append(PassResult(name, lvl, n0, len(out), removed, added, time.perf_counter() - t0))
         g = out
     g.validate()
+    g.import_notes = notes  # optimizing the result again keeps the note
     return g, report
