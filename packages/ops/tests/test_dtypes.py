@@ -33,7 +33,8 @@ def test_low_precision_are_ml_dtypes():
         ("float16", "int32", "float16"),
         ("bfloat16", "bool", "bfloat16"),
         ("int32", "float32", "float64"),  # numpy's rule outside low precision
-        ("int8", "uint8", "int32"),  # numpy: int16, not an opstrata dtype
+        ("int8", "uint8", "int16"),  # numpy's rule
+        ("uint64", "int64", "float64"),  # numpy's rule: no integer holds both
         ("float32", "float32", "float32"),
         ("bool", "bool", "bool"),
     ],

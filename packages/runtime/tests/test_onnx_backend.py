@@ -115,8 +115,8 @@ def test_adapted_cases_freeze_only_shape_inputs(results) -> None:
     model, left = onnx_backend._adapt(case.model, feeds)
     assert [v.name for v in model.graph.input] == ["data"] and list(left) == ["data"]
     assert [t.name for t in model.graph.initializer] == ["shape"]
-    assert results["test_reshape_one_dim"].status == "adapted"
-    assert results["test_reshape_one_dim"].reason == "output shape depends on input values"
+    # the session runs the shipped model too: a run-time target shape plans the rest and allocates it per run
+    assert results["test_reshape_one_dim"].status == "pass"
 
 
 def test_report_counts_per_op() -> None:

@@ -159,7 +159,7 @@ class Plan:
         self.input_shapes = input_shapes
         self._planner = MemoryPlanner(graph)
         if memory is None and input_shapes is not None:
-            memory = self._planner.for_shapes(input_shapes)
+            memory = self._planner.for_shapes(input_shapes, dynamic=True)  # data-dependent values: per run
         elif memory is not None and input_shapes is not None:
             self._planner.seed(input_shapes, memory)
         self.memory = memory

@@ -7,9 +7,8 @@ result is cast back to the input dtype unless an op says otherwise; float64 stay
 Rule of promotion (:func:`result_dtype`, used by binary ops on mixed inputs):
 
 1. Equal dtypes keep their dtype.
-2. Without low-precision floats, numpy's rules apply (``int32 + float32 -> float64``), except
-   that a result outside the supported set widens to the next one (``int8 + uint8 -> int32``,
-   where numpy says int16).
+2. Without low-precision floats, numpy's rules apply (``int32 + float32 -> float64``,
+   ``int8 + uint8 -> int16``, ``uint64 + int64 -> float64``).
 3. With a low-precision float (float16, bfloat16, float8_*):
    - a float32 or float64 input wins: ``bfloat16 + float32 -> float32``;
    - two *different* low-precision floats meet in float32: ``bfloat16 + float16 -> float32``,
@@ -33,15 +32,20 @@ float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
+int16 = np.dtype(np.int16)
+uint16 = np.dtype(np.uint16)
 int32 = np.dtype(np.int32)
+uint32 = np.dtype(np.uint32)
 int64 = np.dtype(np.int64)
+uint64 = np.dtype(np.uint64)
 bool_ = np.dtype(np.bool_)
 
 #: Floating dtypes, widest first.
 FLOAT_DTYPES: tuple[np.dtype, ...] = (float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2)
 #: Floats narrower than float32: accumulate in float32.
 LOW_PRECISION_DTYPES: tuple[np.dtype, ...] = (float16, bfloat16, float8_e4m3fn, float8_e5m2)
-INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int32, int64)
+#: Integer dtypes, signed and unsigned, 8 to 64 bits (ONNX's integer tensor types).
+INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int16, uint16, int32, uint32, int64, uint64)
 INDEX_DTYPES: tuple[np.dtype, ...] = (int32, int64)
 NUMERIC_DTYPES: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES
 ALL_DTYPES: tuple[np.dtype, ...] = (*NUMERIC_DTYPES, bool_)
@@ -55,8 +59,12 @@ DTYPES_BY_NAME: dict[str, np.dtype] = {
     "float8_e5m2": float8_e5m2,
     "int8": int8,
     "uint8": uint8,
+    "int16": int16,
+    "uint16": uint16,
     "int32": int32,
+    "uint32": uint32,
     "int64": int64,
+    "uint64": uint64,
     "bool": bool_,
 }
 
@@ -88,6 +96,8 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
         return float32
     if dt == float64:
         return float64
+    if dt == uint64:  # int64 would misorder values >= 2**63; sums wrap modulo 2**64 either way
+        return uint64
     if dt == bool_ or dt.kind in "iu":
         return int64
     raise TypeError(f"no accumulation rule for dtype {dt}")
@@ -113,9 +123,7 @@ def result_dtype(*dtypes: Any) -> np.dtype:
         return first
     low = {d for d in dts if d in LOW_PRECISION_DTYPES}
     if not low:
-        res = np.result_type(*dts)
-        # numpy may answer int16 (int8 + uint8), which opstrata does not carry: widen to int32.
-        return res if res in ALL_DTYPES else (int32 if res.itemsize <= 4 else int64)
+        return np.result_type(*dts)
     if float64 in dts:
         return float64
     if float32 in dts or len(low) > 1:

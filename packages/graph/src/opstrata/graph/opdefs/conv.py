@@ -1,13 +1,22 @@
-"""Convolution and pooling (NCHW): Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool."""
+"""Convolution and pooling over ``(N, C, *spatial)`` (ONNX operator spec): Conv, ConvTranspose, MaxPool
+(with its Indices output; ``ai.opstrata::MaxPoolNd`` for integer inputs), AveragePool, LpPool, MaxUnpool,
+GlobalAveragePool, GlobalMaxPool, GlobalLpPool.
+
+2-D Conv / MaxPool / AveragePool run on the fast 2-D kernels (conv2d, max_pool2d, avg_pool2d) whenever
+those take the attributes; 1-D, 3-D and the forms the 2-D kernels refuse (AveragePool dilations, pads
+over half the window, MaxPool Indices) run on the N-D kernels of opstrata.ops.kernels.conv_nd.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 import opstrata.ops as ops
 
-from .._ir import Node
+from .._ir import OPSTRATA_DOMAIN, Node
 from .._shape_rules import (
     RuleContext,
     TypeShape,
@@ -17,53 +26,110 @@ from .._shape_rules import (
 )
 from .._symbolic import Dim, Shape
 from ..onnx.context import ImportContext
+from ..onnx.export import ExportContext, register_export
 from .common import Arr
 from .registry import define
 
+_SAME = ("SAME_UPPER", "SAME_LOWER")
 
-def _window_attrs(ctx: ImportContext, nd: int | None, pool: bool) -> dict[str, Any]:
+
+# --------------------------------------------------------------------------- importers
+
+
+def _input_rank(ctx: ImportContext, i: int = 0) -> int | None:
+    v = ctx.graph.values.get(ctx.input(i))
+    return None if v is None or v.shape is None else len(v.shape)
+
+
+def _window_attrs(ctx: ImportContext, nd: int | None, pool: bool, dilations: bool = True) -> dict[str, Any]:
+    """The window attributes with ONNX defaults filled in (``nd`` spatial dims; None: left to run time)."""
     a = ctx.attrs
-    auto = a.get("auto_pad", "NOTSET")
-    if nd is not None and nd != 2:
-        raise ctx.unsupported(f"{ctx.op_type} with {nd} spatial dims is not supported (only 2-D, NCHW)")
+    if nd is not None and nd < 1:
+        raise ctx.unsupported(f"{ctx.op_type} needs at least 1 spatial dim (input (N, C, *spatial))")
     out: dict[str, Any] = {}
     if "kernel_shape" in a:
         out["kernel_shape"] = list(a["kernel_shape"])
     if nd is not None:
         out["strides"] = list(a.get("strides", [1] * nd))
         out["pads"] = list(a.get("pads", [0] * 2 * nd))
-        out["dilations"] = list(a.get("dilations", [1] * nd))
-    out["auto_pad"] = auto
+        if dilations:
+            out["dilations"] = list(a.get("dilations", [1] * nd))
+    else:
+        out.update({k: list(a[k]) for k in ("strides", "pads", "dilations") if k in a})
+    out["auto_pad"] = a.get("auto_pad", "NOTSET")
     if pool:
         out["ceil_mode"] = int(a.get("ceil_mode", 0))
     return out
 
 
-def _import_conv(ctx: ImportContext) -> None:
+def _conv_nd(ctx: ImportContext) -> int | None:
     w = ctx.const(1)
     ks = ctx.attrs.get("kernel_shape")
-    nd = len(ks) if ks is not None else (w.ndim - 2 if w is not None else None)
-    attrs = _window_attrs(ctx, nd, pool=False)
+    if ks is not None:
+        return len(ks)
+    if w is not None:
+        return w.ndim - 2
+    r = _input_rank(ctx)
+    return None if r is None else r - 2
+
+
+def _import_conv(ctx: ImportContext) -> None:
+    w = ctx.const(1)
+    attrs = _window_attrs(ctx, _conv_nd(ctx), pool=False)
     if "kernel_shape" not in attrs and w is not None:
         attrs["kernel_shape"] = list(w.shape[2:])
     attrs["group"] = int(ctx.attrs.get("group", 1))
     ctx.emit("Conv", ctx.inputs, ctx.outputs, attrs)
 
 
+def _import_conv_transpose(ctx: ImportContext) -> None:
+    w = ctx.const(1)
+    nd = _conv_nd(ctx)
+    attrs = _window_attrs(ctx, nd, pool=False)
+    if "kernel_shape" not in attrs and w is not None:
+        attrs["kernel_shape"] = list(w.shape[2:])
+    attrs["group"] = int(ctx.attrs.get("group", 1))
+    if "output_padding" in ctx.attrs or nd is not None:
+        attrs["output_padding"] = list(ctx.attrs.get("output_padding", [0] * (nd or 0)))
+    if "output_shape" in ctx.attrs:
+        attrs["output_shape"] = list(ctx.attrs["output_shape"])
+    ctx.emit("ConvTranspose", ctx.inputs, ctx.outputs, attrs)
+
+
 def _import_max_pool(ctx: ImportContext) -> None:
-    if ctx.is_used(1):
-        raise ctx.unsupported("MaxPool's Indices output is not supported")
     attrs = _window_attrs(ctx, len(ctx.attrs["kernel_shape"]), pool=True)
-    ctx.emit("MaxPool", ctx.inputs[:1], ctx.outputs[:1], attrs)
+    attrs["storage_order"] = int(ctx.attrs.get("storage_order", 0))
+    v = ctx.graph.values.get(ctx.input(0))
+    if v is not None and v.dtype is not None and v.dtype.kind in "iu":  # the 2-D kernel is float-only
+        ctx.emit("MaxPoolNd", ctx.inputs[:1], ctx.outputs[:2], attrs, domain=OPSTRATA_DOMAIN)
+        return
+    ctx.emit("MaxPool", ctx.inputs[:1], ctx.outputs[:2], attrs)
 
 
 def _import_avg_pool(ctx: ImportContext) -> None:
-    attrs = _window_attrs(ctx, len(ctx.attrs["kernel_shape"]), pool=True)
-    if any(d != 1 for d in attrs["dilations"]):
-        raise ctx.unsupported("AveragePool with dilations != 1 is not supported")
-    del attrs["dilations"]
+    attrs = _window_attrs(ctx, len(ctx.attrs["kernel_shape"]), pool=True, dilations="dilations" in ctx.attrs)
     attrs["count_include_pad"] = int(ctx.attrs.get("count_include_pad", 0))
     ctx.emit("AveragePool", ctx.inputs, ctx.outputs, attrs)
+
+
+def _import_lp_pool(ctx: ImportContext) -> None:
+    a = ctx.attrs
+    attrs = _window_attrs(ctx, len(a["kernel_shape"]), pool="ceil_mode" in a, dilations="dilations" in a)
+    attrs["p"] = int(a.get("p", 2))
+    ctx.emit("LpPool", ctx.inputs, ctx.outputs, attrs)
+
+
+def _import_max_unpool(ctx: ImportContext) -> None:
+    nd = len(ctx.attrs["kernel_shape"])
+    attrs = _window_attrs(ctx, nd, pool=False, dilations=False)
+    del attrs["auto_pad"]
+    shape = ctx.const_ints(2, "output_shape")
+    if shape is not None:
+        attrs["output_shape"] = shape
+    ctx.emit("MaxUnpool", ctx.inputs[:2], ctx.outputs, attrs)
+
+
+# --------------------------------------------------------------------------- geometry
 
 
 def _spatial(n: Node, ctx: RuleContext, x: Shape, kernel: Sequence[int]) -> list[Dim]:
@@ -73,7 +139,12 @@ def _spatial(n: Node, ctx: RuleContext, x: Shape, kernel: Sequence[int]) -> list
     auto = n.attrs.get("auto_pad", "NOTSET")
     ceil = bool(n.attrs.get("ceil_mode", 0))
     sizes = x[2:]
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
+    if len(sizes) != nd:
+        raise ctx.fail(
+            f"inconsistent shapes: input {x} has {len(sizes)} spatial dims but the kernel {list(kernel)} has {nd}",
+            "give an (N, C, *spatial) input with one spatial dim per kernel dim",
+        )
+    if auto in _SAME:
         return [
             -(-d // s) if isinstance(d, int) else (d if s == 1 else None)
             for d, s in zip(sizes, strides, strict=True)
@@ -96,16 +167,71 @@ def _spatial(n: Node, ctx: RuleContext, x: Shape, kernel: Sequence[int]) -> list
     return out
 
 
+def _need_spatial(ctx: RuleContext, x: Shape, what: str) -> None:
+    if len(x) < 3:
+        raise ctx.fail(
+            f"{what} needs an (N, C, *spatial) input of rank >= 3, got shape {x}", "reshape the input"
+        )
+
+
+def _geom(n: Node, x: Arr, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """(strides, dilations, explicit pads [begin..., end...]) for input ``x``."""
+    nd = len(kernel)
+    strides = list(n.attrs.get("strides") or [1] * nd)
+    dil = list(n.attrs.get("dilations") or [1] * nd)
+    pads = conv_pads(
+        x.shape[2:], kernel, strides, dil, n.attrs.get("pads") or [], n.attrs.get("auto_pad", "NOTSET")
+    )
+    return strides, dil, pads
+
+
+def _fits_2d(kernel: Sequence[int], dil: Sequence[int], pads: Sequence[int]) -> bool:
+    """The 2-D pooling kernels take pads of at most half the (dilated) window."""
+    eff = [d * (k - 1) + 1 for k, d in zip(kernel, dil, strict=True)]
+    return max(pads[0], pads[2]) <= eff[0] // 2 and max(pads[1], pads[3]) <= eff[1] // 2
+
+
+def _convt_geom(
+    n: Node, sizes: Sequence[int], kernel: Sequence[int]
+) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """ConvTranspose (strides, dilations, pads, output_padding, output sizes) per the ONNX spec:
+    ``output_shape`` or SAME_* auto_pad fix the output size and the pads follow from it."""
+    nd = len(kernel)
+    a = n.attrs
+    s = list(a.get("strides") or [1] * nd)
+    d = list(a.get("dilations") or [1] * nd)
+    op = list(a.get("output_padding") or [0] * nd)
+    auto = a.get("auto_pad", "NOTSET")
+    full = [
+        si * (x - 1) + oi + (k - 1) * di + 1 for x, si, oi, k, di in zip(sizes, s, op, kernel, d, strict=True)
+    ]
+    want = a.get("output_shape")
+    if want or auto in _SAME:
+        target = list(want)[-nd:] if want else [x * si for x, si in zip(sizes, s, strict=True)]
+        total = [f - t for f, t in zip(full, target, strict=True)]
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        pads = begin + [t - b for t, b in zip(total, begin, strict=True)]
+    elif auto == "VALID":
+        pads = [0] * (2 * nd)
+    else:
+        pads = list(a.get("pads") or [0] * (2 * nd))
+    out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    return s, d, pads, op, out
+
+
+# --------------------------------------------------------------------------- shape rules
+
+
 def _conv_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     dt = ctx.same_dtype([i for i in range(len(n.inputs)) if n.inputs[i]])
     x, w = ctx.shape(0), ctx.shape(1)
-    if x is not None and len(x) != 4:
-        raise ctx.fail(f"only 2-D convolution (NCHW input) is supported, got input shape {x}")
+    if x is not None:
+        _need_spatial(ctx, x, "Conv")
     if x is None or w is None:
-        return [(dt, None if x is None else (x[0], None if w is None else w[0], None, None))]
+        return [(dt, None if x is None else (x[0], None if w is None else w[0], *([None] * (len(x) - 2))))]
     kernel = n.attrs.get("kernel_shape") or list(w[2:])
     if not all(isinstance(k, int) for k in kernel):
-        return [(dt, (x[0], w[0], None, None))]
+        return [(dt, (x[0], w[0], *([None] * (len(x) - 2))))]
     group = n.attrs.get("group", 1)
     if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * group:
         raise ctx.fail(
@@ -114,14 +240,44 @@ def _conv_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     return [(dt, (x[0], w[0], *_spatial(n, ctx, x, kernel)))]
 
 
-def _pool_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    x = ctx.shape(0)
-    dt = float_dtype(ctx) if n.op_type == "AveragePool" else ctx.dtype(0)
+def _conv_transpose_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    dt = ctx.same_dtype([i for i in range(len(n.inputs)) if n.inputs[i]])
+    float_dtype(ctx)
+    x, w = ctx.shape(0), ctx.shape(1)
     if x is None:
         return [(dt, None)]
-    if len(x) != 4:
-        raise ctx.fail(f"only 2-D pooling (NCHW input) is supported, got input shape {x}")
-    return [(dt, (x[0], x[1], *_spatial(n, ctx, x, n.attrs["kernel_shape"])))]
+    _need_spatial(ctx, x, "ConvTranspose")
+    group = n.attrs.get("group", 1)
+    m = w[1] * group if w is not None and isinstance(w[1], int) else None
+    kernel = n.attrs.get("kernel_shape") or (list(w[2:]) if w is not None else None)
+    sizes = x[2:]
+    if kernel is None or not all(isinstance(k, int) for k in [*kernel, *sizes]):
+        return [(dt, (x[0], m, *([None] * len(sizes))))]
+    if w is not None and isinstance(w[0], int) and isinstance(x[1], int) and w[0] != x[1]:
+        raise ctx.fail(f"inconsistent shapes: input has {x[1]} channels but weight {w} expects {w[0]}")
+    *_, pads, _, out = _convt_geom(n, sizes, kernel)  # type: ignore[arg-type]
+    nd = len(kernel)
+    if any(p < 0 for p in pads[:nd]) or any(o < 1 for o in out):
+        raise ctx.fail(
+            f"ConvTranspose output {out} with pads {pads} is not reachable from input {x}",
+            "check output_shape / pads against the input size",
+        )
+    return [(dt, (x[0], m, *out))]
+
+
+def _pool_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    x = ctx.shape(0)
+    is_max = n.op_type in ("MaxPool", "MaxPoolNd")
+    dt = ctx.dtype(0) if is_max else float_dtype(ctx)
+    if x is None:
+        shape: Shape | None = None
+    else:
+        _need_spatial(ctx, x, n.op_type)
+        shape = (x[0], x[1], *_spatial(n, ctx, x, n.attrs["kernel_shape"]))
+    out = [(dt, shape)]
+    if is_max and len(n.outputs) > 1:
+        out.append((np.dtype(np.int64), shape))
+    return out
 
 
 def _global_pool_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
@@ -129,39 +285,117 @@ def _global_pool_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     return [(float_dtype(ctx), None if x is None else (*x[:2], *([1] * (len(x) - 2))))]
 
 
-def _window(n: Node, x: Arr, kernel_shape: Sequence[int]) -> dict[str, Any]:
-    nd = len(kernel_shape)
-    strides = n.attrs.get("strides") or [1] * nd
-    dil = n.attrs.get("dilations") or [1] * nd
-    pads = conv_pads(
-        x.shape[2:], kernel_shape, strides, dil, n.attrs.get("pads") or [], n.attrs.get("auto_pad", "NOTSET")
-    )
-    return {"stride": tuple(strides), "padding": (pads[0], pads[1], pads[2], pads[3]), "dilation": tuple(dil)}
+def _max_unpool_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    x = ctx.shape(0)
+    ctx.need_dtype(1, "i", "int64 indices")
+    if "output_shape" in n.attrs:
+        return [(ctx.dtype(0), tuple(n.attrs["output_shape"]))]
+    if x is None:
+        return [(ctx.dtype(0), None)]
+    _need_spatial(ctx, x, "MaxUnpool")
+    return [(ctx.dtype(0), (x[0], x[1], *_unpool_sizes(n, x[2:])))]
+
+
+def _unpool_sizes(n: Node, sizes: Sequence[Dim]) -> list[Dim]:
+    k = n.attrs["kernel_shape"]
+    nd = len(k)
+    s = n.attrs.get("strides") or [1] * nd
+    p = n.attrs.get("pads") or [0] * (2 * nd)
+    return [
+        (d - 1) * s[i] + k[i] - p[i] - p[i + nd] if isinstance(d, int) else None for i, d in enumerate(sizes)
+    ]
+
+
+# --------------------------------------------------------------------------- executor kernels
 
 
 def _run_conv(n: Node, x: list[Any]) -> list[Arr]:
     w = x[1]
-    b = x[2] if len(x) > 2 else None
-    kw = _window(n, x[0], n.attrs.get("kernel_shape") or w.shape[2:])
-    return [ops.conv2d(x[0], w, b, groups=n.attrs.get("group", 1), **kw)]
+    b = x[2] if len(x) > 2 and x[2] is not None else None
+    kernel = n.attrs.get("kernel_shape") or w.shape[2:]
+    s, d, pads = _geom(n, x[0], kernel)
+    g = n.attrs.get("group", 1)
+    if len(kernel) == 2:
+        return [ops.conv2d(x[0], w, b, groups=g, stride=tuple(s), padding=tuple(pads), dilation=tuple(d))]
+    return [ops.conv_nd(x[0], w, b, groups=g, stride=s, pads=pads, dilation=d)]
+
+
+def _run_conv_transpose(n: Node, x: list[Any]) -> list[Arr]:
+    w = x[1]
+    b = x[2] if len(x) > 2 and x[2] is not None else None
+    kernel = n.attrs.get("kernel_shape") or w.shape[2:]
+    nd = len(kernel)
+    s, d, pads, op, _ = _convt_geom(n, x[0].shape[2:], kernel)
+    begin, end = pads[:nd], pads[nd:]
+    op = [o + max(-e, 0) for o, e in zip(op, end, strict=True)]  # output_shape past the full size: extend
+    pads = begin + [max(e, 0) for e in end]
+    y = ops.conv_transpose_nd(
+        x[0], w, b, stride=s, pads=pads, dilation=d, groups=n.attrs.get("group", 1), output_padding=op
+    )
+    return [y]
 
 
 def _run_max_pool(n: Node, x: list[Arr]) -> list[Arr]:
-    k = n.attrs["kernel_shape"]
-    kw = _window(n, x[0], k)
-    return [ops.max_pool2d(x[0], kernel_size=tuple(k), ceil_mode=bool(n.attrs.get("ceil_mode", 0)), **kw)]
+    k = list(n.attrs["kernel_shape"])
+    s, d, pads = _geom(n, x[0], k)
+    ceil = bool(n.attrs.get("ceil_mode", 0))
+    indices = len(n.outputs) > 1
+    if (
+        n.op_type == "MaxPool"
+        and len(k) == 2
+        and not indices
+        and x[0].dtype.kind not in "iu"
+        and _fits_2d(k, d, pads)
+    ):
+        y = ops.max_pool2d(
+            x[0],
+            kernel_size=tuple(k),
+            stride=tuple(s),
+            padding=tuple(pads),
+            dilation=tuple(d),
+            ceil_mode=ceil,
+        )
+        return [y]
+    out = ops.max_pool_nd(
+        x[0], kernel_size=k, stride=s, pads=pads, dilation=d, ceil_mode=ceil, return_indices=indices,
+        storage_order=int(n.attrs.get("storage_order", 0)),
+    )  # fmt: skip
+    return list(out) if indices else [out]
 
 
 def _run_avg_pool(n: Node, x: list[Arr]) -> list[Arr]:
-    k = n.attrs["kernel_shape"]
-    kw = _window(n, x[0], k)
-    kw.pop("dilation")
-    return [
-        ops.avg_pool2d(
-            x[0], kernel_size=tuple(k), ceil_mode=bool(n.attrs.get("ceil_mode", 0)),
-            count_include_pad=bool(n.attrs.get("count_include_pad", 0)), **kw,
+    k = list(n.attrs["kernel_shape"])
+    s, d, pads = _geom(n, x[0], k)
+    ceil, cip = bool(n.attrs.get("ceil_mode", 0)), bool(n.attrs.get("count_include_pad", 0))
+    if len(k) == 2 and all(v == 1 for v in d) and _fits_2d(k, d, pads):
+        y = ops.avg_pool2d(
+            x[0],
+            kernel_size=tuple(k),
+            stride=tuple(s),
+            padding=tuple(pads),
+            ceil_mode=ceil,
+            count_include_pad=cip,
         )
-    ]  # fmt: skip
+        return [y]
+    return [
+        ops.avg_pool_nd(
+            x[0], kernel_size=k, stride=s, pads=pads, dilation=d, ceil_mode=ceil, count_include_pad=cip
+        )
+    ]
+
+
+def _run_lp_pool(n: Node, x: list[Arr]) -> list[Arr]:
+    k = list(n.attrs["kernel_shape"])
+    s, d, pads = _geom(n, x[0], k)
+    ceil = bool(n.attrs.get("ceil_mode", 0))
+    p = n.attrs.get("p", 2)
+    return [ops.lp_pool_nd(x[0], kernel_size=k, stride=s, pads=pads, dilation=d, ceil_mode=ceil, p=p)]
+
+
+def _run_max_unpool(n: Node, x: list[Arr]) -> list[Arr]:
+    shape = n.attrs.get("output_shape")
+    size = list(shape)[2:] if shape else _unpool_sizes(n, x[0].shape[2:])
+    return [ops.max_unpool_nd(x[0], x[1], output_size=size)]
 
 
 def _run_gap(n: Node, x: list[Arr]) -> list[Arr]:
@@ -172,8 +406,60 @@ def _run_gmp(n: Node, x: list[Arr]) -> list[Arr]:
     return [ops.max(x[0], axis=tuple(range(2, x[0].ndim)), keepdims=True)]
 
 
-define("Conv", importer=_import_conv, shape=_conv_rule, kernel=_run_conv, uses=("conv2d",), dtypes="float")
-define("MaxPool", importer=_import_max_pool, shape=_pool_rule, kernel=_run_max_pool, uses=("max_pool2d",))
-define("AveragePool", importer=_import_avg_pool, shape=_pool_rule, kernel=_run_avg_pool, uses=("avg_pool2d",))
+def _run_glp(n: Node, x: list[Arr]) -> list[Arr]:
+    return [ops.lp_pool_nd(x[0], kernel_size=x[0].shape[2:], p=n.attrs.get("p", 2))]
+
+
+def _export_max_unpool(n: Node, ctx: ExportContext) -> None:
+    a = dict(n.attrs)
+    shape = a.pop("output_shape", None)
+    ins = list(n.inputs[:2]) + ([ctx.ints(shape, "output_shape")] if shape is not None else [])
+    ctx.emit("MaxUnpool", ins, n.outputs, **a)
+
+
+def _export_window(n: Node, ctx: ExportContext) -> None:
+    a = dict(n.attrs)
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        a.pop("pads", None)  # ONNX forbids pads beside auto_pad
+    ctx.emit(n.op_type, n.inputs, n.outputs, **a)
+
+
+def _export_max_pool_nd(n: Node, ctx: ExportContext) -> None:
+    a = dict(n.attrs)
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        a.pop("pads", None)
+    ctx.emit("MaxPool", n.inputs, n.outputs, **a)
+
+
+register_export("MaxUnpool", _export_max_unpool)
+register_export("MaxPoolNd", _export_max_pool_nd, domain=OPSTRATA_DOMAIN)
+register_export("ConvTranspose", _export_window)
+register_export("LpPool", _export_window)
+define(
+    "Conv", importer=_import_conv, shape=_conv_rule, kernel=_run_conv, uses=("conv2d", "conv_nd"),
+    dtypes="float", doc="2-D on conv2d, 1-D/3-D on conv_nd",
+)  # fmt: skip
+define(
+    "ConvTranspose", importer=_import_conv_transpose, shape=_conv_transpose_rule, kernel=_run_conv_transpose,
+    uses=("conv_transpose_nd",), dtypes="float",
+)  # fmt: skip
+define(
+    "MaxPool", importer=_import_max_pool, shape=_pool_rule, kernel=_run_max_pool,
+    uses=("max_pool2d", "max_pool_nd"), dtypes="float", doc="Indices output and N-D on max_pool_nd",
+)  # fmt: skip
+define(
+    "MaxPoolNd", OPSTRATA_DOMAIN, shape=_pool_rule, kernel=_run_max_pool, uses=("max_pool_nd",), onnx=False,
+    dtypes="numeric", doc="ONNX MaxPool of an integer input (the 2-D kernel is float-only); exports as MaxPool",
+)  # fmt: skip
+define(
+    "AveragePool", importer=_import_avg_pool, shape=_pool_rule, kernel=_run_avg_pool,
+    uses=("avg_pool2d", "avg_pool_nd"), dtypes="float",
+)  # fmt: skip
+define("LpPool", importer=_import_lp_pool, shape=_pool_rule, kernel=_run_lp_pool, uses=("lp_pool_nd",))
+define(
+    "MaxUnpool", importer=_import_max_unpool, shape=_max_unpool_rule, kernel=_run_max_unpool,
+    uses=("max_unpool_nd",),
+)  # fmt: skip
 define("GlobalAveragePool", shape=_global_pool_rule, kernel=_run_gap, uses=("global_avg_pool",))
 define("GlobalMaxPool", shape=_global_pool_rule, kernel=_run_gmp, uses=("max",))
+define("GlobalLpPool", attrs={"p": 2}, shape=_global_pool_rule, kernel=_run_glp, uses=("lp_pool_nd",))

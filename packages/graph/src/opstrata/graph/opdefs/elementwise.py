@@ -1,4 +1,4 @@
-"""Elementwise ops: arithmetic, comparison, logic, unary math, Clip, Cast (ONNX semantics, numpy broadcasting).
+"""Elementwise ops: arithmetic, comparison, logic, unary math, Clip, Cast, CastLike (ONNX semantics, numpy broadcasting).
 
 Most are one row: name, shape rule, kernel, the opstrata.ops kernels it uses, its elementwise class
 and the code generator's name for it (fusable into a FusedElementwise chain)."""
@@ -28,7 +28,9 @@ from .registry import HOST, define
 
 
 def _pow_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    return [(float_dtype(ctx), bcast(ctx, [0, 1]))]
+    base = ctx.dtype(0)
+    dt = base if base is not None and base.kind in "iu" else float_dtype(ctx)
+    return [(dt, bcast(ctx, [0, 1]))]
 
 
 def _compare_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
@@ -76,7 +78,13 @@ def _run_div(n: Node, x: list[Arr]) -> list[Arr]:
 
 
 def _run_pow(n: Node, x: list[Arr]) -> list[Arr]:
-    return [ops.pow(x[0], x[1].astype(x[0].dtype, copy=False))]
+    a, b = x
+    if a.dtype.kind in "iu":  # ONNX Pow with an integer base keeps the base's dtype (as ONNX Runtime)
+        if b.dtype.kind in "iu":
+            return [ops.pow(a, b.astype(a.dtype, copy=False))]
+        with np.errstate(all="ignore"):  # host: a float exponent evaluates in float64 and truncates
+            return [np.asarray(np.power(a.astype(np.float64), b.astype(np.float64))).astype(a.dtype)]
+    return [ops.pow(a, b.astype(a.dtype, copy=False))]
 
 
 def _run_reciprocal(n: Node, x: list[Arr]) -> list[Arr]:
@@ -116,8 +124,21 @@ _FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # largest finite
 
 
 def _run_cast(n: Node, x: list[Arr]) -> list[Arr]:
-    src = x[0]
-    hi = _FLOAT8_MAX.get(np.dtype(n.attrs["to"]).name) if n.attrs.get("saturate") else None
+    return [_cast_to(x[0], np.dtype(n.attrs["to"]), bool(n.attrs.get("saturate")))]
+
+
+def _run_castlike(n: Node, x: list[Arr]) -> list[Arr]:
+    # saturate (opset 19+, default 1) stays off the IR node unless the model sets it, so export to an
+    # older opset writes no attribute it does not know
+    return [_cast_to(x[0], x[1].dtype, bool(n.attrs.get("saturate", 1)))]
+
+
+def _castlike_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    return [(ctx.dtype(1), ctx.shape(0))]
+
+
+def _cast_to(src: Arr, to: np.dtype, saturate: bool) -> Arr:
+    hi = _FLOAT8_MAX.get(to.name) if saturate else None
     if (
         hi is not None
         and src.dtype.itemsize > 1
@@ -125,7 +146,7 @@ def _run_cast(n: Node, x: list[Arr]) -> list[Arr]:
     ):
         # ONNX Cast(saturate=1) to float8: out-of-range and ±inf become ±max; NaN stays NaN
         src = ops.clip(src, min=np.asarray(-hi, src.dtype), max=np.asarray(hi, src.dtype))
-    return [ops.cast(src, dtype=n.attrs["to"])]
+    return ops.cast(src, dtype=to)
 
 
 def _run_identity(n: Node, x: list[Arr]) -> list[Arr]:
@@ -160,6 +181,10 @@ define(
     elementwise="unary", dtypes="float",
 )  # fmt: skip
 define("Cast", importer=_import_cast, shape=_cast_rule, kernel=_run_cast, uses=("cast",), elementwise="unary")
+define(
+    "CastLike", shape=_castlike_rule, kernel=_run_castlike, uses=("cast",),
+    elementwise="other", dtypes="all", doc="Cast to the dtype of the second input",
+)  # fmt: skip
 
 # binary arithmetic and comparison
 for _name, _fn in {"Add": "add", "Sub": "sub", "Mul": "mul"}.items():
@@ -177,7 +202,7 @@ define(
     uses=("pow",),
     elementwise="binary",
     codegen="pow",
-    dtypes="float",
+    dtypes="numeric",
 )
 for _name, _fn in {"Equal": "equal", "Less": "less", "Greater": "greater"}.items():
     define(_name, shape=_compare_rule, kernel=one(getattr(ops, _fn)), uses=(_fn,), elementwise="binary")

@@ -277,3 +277,383 @@ def gelu_cpu(x: Any, *, approximate: str = "none") -> np.ndarray:
     t *= x
     t *= 0.5
     return cast_back(t, x.dtype)
+
+
+# --------------------------------------------------------------------------- ONNX activations
+# HardSigmoid, HardSwish, Elu, Selu, Celu, LeakyRelu, PRelu, ThresholdedRelu, Softplus, Softsign,
+# Mish, Swish, Shrink and Hardmax as the ONNX operator specification defines them. Float activations
+# compute in x's compute dtype (float32 for low precision) and round once; ``ref`` spells out the
+# spec's formula with ``np.where``, ``cpu`` evaluates a branch-free numpy form.
+
+#: ONNX Selu defaults (Klambauer et al. 2017, "Self-Normalizing Neural Networks"), as float32 constants
+SELU_ALPHA = 1.67326319217681884765625
+SELU_GAMMA = 1.05070102214813232421875
+
+
+def _float_act(op: str, x: Any, device: str | None, **attrs: Any) -> np.ndarray:
+    """Validate a float activation's input and float attributes, then dispatch."""
+    x = checked(op, "x", x, FLOATS)
+    for name, v in attrs.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+            raise OpError(op, name, "a real number", f"{type(v).__name__} {v!r}")
+    return call(op, x, device=device, **{k: float(v) for k, v in attrs.items()})
+
+
+def _act_kernels(op: str, ref_fn: Any, cpu_fn: Any, dtypes: Any = FLOATS) -> None:
+    """Register ``ref_fn(t, **attrs)``/``cpu_fn(t, **attrs)`` (on x in its compute dtype) as op's kernels."""
+
+    def wrap(fn: Any) -> Any:
+        @ieee
+        def kernel(x: Any, **attrs: Any) -> np.ndarray:
+            x = nd(x)
+            return cast_back(fn(upcast(x), **attrs), x.dtype)
+
+        kernel.__name__ = kernel.__qualname__ = f"{op}_{fn.__name__.rsplit('_', 1)[-1]}"
+        return kernel
+
+    register(op, device="ref", dtypes=dtypes)(wrap(ref_fn))
+    register(op, device="cpu", dtypes=dtypes)(wrap(cpu_fn))
+
+
+def hard_sigmoid(x: Any, *, alpha: float = 0.2, beta: float = 0.5, device: str | None = None) -> np.ndarray:
+    """Elementwise ``max(0, min(1, alpha x + beta))`` (ONNX HardSigmoid); floats.
+
+    >>> hard_sigmoid(np.array([-5.0, 0.0, 5.0]))
+    array([0. , 0.5, 1. ])
+    """
+    return _float_act("hard_sigmoid", x, device, alpha=alpha, beta=beta)
+
+
+def _hard_sigmoid_ref(t: np.ndarray, *, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    y = alpha * t + beta
+    return np.where(y < 0, 0, np.where(y > 1, 1, y)).astype(t.dtype)
+
+
+def _hard_sigmoid_cpu(t: np.ndarray, *, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    y = nd(t * t.dtype.type(alpha))  # nd: a 0-d input gives a numpy scalar, which has no out=
+    y += t.dtype.type(beta)
+    return np.clip(y, 0, 1, out=y)
+
+
+_act_kernels("hard_sigmoid", _hard_sigmoid_ref, _hard_sigmoid_cpu)
+
+
+def hard_swish(x: Any, *, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x * max(0, min(1, x / 6 + 1/2))`` (ONNX HardSwish, MobileNetV3); floats.
+
+    >>> hard_swish(np.array([-4.0, 0.0, 1.0, 4.0])).round(4)
+    array([-0.    ,  0.    ,  0.6667,  4.    ])
+    """
+    return _float_act("hard_swish", x, device)
+
+
+def _hard_swish_ref(t: np.ndarray) -> np.ndarray:
+    return t * _hard_sigmoid_ref(t, alpha=1 / 6, beta=0.5)
+
+
+def _hard_swish_cpu(t: np.ndarray) -> np.ndarray:
+    y = _hard_sigmoid_cpu(t, alpha=1 / 6, beta=0.5)
+    y *= t
+    return y
+
+
+_act_kernels("hard_swish", _hard_swish_ref, _hard_swish_cpu)
+
+
+def elu(x: Any, *, alpha: float = 1.0, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x`` for ``x >= 0``, ``alpha (exp(x) - 1)`` below (ONNX Elu); floats.
+
+    >>> elu(np.array([-1.0, 2.0])).round(4)
+    array([-0.6321,  2.    ])
+    """
+    return _float_act("elu", x, device, alpha=alpha)
+
+
+def _elu_ref(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    return np.where(t < 0, alpha * (np.exp(t) - 1), t).astype(t.dtype)
+
+
+def _elu_cpu(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    y = np.expm1(np.minimum(t, 0))  # no overflow for large x; expm1 keeps small |x| accurate
+    y *= t.dtype.type(alpha)
+    return np.where(t > 0, t, y)
+
+
+_act_kernels("elu", _elu_ref, _elu_cpu)
+
+
+def selu(
+    x: Any, *, alpha: float = SELU_ALPHA, gamma: float = SELU_GAMMA, device: str | None = None
+) -> np.ndarray:
+    """Elementwise ``gamma x`` for ``x > 0``, ``gamma alpha (exp(x) - 1)`` otherwise (ONNX Selu); floats.
+
+    >>> selu(np.array([1.0])).round(4)
+    array([1.0507])
+    """
+    return _float_act("selu", x, device, alpha=alpha, gamma=gamma)
+
+
+def _selu_ref(t: np.ndarray, *, alpha: float = SELU_ALPHA, gamma: float = SELU_GAMMA) -> np.ndarray:
+    return np.where(t > 0, gamma * t, gamma * (alpha * np.exp(t) - alpha)).astype(t.dtype)
+
+
+def _selu_cpu(t: np.ndarray, *, alpha: float = SELU_ALPHA, gamma: float = SELU_GAMMA) -> np.ndarray:
+    y = _elu_cpu(t, alpha=alpha)
+    y *= t.dtype.type(gamma)
+    return y
+
+
+_act_kernels("selu", _selu_ref, _selu_cpu)
+
+
+def celu(x: Any, *, alpha: float = 1.0, device: str | None = None) -> np.ndarray:
+    """Elementwise ``max(0, x) + min(0, alpha (exp(x / alpha) - 1))`` (ONNX Celu); floats; alpha != 0.
+
+    >>> celu(np.array([-1.0, 2.0])).round(4)
+    array([-0.6321,  2.    ])
+    """
+    if alpha == 0:
+        raise OpError("celu", "alpha", "a nonzero alpha (the formula divides by it)", "0")
+    return _float_act("celu", x, device, alpha=alpha)
+
+
+def _celu_ref(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    return (np.maximum(t, 0) + np.minimum(0, alpha * (np.exp(t / alpha) - 1))).astype(t.dtype)
+
+
+def _celu_cpu(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    y = np.expm1(np.minimum(t / t.dtype.type(alpha), 0))
+    y *= t.dtype.type(alpha)
+    return np.where(t > 0, t, np.minimum(y, 0))
+
+
+_act_kernels("celu", _celu_ref, _celu_cpu)
+
+
+def leaky_relu(x: Any, *, alpha: float = 0.01, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x`` for ``x >= 0``, ``alpha x`` below (ONNX LeakyRelu); floats.
+
+    >>> leaky_relu(np.array([-2.0, 3.0]))
+    array([-0.02,  3.  ])
+    """
+    return _float_act("leaky_relu", x, device, alpha=alpha)
+
+
+def _leaky_relu_ref(t: np.ndarray, *, alpha: float = 0.01) -> np.ndarray:
+    return np.where(t < 0, alpha * t, t).astype(t.dtype)
+
+
+def _leaky_relu_cpu(t: np.ndarray, *, alpha: float = 0.01) -> np.ndarray:
+    return np.where(t < 0, t * t.dtype.type(alpha), t)
+
+
+_act_kernels("leaky_relu", _leaky_relu_ref, _leaky_relu_cpu)
+
+
+def thresholded_relu(x: Any, *, alpha: float = 1.0, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x`` for ``x > alpha``, 0 otherwise (ONNX ThresholdedRelu); floats.
+
+    >>> thresholded_relu(np.array([0.5, 2.0]))
+    array([0., 2.])
+    """
+    return _float_act("thresholded_relu", x, device, alpha=alpha)
+
+
+def _thresholded_relu_ref(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    return np.where(t > alpha, t, 0).astype(t.dtype)
+
+
+def _thresholded_relu_cpu(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    return np.where(t > t.dtype.type(alpha), t, t.dtype.type(0))
+
+
+_act_kernels("thresholded_relu", _thresholded_relu_ref, _thresholded_relu_cpu)
+
+
+def softplus(x: Any, *, device: str | None = None) -> np.ndarray:
+    """Elementwise ``log(1 + exp(x))`` (ONNX Softplus), stable for large ``|x|``; floats.
+
+    >>> softplus(np.array([0.0])).round(4)
+    array([0.6931])
+    """
+    return _float_act("softplus", x, device)
+
+
+def _softplus_ref(t: np.ndarray) -> np.ndarray:
+    return (np.maximum(t, 0) + np.log1p(np.exp(-np.abs(t)))).astype(t.dtype)
+
+
+def _softplus_cpu(t: np.ndarray) -> np.ndarray:
+    return np.logaddexp(t.dtype.type(0), t)
+
+
+_act_kernels("softplus", _softplus_ref, _softplus_cpu)
+
+
+def softsign(x: Any, *, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x / (1 + |x|)`` (ONNX Softsign); floats.
+
+    >>> softsign(np.array([-1.0, 3.0]))
+    array([-0.5 ,  0.75])
+    """
+    return _float_act("softsign", x, device)
+
+
+def _softsign_ref(t: np.ndarray) -> np.ndarray:
+    return (t / (1 + np.abs(t))).astype(t.dtype)
+
+
+def _softsign_cpu(t: np.ndarray) -> np.ndarray:
+    d = nd(np.abs(t))
+    d += t.dtype.type(1)
+    return np.divide(t, d, out=d)
+
+
+_act_kernels("softsign", _softsign_ref, _softsign_cpu)
+
+
+def mish(x: Any, *, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x tanh(softplus(x))`` (ONNX Mish, Misra 2019); floats.
+
+    >>> mish(np.array([1.0])).round(4)
+    array([0.8651])
+    """
+    return _float_act("mish", x, device)
+
+
+def _mish_ref(t: np.ndarray) -> np.ndarray:
+    return (t * np.tanh(_softplus_ref(t))).astype(t.dtype)
+
+
+def _mish_cpu(t: np.ndarray) -> np.ndarray:
+    y = nd(_softplus_cpu(t))
+    np.tanh(y, out=y)
+    y *= t
+    return y
+
+
+_act_kernels("mish", _mish_ref, _mish_cpu)
+
+
+def swish(x: Any, *, alpha: float = 1.0, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x sigmoid(alpha x)`` (ONNX Swish; alpha = 1 is SiLU), stable for large ``|x|``; floats.
+
+    >>> swish(np.array([0.0, 1.0])).round(4)
+    array([0.    , 0.7311])
+    """
+    return _float_act("swish", x, device, alpha=alpha)
+
+
+def _swish_ref(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    return (t * _sigmoid_ref_values(alpha * t)).astype(t.dtype)
+
+
+def _swish_cpu(t: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
+    y = _sigmoid_cpu_buffer(t * t.dtype.type(alpha))
+    y *= t
+    return y
+
+
+_act_kernels("swish", _swish_ref, _swish_cpu)
+
+
+def shrink(x: Any, *, bias: float = 0.0, lambd: float = 0.5, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x + bias`` for ``x < -lambd``, ``x - bias`` for ``x > lambd``, else 0 (ONNX Shrink).
+
+    Floats and ints (int results wrap to x's dtype after the float arithmetic, as ONNX Runtime).
+
+    >>> shrink(np.array([-2.0, 0.1, 2.0]), bias=0.5)
+    array([-1.5,  0. ,  1.5])
+    """
+    x = checked("shrink", "x", x, NUMERIC)
+    return call("shrink", x, bias=float(bias), lambd=float(lambd), device=device)
+
+
+def _shrink_values(t: np.ndarray, bias: float, lambd: float) -> np.ndarray:
+    return np.where(t < -lambd, t + bias, np.where(t > lambd, t - bias, 0))
+
+
+@register("shrink", device="ref", dtypes=NUMERIC)
+@ieee
+def shrink_ref(x: Any, *, bias: float = 0.0, lambd: float = 0.5) -> np.ndarray:
+    x = nd(x)
+    t = upcast(x) if x.dtype.kind == "f" or x.dtype.kind == "V" else x.astype(np.float64)
+    return cast_back(_shrink_values(t, bias, lambd).astype(t.dtype, copy=False), x.dtype)
+
+
+@register("shrink", device="cpu", dtypes=NUMERIC)
+@ieee
+def shrink_cpu(x: Any, *, bias: float = 0.0, lambd: float = 0.5) -> np.ndarray:
+    x = nd(x)
+    if x.dtype.kind in "iu":  # compare and shift in float64, wrap back like a C cast
+        return _shrink_values(x.astype(np.float64), bias, lambd).astype(np.int64).astype(x.dtype)
+    t = upcast(x)
+    c = t.dtype.type
+    return cast_back(np.where(t < c(-lambd), t + c(bias), np.where(t > c(lambd), t - c(bias), c(0))), x.dtype)
+
+
+def prelu(x: Any, slope: Any, *, device: str | None = None) -> np.ndarray:
+    """Elementwise ``x`` for ``x >= 0``, ``slope * x`` below (ONNX PRelu); ``slope`` broadcasts to x.
+
+    Floats and ints; slope is cast to x's dtype; the result has x's shape.
+
+    >>> prelu(np.array([-2.0, 3.0]), np.array([0.5]))
+    array([-1.,  3.])
+    """
+    x = checked("prelu", "x", x, NUMERIC)
+    slope = checked("prelu", "slope", slope, NUMERIC)
+    try:
+        shape = np.broadcast_shapes(x.shape, slope.shape)
+    except ValueError:
+        shape = None
+    if shape != x.shape:
+        raise OpError("prelu", "slope", f"a shape that broadcasts to x's shape {x.shape}", str(slope.shape))
+    return call("prelu", x, slope.astype(x.dtype, copy=False), device=device)
+
+
+@register("prelu", device="ref", dtypes=NUMERIC)
+@ieee
+def prelu_ref(x: Any, slope: Any) -> np.ndarray:
+    x = nd(x)
+    t, s = upcast(x), upcast(nd(slope))
+    return cast_back(np.where(t < 0, s * t, t), x.dtype)
+
+
+@register("prelu", device="cpu", dtypes=NUMERIC)
+@ieee
+def prelu_cpu(x: Any, slope: Any) -> np.ndarray:
+    x = nd(x)
+    t = upcast(x)
+    return cast_back(np.where(t < 0, t * upcast(nd(slope)), t), x.dtype)
+
+
+def hardmax(x: Any, *, axis: int = -1, device: str | None = None) -> np.ndarray:
+    """One-hot of the first maximum along ``axis`` (ONNX Hardmax, opset 13+), in x's dtype; floats.
+
+    >>> hardmax(np.array([[1.0, 3.0, 3.0]]))
+    array([[0., 1., 0.]])
+    """
+    x = checked("hardmax", "x", x, FLOATS)
+    if x.ndim == 0 or not -x.ndim <= int(axis) < x.ndim:
+        raise OpError("hardmax", "axis", f"an axis in [{-x.ndim}, {x.ndim}) of a rank >= 1 x", str(axis))
+    return call("hardmax", x, axis=int(axis) % x.ndim, device=device)
+
+
+@register("hardmax", device="ref", dtypes=FLOATS)
+def hardmax_ref(x: Any, *, axis: int = -1) -> np.ndarray:
+    x = nd(x)
+    xs = np.moveaxis(upcast(x), axis, -1)
+    out = np.zeros(xs.shape, x.dtype)
+    for idx in np.ndindex(*xs.shape[:-1]):
+        if xs.shape[-1]:
+            out[idx][int(np.argmax(xs[idx]))] = 1
+    return np.moveaxis(out, -1, axis)
+
+
+@register("hardmax", device="cpu", dtypes=FLOATS)
+def hardmax_cpu(x: Any, *, axis: int = -1) -> np.ndarray:
+    x = nd(x)
+    out = np.zeros(x.shape, x.dtype)
+    if x.size:
+        np.put_along_axis(out, np.expand_dims(np.argmax(upcast(x), axis=axis), axis), 1, axis=axis)
+    return out

@@ -29,7 +29,6 @@ from .._dtypes import (
     bool_,
     compute_dtype,
     float64,
-    int32,
     int64,
     result_dtype,
 )
@@ -40,13 +39,6 @@ FLOATS: tuple[np.dtype, ...] = FLOAT_DTYPES
 NUMERIC: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES
 SIGNED_NUMERIC: tuple[np.dtype, ...] = FLOAT_DTYPES + tuple(d for d in INT_DTYPES if d.kind == "i")
 ANY: tuple[np.dtype, ...] = ALL_DTYPES
-
-# numpy promotes int8+uint8 to int16 etc.; opstrata has no 16-bit ints, so widen to the next one.
-_WIDEN: dict[np.dtype, np.dtype] = {
-    np.dtype(np.int16): int32,
-    np.dtype(np.uint16): int32,
-    np.dtype(np.uint32): int64,
-}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,7 +79,7 @@ def promoted_dtype(*args: Any) -> np.dtype:
                 dt = result_dtype(dt, float64)  # int array * 2.5 -> float64, numpy's rule
             elif not isinstance(w, bool) and dt == bool_:
                 dt = int64
-    return _WIDEN.get(np.dtype(dt), np.dtype(dt))
+    return np.dtype(dt)  # every numpy integer width is an opstrata dtype: no widening needed
 
 
 def promote(*args: Any) -> list[np.ndarray]:
@@ -256,14 +248,15 @@ def div(a: Any, b: Any, *, out: np.ndarray | None = None, device: str | None = N
 
 
 def pow(a: Any, b: Any, *, out: np.ndarray | None = None, device: str | None = None) -> np.ndarray:
-    """Elementwise ``a ** b``; floats only; a negative base with a fractional exponent gives NaN.
+    """Elementwise ``a ** b``; floats and ints; a negative float base with a fractional exponent gives NaN.
 
-    Low precision computes in float32 and rounds once.
+    Low precision computes in float32 and rounds once. Integers: exact and wrapping for ``b >= 0``;
+    a negative exponent gives ``trunc(a ** b)`` (1 or -1 for ``|a| == 1``, else 0; ``0 ** -n`` is 0).
 
     >>> pow(np.array([2.0, 3.0]), 2.0)
     array([4., 9.])
     """
-    return _public_binary("pow", a, b, out, device, FLOATS)
+    return _public_binary("pow", a, b, out, device, NUMERIC)
 
 
 def _ref_binary(
@@ -328,16 +321,34 @@ def div_cpu(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     return _cpu_binary(np.true_divide, a, b, out)
 
 
-@register("pow", device="ref", dtypes=FLOATS)
+def _int_pow(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Integer ``a ** b``: numpy's wrapping power for ``b >= 0``; ``trunc(a ** b)`` for ``b < 0``."""
+    neg = b < 0
+    r = np.power(a, np.where(neg, b.dtype.type(0), b))
+    if neg.any():  # |a| > 1 and a == 0 give 0; a == 1 gives 1; a == -1 gives +-1 by the exponent's parity
+        odd = (b % 2) != 0
+        tiny = (
+            np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)) if a.dtype.kind == "i" else a == 1
+        )
+        r = np.where(neg, tiny, r).astype(a.dtype, copy=False)
+    return cast_back(r, a.dtype, out)
+
+
+@register("pow", device="ref", dtypes=NUMERIC)
 @ieee
 def pow_ref(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    a, b = promote(a, b)
+    if a.dtype.kind in "iu":
+        return _int_pow(a, b, out)
     return _ref_binary(lambda x, y: x**y, a, b, out)
 
 
-@register("pow", device="cpu", dtypes=FLOATS)
+@register("pow", device="cpu", dtypes=NUMERIC)
 @ieee
 def pow_cpu(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     a, b = promote(a, b)
+    if a.dtype.kind in "iu":
+        return _int_pow(a, b, out)
     if b.ndim == 0 and b == 2:  # x**2 is the common case (variance, MSE): a multiply, not a pow call
         if a.dtype in LOW_PRECISION_DTYPES:
             return cast_back(np.square(a, dtype=np.float32), a.dtype, out)

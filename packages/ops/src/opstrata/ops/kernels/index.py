@@ -1,4 +1,5 @@
-"""Index-driven ops on ``ref`` and ``cpu``: embedding, gather, top_k, cumsum.
+"""Index-driven ops on ``ref`` and ``cpu``: embedding, gather, top_k, cumsum, argmin, one_hot, compress,
+unique.
 
 Semantics: torch ``F.embedding``; ONNX Gather (negative indices allowed), TopK (ties go to the
 lower index; NaN ranks above every number, as in torch) and CumSum (exclusive, reverse).
@@ -16,7 +17,7 @@ from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 from .shape import normalize_axis
 
-__all__ = ["cumsum", "embedding", "gather", "top_k"]
+__all__ = ["argmin", "compress", "cumsum", "embedding", "gather", "one_hot", "top_k", "unique"]
 
 builtin_sorted = sorted  # top_k's ``sorted`` argument shadows the builtin inside its kernels
 
@@ -263,3 +264,185 @@ def cumsum(
     [0, 1, 3]
     """
     return call("cumsum", x, axis=axis, exclusive=exclusive, reverse=reverse, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# argmin (ONNX ArgMin; select_last_index for ArgMin and ArgMax) and one_hot
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_arg_extreme(op: str, x: np.ndarray, axis: Any) -> int:
+    check_dtype(op, "x", x, NUMERIC_DTYPES)
+    check_ndim(op, "x", x, (1, None))
+    ax = normalize_axis(op, axis, x.ndim)
+    if x.shape[ax] == 0:
+        raise OpError(op, "x", f"a non-empty axis {ax}", f"shape {x.shape}")
+    return ax
+
+
+def _arg_extreme(x: np.ndarray, ax: int, keepdims: bool, last: bool, pick: Any) -> np.ndarray:
+    """``pick`` (np.argmin/np.argmax) along ``ax``; ``last`` takes the last of tied entries."""
+    v = x.astype(compute_dtype(x.dtype), copy=False)
+    n = v.shape[ax]
+    idx = (n - 1 - pick(np.flip(v, ax), axis=ax)) if last else pick(v, axis=ax)
+    idx = idx.astype(np.int64)
+    return np.expand_dims(idx, ax) if keepdims else idx
+
+
+def _below(a: float, b: float) -> bool:
+    """``a < b`` with NaN below every number."""
+    return (a != a and b == b) or a < b
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)
+
+
+@register("argmin", device="ref", dtypes=NUMERIC_DTYPES)
+def argmin_ref(
+    x: Any, *, axis: int = 0, keepdims: bool = False, select_last_index: bool = False
+) -> np.ndarray:
+    x = np.asarray(x)
+    ax = _check_arg_extreme("argmin", x, axis)
+    rows = np.moveaxis(x, ax, -1).astype(np.float64 if x.dtype.kind not in "iu" else np.int64)
+    out = np.empty(rows.shape[:-1], np.int64)
+    for pos in np.ndindex(*rows.shape[:-1]):  # scan each row; NaN counts as the minimum (first NaN wins)
+        row = rows[pos].tolist()
+        best = 0
+        for i, val in enumerate(row):
+            if _below(val, row[best]) or (select_last_index and _same(val, row[best])):
+                best = i
+        out[pos] = best
+    return np.expand_dims(out, ax) if keepdims else out
+
+
+@register("argmin", device="cpu", dtypes=NUMERIC_DTYPES)
+def argmin_cpu(
+    x: Any, *, axis: int = 0, keepdims: bool = False, select_last_index: bool = False
+) -> np.ndarray:
+    x = np.asarray(x)
+    ax = _check_arg_extreme("argmin", x, axis)
+    return _arg_extreme(x, ax, keepdims, select_last_index, np.argmin)
+
+
+def _check_one_hot(indices: np.ndarray, depth: Any, values: np.ndarray, axis: Any) -> tuple[int, int]:
+    check_dtype("one_hot", "indices", indices, NUMERIC_DTYPES)
+    d = int(depth) if np.asarray(depth).size == 1 else -1
+    if d < 1:
+        raise OpError("one_hot", "depth", "a positive scalar", repr(depth))
+    if values.shape != (2,):
+        raise OpError("one_hot", "values", "2 entries [off_value, on_value]", f"shape {values.shape}")
+    ax = normalize_axis("one_hot", axis, indices.ndim + 1)
+    return d, ax
+
+
+def _one_hot(indices: Any, depth: Any, values: Any, *, axis: int = -1) -> np.ndarray:
+    indices, values = np.asarray(indices), np.asarray(values)
+    d, ax = _check_one_hot(indices, depth, values, axis)
+    idx = indices.astype(np.int64)  # ONNX: float indices are truncated, negative count from the end
+    idx = np.where(idx < 0, idx + d, idx)
+    hot = np.expand_dims(idx, ax) == np.arange(d).reshape((d,) + (1,) * (indices.ndim - ax))
+    return np.where(hot, values[1], values[0]).astype(values.dtype)  # out of range: all off
+
+
+register("one_hot", device="ref", dtypes=ALL_DTYPES, dtype_arg=2)(_one_hot)
+register("one_hot", device="cpu", dtypes=ALL_DTYPES, dtype_arg=2)(_one_hot)
+
+
+def argmin(
+    x: Any,
+    *,
+    axis: int = 0,
+    keepdims: bool = False,
+    select_last_index: bool = False,
+    device: str | None = None,
+) -> np.ndarray:
+    """Index of the minimum along ``axis`` as int64 (ONNX ArgMin); ties give the first index, or the last
+    with ``select_last_index``. A NaN counts as the minimum (first NaN wins), as numpy.
+
+    >>> argmin(np.array([[3, 1, 1], [0, 2, 0]]), axis=1).tolist()
+    [1, 0]
+    """
+    return call("argmin", x, axis=axis, keepdims=keepdims, select_last_index=select_last_index, device=device)
+
+
+def one_hot(
+    indices: Any, depth: int, values: Any, *, axis: int = -1, device: str | None = None
+) -> np.ndarray:
+    """ONNX OneHot: ``values[1]`` where ``indices`` (negative from the end) hits, ``values[0]`` elsewhere.
+
+    A new dim of size ``depth`` is inserted at ``axis``; indices outside ``[-depth, depth)`` give an
+    all-off row, as the spec says. Dispatches on ``values``' dtype, which the result keeps.
+
+    >>> one_hot(np.array([0, 2]), 3, np.array([0, 1])).tolist()
+    [[1, 0, 0], [0, 0, 1]]
+    """
+    return call("one_hot", indices, depth, values, axis=axis, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# compress and unique (ONNX Compress, Unique: output sizes depend on the data)
+# ---------------------------------------------------------------------------------------------
+
+
+def _compress(x: Any, condition: Any, *, axis: int | None = None) -> np.ndarray:
+    x, cond = np.asarray(x), np.asarray(condition)
+    if cond.ndim != 1 or cond.dtype != np.bool_:
+        raise OpError("compress", "condition", "a 1-D bool array", f"{cond.dtype}{list(cond.shape)}")
+    ax = None if axis is None else normalize_axis("compress", axis, max(x.ndim, 1))
+    n = x.size if ax is None else x.shape[ax]
+    if cond.size > n:
+        raise OpError(
+            "compress", "condition", f"at most {n} entries (the selected extent of x)", str(cond.size)
+        )
+    return np.compress(cond, x, axis=ax)  # entries past the condition's length are dropped, as ONNX says
+
+
+register("compress", device="ref", dtypes=ALL_DTYPES)(_compress)
+register("compress", device="cpu", dtypes=ALL_DTYPES)(_compress)
+
+
+def _unique(
+    x: Any, *, axis: int | None = None, sorted: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    x = np.asarray(x)
+    check_dtype("unique", "x", x, ALL_DTYPES)
+    src = x.reshape(-1) if axis is None else x
+    ax = 0 if axis is None else normalize_axis("unique", axis, x.ndim)
+    key = src.astype(compute_dtype(x.dtype), copy=False) if x.dtype.kind not in "biu" else src
+    _, first, inverse, counts = np.unique(
+        key, return_index=True, return_inverse=True, return_counts=True, axis=ax
+    )
+    if not sorted:  # ONNX sorted=0: unique entries in the order of their first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    y = np.take(src, first, axis=ax)  # the original entries: exact in every dtype
+    return y, first.astype(np.int64), inverse.reshape(-1).astype(np.int64), counts.astype(np.int64)
+
+
+register("unique", device="ref", dtypes=ALL_DTYPES)(_unique)
+register("unique", device="cpu", dtypes=ALL_DTYPES)(_unique)
+
+
+def compress(x: Any, condition: Any, *, axis: int | None = None, device: str | None = None) -> np.ndarray:
+    """ONNX Compress: the slices of ``x`` along ``axis`` (entries of flattened ``x`` when None) where
+    ``condition`` is True; slices past ``condition``'s length are dropped.
+
+    >>> compress(np.array([[1, 2], [3, 4], [5, 6]]), np.array([False, True]), axis=0).tolist()
+    [[3, 4]]
+    """
+    return call("compress", x, condition, axis=axis, device=device)
+
+
+def unique(
+    x: Any, *, axis: int | None = None, sorted: bool = True, device: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX Unique: ``(y, indices, inverse_indices, counts)`` of the distinct entries of flattened ``x``
+    (or distinct slices along ``axis``); ``sorted=False`` keeps the order of first occurrence.
+
+    >>> [a.tolist() for a in unique(np.array([2, 1, 2, 3]), sorted=False)]
+    [[2, 1, 3], [0, 1, 3], [0, 1, 0, 2], [2, 1, 1]]
+    """
+    return call("unique", x, axis=axis, sorted=sorted, device=device)

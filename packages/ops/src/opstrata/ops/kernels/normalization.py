@@ -1,4 +1,6 @@
-"""Normalization kernels — layer_norm, rms_norm, batch_norm (inference) — on ``ref`` and ``cpu``.
+"""Normalization kernels — layer_norm, rms_norm, batch_norm (inference) — on ``ref`` and ``cpu``; and the
+ONNX ones instance_norm, group_norm, lrn, lp_normalize, mean_variance_norm, layer_norm_stats (one
+implementation registered on both devices; they follow the ONNX operator spec of the same name).
 
 layer_norm follows ONNX LayerNormalization (Ba et al. 2016): normalize over dims ``axis..end`` with
 the biased variance; rms_norm is Zhang & Sennrich (2019), ``x / sqrt(mean(x^2) + eps)``; batch_norm
@@ -308,3 +310,211 @@ def batch_norm_cpu(
     if b is not None:
         t += _per_channel(b, x.ndim, cdt)
     return cast_back(t, x.dtype)
+
+
+# --------------------------------------------------------------------------- ONNX normalisations
+# InstanceNormalization, GroupNormalization, LRN, LpNormalization, MeanVarianceNormalization and the
+# Mean / InvStdDev outputs of LayerNormalization. Rare ops: one implementation on ref and cpu.
+
+
+def _both(name: str, fn: Any) -> None:
+    register(name, device="ref", dtypes=FLOATS)(fn)
+    register(name, device="cpu", dtypes=FLOATS)(fn)
+
+
+def _channel_affine(op: str, x: np.ndarray, scale: Any, bias: Any, t: np.ndarray) -> np.ndarray:
+    """``t * scale + bias`` with (C,) scale/bias on channel axis 1 (None skipped)."""
+    c = (x.shape[1],)
+    s = _check_param(op, "scale", scale, c, "(C,) with C = x.shape[1]")
+    b = _check_param(op, "bias", bias, c, "(C,) with C = x.shape[1]")
+    if s is not None:
+        t = t * _per_channel(s, x.ndim, t.dtype)
+    if b is not None:
+        t = t + _per_channel(b, x.ndim, t.dtype)
+    return t
+
+
+def _standardize(t: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarray:
+    mu = mean_over(t, axes, keepdims=True)
+    d = t - mu
+    return d / np.sqrt(mean_over(d * d, axes, keepdims=True) + eps)
+
+
+@ieee
+def _instance_norm(x: Any, scale: Any = None, bias: Any = None, *, eps: float = 1e-5) -> np.ndarray:
+    x = nd(x)
+    check_ndim("instance_norm", "x", x, (3, None), layout="(N, C, *spatial)")
+    t = _standardize(upcast(x), tuple(range(2, x.ndim)), eps)
+    return cast_back(_channel_affine("instance_norm", x, scale, bias, t), x.dtype)
+
+
+_both("instance_norm", _instance_norm)
+
+
+def instance_norm(
+    x: Any, scale: Any = None, bias: Any = None, *, eps: float = 1e-5, device: str | None = None
+) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the spatial dims of each (n, c) (ONNX
+    InstanceNormalization); scale/bias are (C,); floats, low precision computes in float32.
+
+    >>> instance_norm(np.array([[[1.0, 3.0]]])).round(3).tolist()
+    [[[-1.0, 1.0]]]
+    """
+    _check_eps("instance_norm", eps)
+    x = checked("instance_norm", "x", x, FLOATS)
+    return call("instance_norm", x, scale, bias, eps=eps, device=device)
+
+
+@ieee
+def _group_norm(
+    x: Any, scale: Any = None, bias: Any = None, *, num_groups: int, eps: float = 1e-5
+) -> np.ndarray:
+    x = nd(x)
+    op = "group_norm"
+    check_ndim(op, "x", x, (2, None), layout="(N, C, *spatial)")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 1:
+        raise OpError(op, "num_groups", "an int >= 1", repr(num_groups))
+    if x.shape[1] % num_groups:
+        raise OpError(op, "num_groups", f"a divisor of C = {x.shape[1]}", str(num_groups))
+    g = upcast(x).reshape(x.shape[0], num_groups, -1)
+    t = _standardize(g, (2,), eps).reshape(x.shape)
+    return cast_back(_channel_affine(op, x, scale, bias, t), x.dtype)
+
+
+_both("group_norm", _group_norm)
+
+
+def group_norm(
+    x: Any,
+    scale: Any = None,
+    bias: Any = None,
+    *,
+    num_groups: int,
+    eps: float = 1e-5,
+    device: str | None = None,
+) -> np.ndarray:
+    """Group normalization (Wu & He 2018; ONNX GroupNormalization, opset 21 form): channels split into
+    ``num_groups`` groups, each (n, group) standardized over its channels and spatial dims, then the
+    per-channel (C,) scale and bias. Floats; statistics in float32 for low precision.
+
+    >>> group_norm(np.array([[1.0, 3.0]]), num_groups=1).round(3).tolist()
+    [[-1.0, 1.0]]
+    """
+    _check_eps("group_norm", eps)
+    x = checked("group_norm", "x", x, FLOATS)
+    return call("group_norm", x, scale, bias, num_groups=num_groups, eps=eps, device=device)
+
+
+@ieee
+def _lrn(x: Any, *, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> np.ndarray:
+    x = nd(x)
+    check_ndim("lrn", "x", x, (3, None), layout="(N, C, *spatial)")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise OpError("lrn", "size", "an int >= 1 (channels in the window)", repr(size))
+    t = upcast(x)
+    sq = t * t
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)  # channels before / after c
+    c = x.shape[1]
+    csum = np.concatenate([np.zeros_like(sq[:, :1]), np.cumsum(sq, axis=1)], axis=1)  # (N, C+1, ...)
+    idx = np.arange(c)
+    s = csum[:, np.minimum(idx + hi + 1, c)] - csum[:, np.maximum(idx - lo, 0)]
+    return cast_back(t / (bias + (alpha / size) * s) ** beta, x.dtype)
+
+
+_both("lrn", _lrn)
+
+
+def lrn(
+    x: Any,
+    *,
+    size: int,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    bias: float = 1.0,
+    device: str | None = None,
+) -> np.ndarray:
+    """Local response normalization across channels (Krizhevsky et al. 2012; ONNX LRN):
+    ``x / (bias + alpha / size * sum_{window} x^2) ^ beta`` over ``size`` neighbouring channels.
+
+    >>> lrn(np.ones((1, 1, 1)), size=1, alpha=1.0, beta=1.0, bias=1.0).tolist()
+    [[[0.5]]]
+    """
+    x = checked("lrn", "x", x, FLOATS)
+    return call("lrn", x, size=size, alpha=alpha, beta=beta, bias=bias, device=device)
+
+
+@ieee
+def _lp_normalize(x: Any, *, axis: int = -1, p: int = 2) -> np.ndarray:
+    x = nd(x)
+    a = normalize_axis("lp_normalize", x, axis)
+    if p not in (1, 2) or isinstance(p, bool):
+        raise OpError("lp_normalize", "p", "1 or 2", repr(p))
+    t = upcast(x)
+    norm = (
+        np.sum(np.abs(t), axis=a, keepdims=True) if p == 1 else np.sqrt(np.sum(t * t, axis=a, keepdims=True))
+    )
+    return cast_back(np.where(norm == 0, 0, t / norm), x.dtype)
+
+
+_both("lp_normalize", _lp_normalize)
+
+
+def lp_normalize(x: Any, *, axis: int = -1, p: int = 2, device: str | None = None) -> np.ndarray:
+    """``x / ||x||_p`` along ``axis`` (ONNX LpNormalization, p 1 or 2); a zero norm gives 0, not NaN.
+
+    >>> lp_normalize(np.array([3.0, 4.0])).tolist()
+    [0.6, 0.8]
+    """
+    x = checked("lp_normalize", "x", x, FLOATS)
+    return call("lp_normalize", x, axis=axis, p=p, device=device)
+
+
+@ieee
+def _mean_variance_norm(x: Any, *, axes: Any = (0, 2, 3)) -> np.ndarray:
+    x = nd(x)
+    ax = tuple(normalize_axis("mean_variance_norm", x, a, "axes") for a in axes)
+    t = upcast(x)
+    mu = mean_over(t, ax, keepdims=True)
+    var = mean_over(t * t, ax, keepdims=True) - mu * mu  # the ONNX function's E[x^2] - E[x]^2
+    return cast_back((t - mu) / (np.sqrt(np.maximum(var, 0)) + 1e-9), x.dtype)
+
+
+_both("mean_variance_norm", _mean_variance_norm)
+
+
+def mean_variance_norm(x: Any, *, axes: Any = (0, 2, 3), device: str | None = None) -> np.ndarray:
+    """``(x - mean) / (std + 1e-9)`` over ``axes`` (ONNX MeanVarianceNormalization, its function body).
+
+    >>> mean_variance_norm(np.array([1.0, 3.0]), axes=(0,)).round(3).tolist()
+    [-1.0, 1.0]
+    """
+    x = checked("mean_variance_norm", "x", x, FLOATS)
+    return call("mean_variance_norm", x, axes=tuple(axes), device=device)
+
+
+@ieee
+def _layer_norm_stats(x: Any, *, axis: int = -1, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    x = nd(x)
+    a = normalize_axis("layer_norm_stats", x, axis)
+    t = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    dims = tuple(range(a, x.ndim))
+    mu = mean_over(t, dims, keepdims=True)
+    var = mean_over((t - mu) ** 2, dims, keepdims=True)
+    return mu, 1.0 / np.sqrt(var + eps)
+
+
+_both("layer_norm_stats", _layer_norm_stats)
+
+
+def layer_norm_stats(
+    x: Any, *, axis: int = -1, eps: float = 1e-5, device: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, 1 / sqrt(var + eps))`` over dims ``axis..end``, kept as size-1 dims: LayerNormalization's
+    Mean and InvStdDev outputs, in float32 (float64 for float64 x; ONNX stash_type=1).
+
+    >>> [a.tolist() for a in layer_norm_stats(np.array([[1.0, 3.0]]), eps=0.0)]
+    [[[2.0]], [[1.0]]]
+    """
+    _check_eps("layer_norm_stats", eps)
+    x = checked("layer_norm_stats", "x", x, FLOATS)
+    return call("layer_norm_stats", x, axis=axis, eps=eps, device=device)

@@ -1,4 +1,6 @@
-"""Reduction kernels — sum, mean, max, min, argmax, var — on ``ref`` and ``cpu``, plus axis validation.
+"""Reduction kernels — sum, mean, max, min, argmax, var, prod and the ONNX reductions reduce_l1,
+reduce_l2, reduce_log_sum, reduce_log_sum_exp, reduce_sum_square — on ``ref`` and ``cpu``, plus axis
+validation.
 
 Semantics are numpy's/torch's: ``axis`` is None (all dims), an int or a tuple of ints; ``var`` takes
 torch's ``correction`` (Bessel's correction by default). Rule of accumulation
@@ -15,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import accumulation_dtype, int64
+from .._dtypes import accumulation_dtype, bool_, float64, int64
 from .._errors import OpError
 from .._registry import call, register, register_decomposition
 from .elementwise import FLOATS, NUMERIC, cast_back, checked, ieee, nd
 
 Axis = int | tuple[int, ...] | None
+#: max and min also take bool (ONNX ReduceMax/ReduceMin since opset 20): any / all
+EXTREME: tuple[np.dtype, ...] = (*NUMERIC, bool_)
 
 
 # --------------------------------------------------------------------------- axis helpers
@@ -147,14 +151,14 @@ def mean_decomposition(x: Any, *, axis: Axis = None, keepdims: bool = False) -> 
 
 
 def max(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
-    """Maximum over ``axis``; floats and ints; exact, returns x's dtype; NaN propagates (as torch).
+    """Maximum over ``axis``; floats, ints and bool (any); exact, returns x's dtype; NaN propagates (as torch).
 
     Reducing an empty dimension is an :class:`OpError` (there is no identity).
 
     >>> max(np.array([[1, 5], [7, 2]]), axis=1)
     array([5, 7])
     """
-    return call("max", checked("max", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+    return call("max", checked("max", "x", x, EXTREME), axis=axis, keepdims=keepdims, device=device)
 
 
 def min(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
@@ -163,7 +167,7 @@ def min(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None
     >>> min(np.array([[1, 5], [7, 2]]), axis=1)
     array([1, 2])
     """
-    return call("min", checked("min", "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+    return call("min", checked("min", "x", x, EXTREME), axis=axis, keepdims=keepdims, device=device)
 
 
 def _ref_extreme(op: str, x: Any, axis: Axis, keepdims: bool, pick: Any) -> np.ndarray:
@@ -176,12 +180,12 @@ def _ref_extreme(op: str, x: Any, axis: Axis, keepdims: bool, pick: Any) -> np.n
     return nd(r)
 
 
-@register("max", device="ref", dtypes=NUMERIC)
+@register("max", device="ref", dtypes=EXTREME)
 def max_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     return _ref_extreme("max", x, axis, keepdims, np.maximum)
 
 
-@register("max", device="cpu", dtypes=NUMERIC)
+@register("max", device="cpu", dtypes=EXTREME)
 def max_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     x = nd(x)
     axes = normalize_axes("max", x, axis)
@@ -189,12 +193,12 @@ def max_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     return nd(x.max(axis=axes, keepdims=keepdims))
 
 
-@register("min", device="ref", dtypes=NUMERIC)
+@register("min", device="ref", dtypes=EXTREME)
 def min_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     return _ref_extreme("min", x, axis, keepdims, np.minimum)
 
 
-@register("min", device="cpu", dtypes=NUMERIC)
+@register("min", device="cpu", dtypes=EXTREME)
 def min_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     x = nd(x)
     axes = normalize_axes("min", x, axis)
@@ -295,3 +299,125 @@ def var_cpu(x: Any, *, axis: Axis = None, correction: float = 1, keepdims: bool 
     np.square(t, out=t)
     ss = nd(t.sum(axis=axes, keepdims=keepdims))
     return cast_back(np.divide(ss, builtins.max(n - correction, 0), out=ss), x.dtype)
+
+
+# --------------------------------------------------------------------------- prod and the ONNX reductions
+# ONNX ReduceProd / ReduceL1 / ReduceL2 / ReduceLogSum / ReduceLogSumExp / ReduceSumSquare. An empty
+# reduction gives the identity (1 for prod, 0 for the sums, -inf for the logs), as the ONNX spec says.
+# Floats return x's dtype (ref computes in float64, cpu in the accumulation dtype); integers return
+# int64 (uint64 for uint64) for the exact ones (prod, l1, sum_square) and float64 for l2 / log_sum /
+# log_sum_exp.
+
+
+def _lse(t: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log(sum(exp(t))) shifted by the max (no overflow); -inf for an empty or all -inf slice."""
+    m = np.max(t, axis=axes, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0.0)
+    r = np.log(np.sum(np.exp(t - m), axis=axes, keepdims=True)) + m
+    return r if keepdims else np.squeeze(r, axis=axes)
+
+
+_ONNX_REDUCTIONS: dict[str, tuple[bool, Any]] = {  # name -> (exact on ints, fn(t, axes, keepdims))
+    "prod": (True, lambda t, a, k: np.prod(t, axis=a, keepdims=k)),
+    "reduce_l1": (True, lambda t, a, k: np.sum(np.abs(t), axis=a, keepdims=k)),
+    "reduce_l2": (False, lambda t, a, k: np.sqrt(np.sum(t * t, axis=a, keepdims=k))),
+    "reduce_sum_square": (True, lambda t, a, k: np.sum(t * t, axis=a, keepdims=k)),
+    "reduce_log_sum": (False, lambda t, a, k: np.log(np.sum(t, axis=a, keepdims=k))),
+    "reduce_log_sum_exp": (False, _lse),
+}
+
+
+INT_SET = frozenset(d for d in NUMERIC if d.kind in "iu")
+
+
+def _onnx_out_dtype(op: str, dtype: np.dtype) -> np.dtype:
+    if dtype.kind == "f" or dtype not in INT_SET:
+        return dtype
+    return accumulation_dtype(dtype) if _ONNX_REDUCTIONS[op][0] else float64  # int64 (uint64 stays)
+
+
+def _make_onnx_reduction(op: str, device: str) -> Any:
+    exact, fn = _ONNX_REDUCTIONS[op]
+
+    @ieee
+    def kernel(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
+        x = nd(x)
+        axes = normalize_axes(op, x, axis)
+        if x.dtype in INT_SET:
+            work = accumulation_dtype(x.dtype) if exact else float64
+        else:
+            work = float64 if device == "ref" else accumulation_dtype(x.dtype)
+        return cast_back(fn(x.astype(work), axes, keepdims), _onnx_out_dtype(op, x.dtype))
+
+    kernel.__name__ = kernel.__qualname__ = f"{op}_{device}"
+    return register(op, device=device, dtypes=NUMERIC)(kernel)
+
+
+for _op in _ONNX_REDUCTIONS:
+    for _dev in ("ref", "cpu"):
+        _make_onnx_reduction(_op, _dev)
+
+
+def _onnx_reduce(op: str, x: Any, axis: Axis, keepdims: bool, device: str | None) -> np.ndarray:
+    return call(op, checked(op, "x", x, NUMERIC), axis=axis, keepdims=keepdims, device=device)
+
+
+def prod(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Product over ``axis`` (ONNX ReduceProd); an empty reduction is 1; ints return int64.
+
+    >>> prod(np.array([[1.0, 2.0], [3.0, 4.0]]), axis=1)
+    array([ 2., 12.])
+    """
+    return _onnx_reduce("prod", x, axis, keepdims, device)
+
+
+def reduce_l1(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """``sum(|x|)`` over ``axis`` (ONNX ReduceL1); ints return int64.
+
+    >>> reduce_l1(np.array([1.0, -2.0]))
+    array(3.)
+    """
+    return _onnx_reduce("reduce_l1", x, axis, keepdims, device)
+
+
+def reduce_l2(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """``sqrt(sum(x^2))`` over ``axis`` (ONNX ReduceL2); ints return float64.
+
+    >>> reduce_l2(np.array([3.0, -4.0]))
+    array(5.)
+    """
+    return _onnx_reduce("reduce_l2", x, axis, keepdims, device)
+
+
+def reduce_sum_square(
+    x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None
+) -> np.ndarray:
+    """``sum(x^2)`` over ``axis`` (ONNX ReduceSumSquare); ints return int64.
+
+    >>> reduce_sum_square(np.array([3.0, -4.0]))
+    array(25.)
+    """
+    return _onnx_reduce("reduce_sum_square", x, axis, keepdims, device)
+
+
+def reduce_log_sum(
+    x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None
+) -> np.ndarray:
+    """``log(sum(x))`` over ``axis`` (ONNX ReduceLogSum); an empty reduction is -inf; ints return float64.
+
+    >>> reduce_log_sum(np.array([1.0, 0.0]))
+    array(0.)
+    """
+    return _onnx_reduce("reduce_log_sum", x, axis, keepdims, device)
+
+
+def reduce_log_sum_exp(
+    x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None
+) -> np.ndarray:
+    """``log(sum(exp(x)))`` over ``axis``, shifted by the max so it does not overflow (ONNX
+    ReduceLogSumExp); an empty reduction is -inf; ints return float64.
+
+    >>> reduce_log_sum_exp(np.array([1000.0, 1000.0])).round(4)
+    array(1000.6931)
+    """
+    return _onnx_reduce("reduce_log_sum_exp", x, axis, keepdims, device)
