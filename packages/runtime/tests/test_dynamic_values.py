@@ -86,3 +86,30 @@ def test_plan_cache_is_bounded_and_evicted_shapes_replan() -> None:
 def test_plan_cache_size_is_validated(bad) -> None:
     with pytest.raises(Exception, match=r"plan_cache_size must be a positive int"):
         InferenceSession(_model(), SessionOptions(plan_cache_size=bad))
+
+
+def test_dynamic_view_of_an_arena_value_survives_buffer_reuse() -> None:
+    """Expand to a run-time shape returns a view of its (planned) input; the planner reuses that input's
+    buffer for the next value, so the dynamic result must own its bytes (BERT's token-type ids)."""
+    nodes = [
+        oh.make_node("Add", ["x", "one"], ["a"], name="a"),
+        oh.make_node("Expand", ["a", "shape"], ["e"], name="expand"),
+        oh.make_node("Softmax", ["x"], ["b"], name="b"),  # not fusable: planned, takes a's freed buffer
+        oh.make_node("Transpose", ["b"], ["c"], name="c", perm=[0, 1]),
+        oh.make_node("Add", ["e", "c"], ["y"], name="y"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "view",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            oh.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [oh.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    sess = InferenceSession(model)
+    for rows in (3, 1, 5):
+        feeds = {"x": np.arange(4, dtype=np.float32).reshape(1, 4), "shape": np.array([rows, 4], np.int64)}
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], ort_run(model, feeds)["y"])

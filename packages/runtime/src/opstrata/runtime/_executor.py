@@ -199,7 +199,9 @@ class Schedule:
                 vals[s] = r
             elif s >= 0 and k < len(res):
                 if vals[s] is None:  # a dynamic value (shape depends on input values): not in the arena
-                    vals[s] = np.asarray(res[k])
+                    r = np.asarray(res[k])
+                    # a view of arena bytes (Expand/Reshape of a planned value) would see them reused
+                    vals[s] = r.copy() if np.may_share_memory(r, arena.buffer) else r
                 else:
                     self._store(st, k, vals[s], res[k], arena)
         return args
@@ -250,6 +252,9 @@ class Schedule:
         for k, s in enumerate(st.outs):
             if s >= 0 and k < len(res):
                 r = np.asarray(res[k])
+                if r.dtype.hasobject:  # strings, sequences, optionals: Python objects, not allocator bytes
+                    vals[s] = r
+                    continue
                 dst = held[s] = alloc.empty(r.shape, r.dtype)
                 np.copyto(dst, r)
                 vals[s] = dst
