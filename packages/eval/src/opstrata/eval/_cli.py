@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _demo, _info, _run
+from . import _demo, _info, _run, _zoo_cli
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -45,6 +45,12 @@ COMMANDS: tuple[Command, ...] = (
         "run a model file on .npy/.npz (or random) inputs: outputs summary, timings, Chrome trace, ORT check",
         _run.add_arguments,
         _run.run,
+    ),
+    Command(
+        "zoo",
+        "well-known models built in code (torchvision, transformers), exported by torch.onnx, checked here",
+        _zoo_cli.add_arguments,
+        _zoo_cli.run,
     ),
 )
 

@@ -1,0 +1,38 @@
+"""Interleaved latency measurement: two callables timed in alternating order, medians compared."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+__all__ = ["interleaved_medians"]
+
+
+def interleaved_medians(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    *,
+    repeats: int = 30,
+    warmup: int = 2,
+    budget_s: float = 5.0,
+) -> tuple[float, float]:
+    """Median seconds of `first` and `second`, run in turns (A B, B A, ...) so drift hits both alike.
+
+    Stops after `repeats` rounds or once `budget_s` is spent (at least 3 rounds either way).
+    """
+    for _ in range(warmup):
+        first()
+        second()
+    times: tuple[list[float], list[float]] = ([], [])
+    pair = (first, second)
+    start = time.perf_counter()
+    for i in range(max(repeats, 3)):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for k in order:
+            t0 = time.perf_counter()
+            pair[k]()
+            times[k].append(time.perf_counter() - t0)
+        if i >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return statistics.median(times[0]), statistics.median(times[1])

@@ -1,0 +1,319 @@
+"""The model zoo: models built in code, exported by both torch.onnx exporters, checked against onnxruntime.
+
+Tests that need torch, torchvision, transformers or onnxruntime skip cleanly without them (install
+`opstrata-eval[zoo]`). A refusal by opstrata passes as long as it names its reason; a wrong answer or
+a crash fails (so does a kernel failing at run time on feeds onnxruntime runs). The whole zoo runs
+under `-m slow`; the default set runs squeezenet1_1 and resnet18 through both exporters (their numbers
+are checked against onnxruntime) and gpt2 through both (right, or refused with a reason).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opstrata.eval import _cli
+from opstrata.eval.zoo import (
+    EXPORTERS,
+    MODELS,
+    TOLERANCE_ORT,
+    ExportError,
+    UnknownModelError,
+    ZooResult,
+    _export,
+    _runner,
+    export_model,
+    list_models,
+    max_rel_error,
+    run_model,
+)
+from opstrata.eval.zoo._table import markdown_table, missing_ops_line, summary_line
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: no spinning OpenMP beside numpy
+
+#: Models that run through both exporters today: their numbers are checked, not only their contract.
+RUNS_BOTH = ("squeezenet1_1", "resnet18")
+FAST = ("squeezenet1_1", "resnet18", "gpt2")
+
+
+@pytest.fixture(scope="module")
+def zoo_deps() -> None:
+    """Skip unless every zoo dependency imports (torch, torchvision, transformers, onnx, onnxruntime)."""
+    for name in ("torch", "torchvision", "transformers", "onnxscript", "onnx", "onnxruntime"):
+        pytest.importorskip(name, reason=f"the zoo needs {name}: pip install './packages/eval[zoo]'")
+
+
+_ROWS: dict[tuple[str, str], ZooResult] = {}
+
+
+def _row(name: str, exporter: str) -> ZooResult:
+    """run_model(name, exporter), computed once per test session."""
+    key = (name, exporter)
+    if key not in _ROWS:
+        _ROWS[key] = run_model(name, exporter)
+    return _ROWS[key]
+
+
+def _check_contract(row: ZooResult) -> None:
+    """A row is right, or declined with a reason; never wrong, never a crash, never silent."""
+    assert row.status in ("ok", "refused", "export-failed"), f"{row.model}/{row.exporter}: {row}"
+    if row.status == "ok":
+        assert row.nodes and row.nodes > 0
+        assert row.err_vs_torch is not None
+        if row.err_vs_ort is None:  # onnxruntime could not run this export: said so, judged against torch
+            assert row.notes, row
+        else:
+            assert row.err_vs_ort <= TOLERANCE_ORT, row
+        assert row.import_s is not None and row.compile_s is not None
+    elif row.status == "refused":
+        assert row.reason and "node" in row.reason, f"a refusal must name its node: {row}"
+        assert row.nodes and row.nodes > 0
+    else:
+        assert row.reason and row.reason.startswith(f"{row.exporter} exporter:"), row
+
+
+# ---------------------------------------------------------------- no torch needed
+
+
+def test_table_lists_the_required_models() -> None:
+    names = list_models()
+    for name in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_b_16", "gpt2", "bert", "llama"):
+        assert name in names
+    for spec in MODELS.values():
+        assert len(spec.shapes) == 2 and spec.shapes[0][0] == 1 and spec.shapes[1][0] == 2
+        assert spec.input_kind in ("image", "tokens")
+
+
+def test_unknown_model_names_the_available_ones(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError) as info:
+        run_model("resnet9000")
+    assert "resnet9000" in str(info.value) and "resnet18" in str(info.value) and "gpt2" in str(info.value)
+    with pytest.raises(UnknownModelError):
+        export_model("resnet9000", "dynamo", tmp_path)
+
+
+def test_unknown_exporter_is_refused(zoo_deps) -> None:
+    with pytest.raises(ValueError, match="dynamo, torchscript"):
+        run_model("squeezenet1_1", "onnxscript")
+
+
+def test_max_rel_error_scales_by_the_reference() -> None:
+    ref = np.array([[10.0, -20.0], [0.0, 5.0]], dtype=np.float32)
+    assert max_rel_error(ref, ref) == 0.0
+    assert max_rel_error(ref + np.array([[0, 0], [0.2, 0]], np.float32), ref) == pytest.approx(0.01)
+    assert max_rel_error(ref[:1], ref) == float("inf")
+    assert max_rel_error(np.array([np.nan, 1.0]), np.array([0.0, 1.0])) == float("inf")
+    assert max_rel_error(np.zeros(3), np.zeros(3)) == 0.0
+
+
+def test_cli_list_prints_every_model(capsys) -> None:
+    assert _cli.main(["zoo", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in MODELS:
+        assert name in out
+
+
+def test_cli_unknown_model_exits_2(capsys) -> None:
+    assert _cli.main(["zoo", "run", "nosuchnet"]) == 2
+    err = capsys.readouterr().err
+    assert "nosuchnet" in err and "available models" in err and "resnet18" in err
+
+
+def test_cli_without_subcommand_exits_2(capsys) -> None:
+    assert _cli.main(["zoo"]) == 2
+    assert "list or run" in capsys.readouterr().err
+
+
+def test_tables_summarise_rows() -> None:
+    rows = [
+        ZooResult("a", "dynamo", nodes=3, err_vs_ort=1e-7, err_vs_torch=2e-7),
+        ZooResult("b", "torchscript", status="refused", reason="node 'n|1': Foo", unsupported_ops=["Foo"]),
+    ]
+    md = markdown_table(rows)
+    assert md.count("\n") == 3 and "node 'n\\|1': Foo" in md and "1.0e-07" in md
+    assert summary_line(rows) == "2 rows: 1 ok, 1 refused"
+    assert missing_ops_line(rows) == "ops to add: Foo (b/torchscript)"
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", FAST)
+def test_fast_models_are_right_or_refused_with_a_reason(zoo_deps, name: str, exporter: str) -> None:
+    row = _row(name, exporter)
+    _check_contract(row)
+    assert row.shapes == [tuple(s) for s in MODELS[name].shapes]
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", RUNS_BOTH)
+def test_models_match_onnxruntime_through_both_exporters(zoo_deps, name: str, exporter: str) -> None:
+    row = _row(name, exporter)
+    assert row.status == "ok", row
+    assert row.err_vs_ort is not None and row.err_vs_ort <= TOLERANCE_ORT
+    assert row.err_vs_torch is not None and row.err_vs_torch <= 1e-3
+    assert row.ort_vs_torch is not None and row.ort_vs_torch <= 1e-3
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_exported_file_runs_the_same_in_opstrata_and_onnxruntime(zoo_deps, tmp_path, exporter: str) -> None:
+    """Independent of run_model's bookkeeping: load the exported file in both runtimes and compare."""
+    import onnxruntime as ort
+
+    from opstrata.runtime import InferenceSession
+
+    path = export_model("squeezenet1_1", exporter, tmp_path)
+    assert path == tmp_path / f"squeezenet1_1.{exporter}.onnx" and path.is_file()
+    sess = InferenceSession(str(path))
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["pixel_values"]
+    for batch in (1, 3):  # 3: the batch axis is dynamic beyond the shapes the zoo checks
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 64, 64)).astype(np.float32)
+        got, want = sess.run(None, {"pixel_values": x})[0], ref.run(None, {"pixel_values": x})[0]
+        assert got.shape == want.shape == (batch, 100)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_bench_reports_a_latency_ratio(zoo_deps) -> None:
+    row = run_model("squeezenet1_1", "torchscript", bench=True, threads=1)
+    assert row.status == "ok" and row.latency_ratio is not None and row.latency_ratio > 0
+
+
+def test_custom_shapes_are_used(zoo_deps) -> None:
+    row = run_model("squeezenet1_1", "torchscript", shapes=[(3, 3, 64, 64)])
+    assert row.status == "ok" and row.shapes == [(3, 3, 64, 64)]
+
+
+# ---------------------------------------------------------------- error paths
+
+
+def test_exporter_failure_is_recorded_with_the_exporter(zoo_deps, monkeypatch, tmp_path) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("no symbolic function for aten::frobnicate\nlong traceback text")
+
+    monkeypatch.setattr(_export, "_export_dynamo", broken)
+    row = run_model("squeezenet1_1", "dynamo", out_dir=tmp_path)
+    assert row.status == "export-failed" and not row.failed
+    assert row.reason == "dynamo exporter: RuntimeError: no symbolic function for aten::frobnicate"
+    assert not list(tmp_path.glob("*.onnx"))
+    with pytest.raises(ExportError, match="dynamo export of squeezenet1_1 failed"):
+        export_model("squeezenet1_1", "dynamo", tmp_path)
+
+
+def test_refusal_is_recorded_with_node_and_reason(zoo_deps, monkeypatch) -> None:
+    from opstrata.graph import UnsupportedOpError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise UnsupportedOpError("HardSwish", "", 17, "/features/HardSwish", ["Relu"])
+
+    monkeypatch.setattr(_runner.og, "from_onnx", refuse)
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "refused" and row.refused and not row.failed
+    assert "HardSwish" in row.reason and "/features/HardSwish" in row.reason
+    assert "Fix:" in row.detail
+
+
+def test_wrong_answer_fails_the_row_and_the_cli(zoo_deps, monkeypatch, capsys) -> None:
+    real = _runner.InferenceSession
+
+    class Skewed(real):  # type: ignore[misc, valid-type]
+        """An InferenceSession whose outputs are off by 1% of their magnitude."""
+
+        def run(self, output_names, input_feed, run_options=None):  # type: ignore[override]
+            return [o + 0.01 * np.abs(o).max() for o in super().run(output_names, input_feed, run_options)]
+
+    monkeypatch.setattr(_runner, "InferenceSession", Skewed)
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "wrong" and row.failed
+    assert "exceeds 0.0001" in row.reason and "onnxruntime" in row.reason
+    assert _cli.main(["zoo", "run", "squeezenet1_1", "--exporter", "torchscript"]) == 1
+    assert "wrong" in capsys.readouterr().out
+
+
+def _failing_session(monkeypatch: pytest.MonkeyPatch, cause: Exception) -> None:
+    """Make run_model's InferenceSession fail every run with an ExecutionError caused by `cause`."""
+    from opstrata.runtime import ExecutionError
+
+    class Failing(_runner.InferenceSession):  # type: ignore[misc, valid-type]
+        """An InferenceSession whose every run fails in a kernel."""
+
+        def run(self, output_names, input_feed, run_options=None):  # type: ignore[override]
+            err = ExecutionError("node 'conv1' (Conv)", f"kernel conv failed: {cause}", "report the model")
+            raise err from cause
+
+    monkeypatch.setattr(_runner, "InferenceSession", Failing)
+
+
+def test_kernel_failure_on_feeds_onnxruntime_runs_is_a_crash(zoo_deps, monkeypatch) -> None:
+    from opstrata.ops import OpError
+
+    _failing_session(monkeypatch, OpError("gather", "indices", "values in [-2, 1]", "4341691758739196362"))
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "crashed" and row.failed
+    assert row.reason.startswith("failed at run time on feeds onnxruntime runs: node 'conv1' (Conv)")
+
+
+def test_missing_kernel_at_run_time_is_a_refusal(zoo_deps, monkeypatch) -> None:
+    from opstrata.ops import NoKernelError
+
+    _failing_session(monkeypatch, NoKernelError("conv", "cpu", np.dtype("float32"), {"ref": "float64"}))
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "refused" and not row.failed and "node 'conv1' (Conv)" in row.reason
+
+
+def test_crash_is_not_a_refusal(zoo_deps, monkeypatch) -> None:
+    def crash(*args: object, **kwargs: object) -> None:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(_runner.og, "compile", crash)
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "crashed" and row.failed and "IndexError" in row.reason
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_cli_runs_one_model(zoo_deps, tmp_path, capsys) -> None:
+    argv = ["zoo", "run", "squeezenet1_1", "--exporter", "torchscript", "--out", str(tmp_path)]
+    assert _cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["model", "exporter", "status"]
+    assert out[1].split()[:3] == ["squeezenet1_1", "torchscript", "ok"]
+    assert out[2] == "1 rows: 1 ok"
+    assert (tmp_path / "squeezenet1_1.torchscript.onnx").is_file()
+
+
+def test_cli_strict_makes_refusals_exit_1(zoo_deps, monkeypatch, capsys) -> None:
+    from opstrata.graph import UnsupportedOpError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise UnsupportedOpError("Mod", "", 17, "/attn/Mod", [])
+
+    monkeypatch.setattr(_runner.og, "from_onnx", refuse)
+    argv = ["zoo", "run", "squeezenet1_1", "--exporter", "torchscript"]
+    assert _cli.main(argv) == 0
+    assert "ops to add: Mod (squeezenet1_1/torchscript)" in capsys.readouterr().out
+    assert _cli.main([*argv, "--strict"]) == 1
+
+
+def test_cli_json_rows(zoo_deps, capsys) -> None:
+    assert _cli.main(["zoo", "run", "squeezenet1_1", "--exporter", "torchscript", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert len(rows) == 1 and rows[0]["model"] == "squeezenet1_1" and rows[0]["status"] == "ok"
+    assert "1 rows: 1 ok" in captured.err
+
+
+# ---------------------------------------------------------------- the whole zoo
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in FAST])
+def test_every_model_is_right_or_refused_with_a_reason(zoo_deps, name: str, exporter: str) -> None:
+    _check_contract(_row(name, exporter))
