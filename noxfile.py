@@ -38,7 +38,7 @@ def _load_matrix() -> tuple[list[tuple[str, str, str]], str | None]:
     try:
         import lockfile
 
-        return lockfile.compat_matrix(lockfile.read_lock(lock_file)), None
+        return lockfile.compat_matrix(lockfile.read_lock(lock_file), ROOT), None
     except Exception as exc:  # reported by the compat session: `nox -l` must still list everything
         return [], f"cannot build the compat matrix from {lock_file}: {type(exc).__name__}: {exc}"
 
@@ -189,17 +189,70 @@ def _assert_only(session: nox.Session, present: list[str], absent: list[str]) ->
         session.run("python", str(script), ",".join(present), ",".join(absent), env={"PYTHONPATH": ""})
 
 
-def _run_tests(session: nox.Session, package: str) -> None:
-    """Run packages/<package>/tests in their own pytest process rooted at the package directory."""
+# Suites that run in parallel under pytest-xdist. comm stays serial: every collective test spawns its
+# own rank processes and its fault tests detect hangs and deaths by deadlines, which two test workers
+# competing with those ranks for two cores would turn into flakes.
+XDIST_SAFE = ("ops", "graph", "runtime", "quant", "eval", "tools")
+
+
+def _xdist_args(session: nox.Session, package: str) -> list[str]:
+    """`-n N --dist loadfile` for xdist-safe suites (N = cores, at most 4; OPSTRATA_TEST_WORKERS overrides)."""
+    workers = os.environ.get("OPSTRATA_TEST_WORKERS") or str(min(4, os.cpu_count() or 1))
+    if package not in XDIST_SAFE or workers in ("0", "1"):
+        return []
+    session.install("pytest-xdist>=3.5")
+    return ["-n", workers, "--dist", "loadfile"]
+
+
+def _compat_tests(package: str, lower: str) -> list[str]:
+    """The tests of `package` a compat session runs against a release of `lower` (docs/releasing.md).
+
+    Import analysis: the test modules that import `opstrata.<lower>` (`import opstrata.<lower>...`,
+    `from opstrata.<lower>... import`, `from opstrata import <lower>`), directly or through a helper
+    module of the tests directory (`from _cases import ...`), exercise that package's API; when no
+    module does, the whole suite runs.
+    """
+    import ast
+
+    tests = ROOT / "packages" / package / "tests"
+    imports: dict[str, tuple[bool, set[str]]] = {}  # module stem -> (imports lower, local modules it imports)
+    for path in sorted(tests.rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError):
+            imports[path.stem] = (True, set())  # let pytest report it
+            continue
+        names: list[str] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                names += [module, *(f"{module}.{a.name}".lstrip(".") for a in node.names)]
+        direct = any(n == f"opstrata.{lower}" or n.startswith(f"opstrata.{lower}.") for n in names)
+        imports[path.stem] = (direct, {n.split(".")[0] for n in names if n and not n.startswith("opstrata")})
+
+    def reaches(stem: str, seen: set[str]) -> bool:
+        direct, local = imports[stem]
+        seen.add(stem)
+        return direct or any(m in imports and m not in seen and reaches(m, seen) for m in local)
+
+    chosen = [p for p in sorted(tests.rglob("test_*.py")) if reaches(p.stem, set())]
+    return [str(p.relative_to(tests.parent)) for p in chosen] or ["tests"]
+
+
+def _run_tests(session: nox.Session, package: str, paths: list[str] | None = None) -> None:
+    """Run packages/<package>/tests (or `paths` below the package) in their own pytest process."""
     pkg_dir = ROOT / "packages" / package
     tests = pkg_dir / "tests"
     if not tests.is_dir():
         session.error(f"{package}: expected a tests directory at {tests}, found none; add tests/test_*.py")
     env = {"PYTHONPATH": "", "OPSTRATA_CACHE_DIR": str(Path(session.create_tmp()).resolve() / "cache")}
+    xdist = _xdist_args(session, package)
     with session.chdir(pkg_dir):
         session.run(
-            "pytest", "tests", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(pkg_dir),
-            "-p", "no:cacheprovider", *_hypothesis_seed(), *session.posargs, env=env,
+            "pytest", *(paths or ["tests"]), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(pkg_dir),
+            "-p", "no:cacheprovider", *xdist, *_hypothesis_seed(), *session.posargs, env=env,
         )  # fmt: skip
 
 
@@ -253,8 +306,9 @@ def layers(session: nox.Session) -> None:
 def tools(session: nox.Session) -> None:
     """The tools' own tests (lock, release, build, deps, layers)."""
     _install_tools(session, "import-linter>=2", "pytest>=7")
+    xdist = _xdist_args(session, "tools")  # each test works in its own temporary repository
     with session.chdir(ROOT):
-        session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
+        session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *xdist, *session.posargs)
 
 
 @nox.session(python=None, tags=["ci"])
@@ -268,37 +322,23 @@ def tests(session: nox.Session, package: str) -> None:
     _run_tests(session, package)
 
 
-def _skip_if_excluded(session: nox.Session, others: list[str], lower: str, version: str) -> None:
-    """Skip (with the reason) when `lower` `version` cannot be installed beside the current `others`.
-
-    Either a current package's range excludes that release, or the release's own ranges exclude a
-    current package's version (e.g. runtime 0.1.0 requires ops<0.2 while ops is now 0.2.0).
-    """
-    import tempfile
-
+def _resolve_row(session: nox.Session, package: str, lower: str, version: str) -> dict:
+    """What one compat row installs: released `lower` `version` and the other lower packages resolved
+    consistently with it and with `package`'s ranges (tools/ranges.py). No row is ever skipped: a row that
+    cannot be installed is an error, because `tools/lock.py check` ([uninstallable-bound]) should have
+    caught the range first."""
     import lockfile
-    from packaging.specifiers import SpecifierSet
+    import ranges
 
-    current = {name: lockfile.read_pyproject(ROOT / "packages" / name / "pyproject.toml") for name in others}
-    tree = lockfile.release_tree(lockfile.read_lock(ROOT / "versions.lock"), lower, version)
-    text = lockfile.git(ROOT, "show", f"{tree}:pyproject.toml")
-    with tempfile.TemporaryDirectory() as tmp:
-        released = Path(tmp) / "pyproject.toml"
-        released.write_text(text)
-        released_requires = lockfile.read_pyproject(released).requires
-    for name, project in current.items():
-        spec = project.requires.get(lower)
-        if spec is not None and not SpecifierSet(spec).contains(version, prereleases=True):
-            session.skip(
-                f"opstrata-{lower} {version} cannot be installed beside the current opstrata-{name}, "
-                f"which requires opstrata-{lower}{spec}; this combination is not installable"
-            )
-        spec = released_requires.get(name)
-        if spec is not None and not SpecifierSet(spec).contains(project.version, prereleases=True):
-            session.skip(
-                f"opstrata-{lower} {version} requires opstrata-{name}{spec}, but the current "
-                f"opstrata-{name} is {project.version}; this combination is not installable"
-            )
+    universe = ranges.Universe.from_lock(ROOT, lockfile.read_lock(ROOT / "versions.lock"))
+    chosen = universe.resolve_row(package, lower, version)
+    if chosen is None:
+        session.error(
+            f"compat: opstrata-{lower} {version} cannot be installed with opstrata-{package}'s other ranges "
+            f"({universe.explain(package, lower, version)}); `python tools/lock.py check` should have reported "
+            "it as [uninstallable-bound]: run `python tools/lock.py tighten` and release the package"
+        )
+    return chosen
 
 
 if MATRIX:
@@ -306,24 +346,26 @@ if MATRIX:
     @nox.session(python=None, tags=["ci"])
     @nox.parametrize(("package", "lower", "version"), MATRIX)
     def compat(session: nox.Session, package: str, lower: str, version: str) -> None:
-        """A package's tests against one released version of one lower package, rebuilt from its tree."""
-        names = [*_lower(package), package]
-        _skip_if_excluded(session, [n for n in names if n not in (lower, package)], lower, version)
-        wheels = {name: _current_wheel(session, name) for name in names}
-        wheels[lower] = _released_wheel(session, lower, version)
+        """A package's API tests against one released lower version (rebuilt from its tree), the rest resolved."""
+        chosen = _resolve_row(session, package, lower, version)
+        names = [*[n for n in _lower(package) if n in chosen], package]
+        wheels = {
+            n: _current_wheel(session, n)
+            if chosen[n].current
+            else _released_wheel(session, n, chosen[n].version)
+            for n in names[:-1]
+        }
+        wheels[package] = _current_wheel(session, package)
+        session.log("compat: installing " + ", ".join(chosen[n].label() for n in names[:-1]))
         _install(session, wheels, package)
         _assert_only(session, names, _higher(package))
-        installed = session.run(
-            "python",
-            "-c",
-            f"import importlib.metadata as m; print(m.version('opstrata-{lower}'))",
-            silent=True,
-        )
-        if (installed or "").strip() != version:
-            session.error(
-                f"compat: expected opstrata-{lower} {version} installed, found {(installed or '').strip()}"
-            )
-        _run_tests(session, package)
+        expected = {n: chosen[n].version for n in names[:-1]}
+        code = "import importlib.metadata as m, sys; print(' '.join(m.version('opstrata-' + n) for n in sys.argv[1:]))"
+        found = (session.run("python", "-c", code, *expected, silent=True) or "").split()
+        installed = dict(zip(expected, found, strict=False))
+        if installed != expected:
+            session.error(f"compat: expected {expected} installed, found {installed}")
+        _run_tests(session, package, _compat_tests(package, lower))
 
 else:
 
@@ -335,6 +377,61 @@ else:
         session.skip(
             "compat matrix is empty: versions.lock records no released lower version; see docs/releasing.md"
         )
+
+
+# Third-party packages whose declared minimum (`numpy>=1.24`) the `lowest` sessions install and test.
+MINIMUMS = ("numpy", "ml-dtypes", "onnx", "onnxruntime", "mpi4py", "mpich")
+
+
+def _declared_minimums(package: str, names: list[str]) -> list[str]:
+    """The MINIMUMS requirements (dependencies and the extras `_install` adds) of `names`, markers applied."""
+    import tomlkit
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
+    out: dict[str, str] = {}
+    for name in names:
+        text = (ROOT / "packages" / name / "pyproject.toml").read_text(encoding="utf-8")
+        project = tomlkit.parse(text)["project"]
+        reqs = list(project.get("dependencies", []))
+        for extra in _extras(package, name):
+            reqs += list(project.get("optional-dependencies", {}).get(extra, []))
+        for text in reqs:
+            req = Requirement(str(text))
+            dist = canonicalize_name(req.name)
+            if dist in MINIMUMS and (req.marker is None or req.marker.evaluate()):
+                out[dist] = str(SpecifierSet(out.get(dist, "")) & req.specifier)
+    return [f"{dist}{spec}" for dist, spec in sorted(out.items())]
+
+
+@nox.session(python=None, tags=["lowest"])
+@nox.parametrize("package", LAYERS)
+def lowest(session: nox.Session, package: str) -> None:
+    """A package's tests with the declared minimums of numpy, ml_dtypes, onnx, onnxruntime, mpi4py installed.
+
+    uv's lowest-direct resolution over the declared third-party ranges (passed as direct requirements),
+    binary wheels only: the oldest release of each that a user of this interpreter can install.
+    """
+    if not _uv():
+        session.error("lowest: needs uv (`pip install uv`): pip has no lowest-version resolution")
+    names = [*_lower(package), package]
+    minimums = _declared_minimums(package, names)
+    specs = []
+    for name in names:
+        wheel, extras = _current_wheel(session, name), _extras(package, name)
+        specs.append(f"{wheel}[{','.join(extras)}]" if extras else str(wheel))
+    session.log(f"lowest: resolving {', '.join(minimums)} to their lowest installable releases")
+    session.install("--resolution", "lowest-direct", "--only-binary", ":all:", *specs, *minimums)
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "for d in sys.argv[1:]:\n"
+        "    try: print(f'  {d} {m.version(d)}')\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    session.run("python", "-c", code, *[m.split(">")[0].split("<")[0].split("=")[0] for m in minimums])
+    _assert_only(session, names, _higher(package))
+    _run_tests(session, package)
 
 
 @nox.session(python=None, tags=["ci"])
@@ -360,3 +457,29 @@ def build(session: nox.Session) -> None:
     _install_tools(session)
     with session.chdir(ROOT):
         session.run("python", "tools/build.py", *session.posargs)
+
+
+@nox.session(python=None, venv_backend="virtualenv", tags=["ci"])
+def zoo(session: nox.Session) -> None:
+    """The model zoo's tests on wheels of all six packages plus opstrata-eval[zoo,test] (torch, exporters).
+
+    virtualenv + pip, not uv: the zoo pins torch==2.14.1 / torchvision==0.29.1, which pip takes from the
+    machine's local wheel store (its pip configuration) where uv would download a multi-GB CUDA build.
+    """
+    specs = []
+    for name in LAYERS:
+        extras = [*_extras("eval", name), *(["zoo"] if name == "eval" else [])]
+        wheel = _current_wheel(session, name)
+        specs.append(f"{wheel}[{','.join(extras)}]" if extras else str(wheel))
+    session.install(*specs)
+    _assert_only(session, list(LAYERS), [])
+    pkg_dir = ROOT / "packages" / "eval"
+    env = {
+        "PYTHONPATH": "", "OPSTRATA_CACHE_DIR": str(Path(session.create_tmp()).resolve() / "cache"),
+        "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1",
+    }  # fmt: skip
+    with session.chdir(pkg_dir):
+        session.run(
+            "pytest", "tests/test_zoo.py", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(pkg_dir),
+            "-p", "no:cacheprovider", "-ra", *_hypothesis_seed(), *session.posargs, env=env,
+        )  # fmt: skip

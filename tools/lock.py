@@ -2,9 +2,11 @@
 
     python tools/lock.py sync [--layers ops,graph,...]   # rewrite the lock from the pyprojects (keeps releases)
     python tools/lock.py check [--ref HEAD]              # exit 1 listing every inconsistency
+    python tools/lock.py tighten [--dry-run]             # raise uninstallable lower bounds, then sync
 
 check is what CI runs (nox -s lock): it catches code changed without a version bump, ranges that
-exclude the locked lower version, upward/sideways/cyclic dependencies and a malformed lock.
+exclude the locked lower version, lower bounds no installer can ever pick (the release at the bound
+conflicts with the package's other ranges), upward/sideways/cyclic dependencies and a malformed lock.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import lockfile as lf
+import ranges
 import tomlkit
 from lockfile import LockError
 from packaging.specifiers import SpecifierSet
@@ -29,7 +32,8 @@ class Problem:
     """One inconsistency found by check: which package, what kind, and a message with the fix."""
 
     package: str | None
-    kind: str  # malformed | not-in-lock | version | stale | layering | cycle | range | unreleased-change
+    kind: str  # malformed | not-in-lock | version | stale | layering | cycle | range | uninstallable-bound
+    #            | unreleased-change
     message: str
 
 
@@ -105,6 +109,8 @@ def check(repo_root: Path, ref: str | None = None) -> list[Problem]:
     edges = _edges(lock, pyprojects)
     problems += _check_layering(layers, edges) + _check_cycles(layers, edges)
     problems += _check_ranges(lock, pyprojects)
+    if len(pyprojects) == len(layers):
+        problems += _check_bounds(repo_root, lock, pyprojects)
     problems += _check_trees(repo_root, lock, ref)
     return problems
 
@@ -242,6 +248,63 @@ def _check_ranges(lock: Any, pyprojects: dict[str, lf.PyProject]) -> list[Proble
     return out
 
 
+def _check_bounds(repo_root: Path, lock: Any, pyprojects: dict[str, lf.PyProject]) -> list[Problem]:
+    """Each declared lower bound must be installable: the release it names fits the package's other ranges."""
+    try:
+        universe = ranges.Universe.from_pyprojects(repo_root, lock, pyprojects)
+        found = [p for name in universe.layers for p in universe.bound_problems(name)]
+    except LockError as e:
+        return [Problem(None, "malformed", p) for p in e.problems]
+    return [Problem(p.package, "uninstallable-bound", bound_message(p, pyprojects[p.package])) for p in found]
+
+
+def bound_message(p: ranges.BoundProblem, pp: lf.PyProject) -> str:
+    """The [uninstallable-bound] text: package, bound, conflicting release, and the bound to use instead."""
+    head = (
+        f"{p.package} declares opstrata-{p.lower}{p.spec} ({lf.show(pp.path)}), but no installer can pick its "
+        f"lower bound: {p.reason}"
+    )
+    if p.new_spec is None:
+        return (
+            f"{head}; no release of {p.lower} that the range admits can be installed with {p.package}'s other "
+            f"ranges: widen them or release {p.lower} first"
+        )
+    return (
+        f"{head}; the oldest installable release is {p.lower} {p.replacement}: declare "
+        f"opstrata-{p.lower}{p.new_spec} (`python tools/lock.py tighten` rewrites it), then release {p.package}"
+    )
+
+
+def tighten(repo_root: Path, dry_run: bool = False) -> tuple[dict[str, dict[str, tuple[str, str]]], str]:
+    """Raise every uninstallable lower bound in the pyprojects (tomlkit, formatting kept), then sync the lock.
+
+    Returns the changes {package: {lower: (old, new)}} and the unified diff of the files (written unless
+    dry_run). Bounds that no release can satisfy are left alone; check keeps reporting them.
+    """
+    import difflib
+
+    lock = lf.read_lock(lf.lock_path(repo_root))
+    layers = [str(x) for x in lock["layers"]]
+    pyprojects = lf.load_pyprojects(repo_root, layers)
+    universe = ranges.Universe.from_pyprojects(repo_root, lock, pyprojects)
+    changes, _left = ranges.tighten(universe)
+    chunks: list[str] = []
+    new_texts: dict[Path, str] = {}
+    for name, lowers in changes.items():
+        path = pyprojects[name].path
+        old = text = lf.read_text(path, "pyproject.toml")
+        for lower, (_old_spec, new_spec) in lowers.items():
+            text = ranges.set_requirement(text, path, lower, new_spec)
+        new_texts[path] = text
+        rel = str(Path(path).resolve().relative_to(Path(repo_root).resolve()))
+        chunks += difflib.unified_diff(old.splitlines(True), text.splitlines(True), f"a/{rel}", f"b/{rel}")
+    if not dry_run and new_texts:
+        for path, text in new_texts.items():
+            lf.atomic_write_text(path, text)
+        sync(repo_root)
+    return changes, "".join(chunks)
+
+
 def _check_trees(repo_root: Path, lock: Any, ref: str | None) -> list[Problem]:
     """A package whose current version is released must still have that release's tree."""
     out: list[Problem] = []
@@ -305,14 +368,15 @@ def summary(repo_root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `sync` or `check`."""
+    """Entry point: `sync`, `check` or `tighten`."""
     ap = argparse.ArgumentParser(prog="tools/lock.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["sync", "check"])
+    ap.add_argument("command", choices=["sync", "check", "tighten"])
     ap.add_argument("--root", type=Path, help="repository root (default: git toplevel of the cwd)")
     ap.add_argument(
         "--layers", help="sync: comma-separated layer order, bottom first (default: keep the lock's)"
     )
     ap.add_argument("--ref", help="check: compare trees at this git ref instead of the working tree")
+    ap.add_argument("--dry-run", action="store_true", help="tighten: print the diff, write nothing")
     args = ap.parse_args(argv)
     try:
         root = lf.find_root(args.root)
@@ -326,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(summary(root))
             return 0
+        if args.command == "tighten":
+            return _tighten_cli(root, args.dry_run)
         problems = check(root, ref=args.ref)
     except LockError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -334,6 +400,31 @@ def main(argv: list[str] | None = None) -> int:
         print(format_problems(problems), file=sys.stderr)
         return 1
     print(summary(root))
+    return 0
+
+
+def _tighten_cli(root: Path, dry_run: bool) -> int:
+    """`lock.py tighten [--dry-run]`: print what changes (and the diff), write unless dry run, re-check."""
+    changes, text = tighten(root, dry_run=dry_run)
+    if not changes:
+        print("tighten: every declared lower bound is installable; nothing to change")
+    for name, lowers in changes.items():
+        for lower, (old, new) in lowers.items():
+            print(f"tighten: {name}: opstrata-{lower}{old} -> opstrata-{lower}{new}")
+    if changes:
+        released = [n for n in changes if n in lf.read_lock(lf.lock_path(root))["packages"]]
+        verb = "would change" if dry_run else "changed"
+        print(
+            f"{verb} the ranges of {', '.join(released)}; release each with "
+            f"`python tools/release.py <name> patch` (a raised lower bound is a patch)"
+        )
+    if dry_run:
+        print(f"dry run, nothing written\n{text}", end="")
+        return 0
+    left = [p for p in check(root) if p.kind not in ("unreleased-change",)]
+    if left:
+        print(format_problems(left), file=sys.stderr)
+        return 1
     return 0
 
 

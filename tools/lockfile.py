@@ -479,8 +479,18 @@ def release_tree(lock: Mapping[str, Any], package: str, version: str) -> str:
     return str(releases[version]["tree"])
 
 
-def compat_matrix(lock: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(package, lower, version): each declared lower at its oldest and newest released version the range admits."""
+def compat_matrix(lock: Mapping[str, Any], repo_root: Path | str | None = None) -> list[tuple[str, str, str]]:
+    """(package, lower, version): each declared lower at its oldest and newest released version the range admits.
+
+    With `repo_root` (the checkout whose git holds the release trees) the newest is the newest admitted
+    release that can be installed with the package's other ranges (tools/ranges.py resolves them; the
+    oldest stays the declared bound, which `lock.py check` proves installable). Without it, the plain
+    oldest and newest admitted releases.
+    """
+    if repo_root is not None:
+        import ranges
+
+        return ranges.Universe.from_lock(repo_root, lock).matrix()
     out: list[tuple[str, str, str]] = []
     packages = lock["packages"]
     for name in lock["layers"]:

@@ -2,6 +2,7 @@
 
     python tools/release.py ops patch|minor|major|current [--dry-run] [--date YYYY-MM-DD] [--tag]
     python tools/release.py ops tag        # after committing: tag ops-v<version> at HEAD
+    python tools/release.py plan ops [--version 0.4.0]   # what releasing it means for the upper packages
 
 Only packages/<name>/pyproject.toml, packages/<name>/CHANGELOG.md and the [packages.<name>] table of
 versions.lock change; other packages stay byte-identical. The recorded tree is the hash of the package
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lockfile as lf
+import ranges
 import tomlkit
 from lock import check
 from lockfile import LockError
@@ -216,6 +218,127 @@ def tag(root: Path, name: str) -> str:
     return name_tag
 
 
+def widen_upper_bound(spec: str, version: str) -> str:
+    """`spec` with its upper bound moved just past `version`'s series: <0.5 for 0.4.x, <2 for 1.x."""
+    v = Version(version)
+    upper = f"0.{v.minor + 1}" if v.major == 0 else f"{v.major + 1}"
+    clauses = [c.strip() for c in spec.split(",") if c.strip()]
+    kept = [c for c in clauses if not c.startswith("<") and not c.startswith("==")]
+    return ",".join([*kept, f"<{upper}"])
+
+
+def _session(package: str, lower: str, version: str) -> str:
+    return f"nox -s \"compat(package='{package}', lower='{lower}', version='{version}')\""
+
+
+def release_plan(root: Path, name: str, version: str | None = None) -> str:
+    """What releasing `name` `version` (default: its pyproject version) means for every upper package.
+
+    Which uppers' ranges admit it, which must widen a range and re-release (in layer order, and whether
+    the widened range is installable once the packages between them are re-released too), and the compat
+    sessions that prove each admitting range.
+    """
+    lock = lf.read_lock(lf.lock_path(root))
+    layers = [str(x) for x in lock["layers"]]
+    if name not in layers:
+        raise LockError(f"unknown package {name!r}; versions.lock has: {', '.join(layers)}")
+    pyprojects = lf.load_pyprojects(root, layers)
+    current = pyprojects[name].version
+    version = version or current
+    if not lf._is_version(version):
+        raise LockError(f"--version: expected a PEP 440 version like 0.4.0, found {version!r}")
+    universe = ranges.Universe.from_pyprojects(root, lock, pyprojects)
+    released = lf.released_versions(lock, name)
+    if version not in released:  # the release as it would be cut from the working tree
+        universe.candidates[name].insert(
+            1, ranges.Candidate(name, version, dict(universe.requires[name]), "planned")
+        )
+    state = "released" if version in released else f"not released yet (working tree has {current})"
+    lines = [
+        f"release plan: opstrata-{name} {version} — {state}; released: {', '.join(released) or 'none'}",
+    ]
+    uppers = layers[layers.index(name) + 1 :]
+    widen: dict[str, tuple[str, str]] = {}
+    admit: list[str] = []
+    below: list[str] = []
+    for upper in uppers:
+        spec = universe.requires[upper].get(name)
+        if spec is None:
+            continue
+        if ranges._admits(spec, version):
+            admit.append(upper)
+        elif _spec_above(spec, version):
+            widen[upper] = (spec, widen_upper_bound(spec, version))
+        else:
+            below.append(upper)
+    for upper, (_old, new) in widen.items():  # as if each re-released with the widened range
+        universe.requires[upper][name] = new
+    rows = set(universe.matrix())
+    lines.append("upper packages whose range admits it (no change; the compat session proves it):")
+    for upper in admit or []:
+        spec = universe.requires[upper][name]
+        if universe.installable(upper, name, version):
+            row = (upper, name, version)
+            proof = _session(*row) if row in rows else f"covered by nox -s \"tests(package='{upper}')\""
+            lines.append(f"  {upper:<8} opstrata-{name}{spec:<16} admits {version}: {proof}")
+        else:
+            lines.append(
+                f"  {upper:<8} opstrata-{name}{spec:<16} admits {version} but cannot install it: "
+                f"{universe.explain(upper, name, version)}"
+            )
+    if not admit:
+        lines.append("  (none)")
+    lines.append("upper packages that must widen a range and re-release (bottom first):")
+    for upper, (old, new) in widen.items():
+        ok = universe.installable(upper, name, version)
+        after = (
+            f"then `python tools/release.py {upper} patch` once {_session(upper, name, version)} passes"
+            if ok
+            else f"still not installable after widening: {universe.explain(upper, name, version)}"
+        )
+        lines.append(
+            f"  {upper:<8} opstrata-{name}{old} excludes {version}: widen to opstrata-{name}{new} in "
+            f"packages/{upper}/pyproject.toml, {after}"
+        )
+    if not widen:
+        lines.append("  (none)")
+    else:
+        order = ", ".join([name, *widen])
+        lines.append(
+            f"  order: release {name} {version} first (the compat sessions rebuild it from its recorded tree), "
+            f"then widen, prove and release {order.split(', ', 1)[1]} bottom first; a session that fails means "
+            "that package must change its code (a minor of its own), not just its range"
+        )
+    if below:
+        lines.append(
+            "upper packages that require a newer release (no change): "
+            + ", ".join(f"{u} (opstrata-{name}{universe.requires[u][name]})" for u in below)
+        )
+
+    def depends(pkg: str) -> bool:
+        return any(
+            low == name or (low in universe.requires and depends(low)) for low in universe.requires[pkg]
+        )
+
+    indirect = [u for u in uppers if name not in universe.requires[u] and depends(u)]
+    if indirect:
+        lines.append(
+            "no direct range (they get it through their own lower packages' ranges): "
+            + ", ".join(f"{u} (via {', '.join(universe.requires[u])})" for u in indirect)
+        )
+    return "\n".join(lines)
+
+
+def _spec_above(spec: str, version: str) -> bool:
+    """True when `spec` has an upper bound (< or <=) that `version` reaches: the range is too narrow above."""
+    from packaging.specifiers import Specifier
+
+    for clause in SpecifierSet(spec):
+        if clause.operator in ("<", "<=") and not Specifier(str(clause)).contains(version, prereleases=True):
+            return True
+    return False
+
+
 def _today(value: str | None) -> str:
     """--date validated as YYYY-MM-DD, default today."""
     if value is None:
@@ -264,6 +387,23 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; LockErrors print as one clear message and exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:
+        ap = argparse.ArgumentParser(
+            prog="tools/release.py plan", description=release_plan.__doc__.splitlines()[0]
+        )
+        ap.add_argument("package", help="short name, e.g. ops")
+        ap.add_argument(
+            "--version", help="the version to plan for (default: the package's pyproject version)"
+        )
+        ap.add_argument("--root", type=Path, help="repository root (default: git toplevel of the cwd)")
+        args = ap.parse_args(argv[1:])
+        try:
+            print(release_plan(lf.find_root(args.root), args.package, args.version))
+        except LockError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     ap = argparse.ArgumentParser(prog="tools/release.py", description=__doc__.splitlines()[0])
     ap.add_argument("package", help="short name, e.g. ops")
     ap.add_argument("part", choices=["major", "minor", "patch", "current", "tag"])

@@ -54,11 +54,24 @@ def _inject(dest: Path, importer: str, imported: str) -> str:
     return f"opstrata.{importer}{stem}"
 
 
+# lint-imports with the checkout's packages/*/src dropped from sys.path: a venv holding editable installs
+# of the packages (`pip install -e packages/ops`) would otherwise merge the real sources into the copied
+# `opstrata` namespace, and the analysis would read the real modules instead of the injected copy.
+_LINT = """\
+import sys
+sys.path[:] = [p for p in sys.path if not (p.startswith(sys.argv[1]) and p.rstrip("/").endswith("src"))]
+sys.argv = ["lint-imports", "--no-cache"]
+from importlinter.cli import lint_imports_command
+lint_imports_command()
+"""
+
+
 def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     """Run lint-imports in `tree` (config: its pyproject.toml) with only its src dir on the path."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    _lint_imports()  # fails with the install command when import-linter is missing
     return subprocess.run(
-        [_lint_imports(), "--no-cache"],
+        [sys.executable, "-c", _LINT, str(ROOT / "packages")],
         cwd=tree,
         env=env,
         capture_output=True,

@@ -26,16 +26,14 @@ def _model(nodes: list[Any], inits: list[Any] = (), opset: int = 17, out_shape: 
 
 
 def test_unsupported_op_names_everything() -> None:
-    m = _model([oh.make_node("StringNormalizer", ["x"], ["y"], name="upsample")])
+    m = _model([oh.make_node("ImageDecoder", ["x"], ["y"], name="upsample")])
     with pytest.raises(UnsupportedOpError) as info:
         from_onnx(m)
     msg = str(info.value)
-    assert "node 'upsample' (ai.onnx::StringNormalizer, opset 17)" in msg
-    assert "op type 'StringNormalizer' (domain 'ai.onnx', opset 17) is not supported" in msg
+    assert "node 'upsample' (ai.onnx::ImageDecoder, opset 17)" in msg
+    assert "op type 'ImageDecoder' (domain 'ai.onnx', opset 17) is not supported" in msg
     assert "supported ops in domain 'ai.onnx': Abs, " in msg and "Einsum" in msg
-    assert (
-        info.value.op_type == "StringNormalizer" and info.value.node == "upsample" and info.value.opset == 17
-    )
+    assert info.value.op_type == "ImageDecoder" and info.value.node == "upsample" and info.value.opset == 17
 
 
 def test_unsupported_domain() -> None:
@@ -58,7 +56,7 @@ def test_unsupported_form_of_a_supported_op() -> None:
         "BatchNormalization", ["x", "s", "s", "s", "s"], ["y", "m", "v"], name="bn", training_mode=1
     )
     with pytest.raises(UnsupportedOpError, match="training mode"):
-        from_onnx(_model([bn]))
+        from_onnx(_model([bn], opset=13))  # training outputs before opset 14: refused with the fix
 
 
 def test_garbage_bytes() -> None:
@@ -176,11 +174,7 @@ def test_external_data_file_missing(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("inputs", "outputs", "attrs", "match"),
     [
-        (["x", "x", "x", "", "pk", "pv"], ["y"], {}, "past_key, past_value .*KV cache"),
-        (["x", "x", "x"], ["y", "present_k"], {}, "present_key / present_value / qk_matmul_output"),
-        (["x", "x", "x"], ["y"], {"softcap": 30.0}, r"\{'softcap': 30.0\}"),
         (["x", "x", "x"], ["y"], {"q_num_heads": 2}, "only one of the two given"),
-        (["x", "x", "x"], ["y"], {"left_window_size": 4}, "left_window_size"),
     ],
 )
 def test_unsupported_attention_forms(inputs, outputs, attrs, match) -> None:

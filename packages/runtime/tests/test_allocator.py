@@ -171,3 +171,18 @@ def test_random_traces_under_a_limit(sizes, limit_mib) -> None:
             a.free(live.pop(0)) if live else None
         assert a.stats()["reserved_bytes"] <= limit_mib * MiB
         _check_invariants(a, live)
+
+
+def test_zero_size_arrays_come_back_and_free_once() -> None:
+    """A Loop with zero iterations asks for empty arrays: each is its own, freed once, no block used."""
+    from opstrata.runtime import CachingAllocator
+
+    alloc = CachingAllocator()
+    x, y = alloc.empty((0, 3), np.float32), alloc.empty((2, 0), np.int64)
+    assert x.shape == (0, 3) and y.dtype == np.int64
+    alloc.free(x)
+    alloc.free(y)
+    with pytest.raises(Exception, match="zero-size array was not returned"):
+        alloc.free(x)
+    with pytest.raises(Exception, match="zero-size array was not returned"):
+        alloc.free(np.empty((0,), np.float32))

@@ -47,7 +47,15 @@ def _check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, Arr]:
     bound: dict[str, tuple[int, str]] = {}
     out: dict[str, Arr] = {}
     for name in graph.inputs:
-        arr, v = np.asarray(feeds[name]), graph.values[name]
+        v = graph.values[name]
+        if v.kind != "tensor":  # a sequence (list of arrays) or optional (None or the value): run-time form
+            from .opdefs.sequence import feed_value
+
+            out[name] = feed_value(feeds[name], v.kind)
+            continue
+        arr = np.asarray(feeds[name])
+        if v.dtype is not None and v.dtype.hasobject and arr.dtype.kind in "US":
+            arr = arr.astype(object)  # string tensors: numpy str arrays are accepted
         where = f"run_graph('{graph.name}'): input '{name}'"
         if v.dtype is not None and arr.dtype != v.dtype:
             raise GraphError(

@@ -17,19 +17,28 @@ import numpy as np
 from ._errors import GraphError
 from ._symbolic import Dim, Shape
 
-__all__ = ["OPSTRATA_DOMAIN", "Graph", "Node", "Value"]
+__all__ = ["OPSTRATA_DOMAIN", "VALUE_KINDS", "Graph", "Node", "Value"]
 
 #: Domain of opstrata's own (fused) op types, e.g. ``ai.opstrata::Linear``.
 OPSTRATA_DOMAIN = "ai.opstrata"
 
 
+#: What a Value holds (ONNX's TypeProto kinds): a tensor; a sequence of tensors; an optional tensor or
+#: sequence (absent or present). Non-tensor values have the element dtype and ``shape`` None; at run
+#: time a sequence is a 1-d object array of its tensors and an absent optional a 0-d object array
+#: holding None (see opdefs/sequence.py); the memory planner leaves them to the per-run path.
+VALUE_KINDS = ("tensor", "sequence", "optional_tensor", "optional_sequence")
+
+
 @dataclass
 class Value:
-    """A named tensor: dtype (numpy, None = unknown) and shape (None = unknown rank)."""
+    """A named tensor: dtype (numpy, None = unknown) and shape (None = unknown rank); ``kind`` says
+    when it is a sequence or optional instead (one of :data:`VALUE_KINDS`)."""
 
     name: str
     dtype: np.dtype | None = None
     shape: Shape | None = None
+    kind: str = "tensor"
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
@@ -45,14 +54,42 @@ class Value:
     def type_str(self) -> str:
         """``float32[batch, 4]``; ``?`` for unknown parts."""
         dt = "?" if self.dtype is None else str(self.dtype)
+        if self.kind != "tensor":
+            return f"{self.kind}({dt})"
         if self.shape is None:
             return f"{dt}[...]"
         return f"{dt}[{', '.join('?' if d is None else str(d) for d in self.shape)}]"
 
 
+def subgraphs(node: Node) -> list[tuple[str, Graph]]:
+    """``(attribute name, Graph)`` of every subgraph a control-flow node (If, Loop, Scan) holds."""
+    return [(k, v) for k, v in node.attrs.items() if isinstance(v, Graph)]
+
+
+def free_values(graph: Graph) -> list[str]:
+    """Names a (sub)graph reads but does not define: the outer-scope values a control-flow body captures.
+
+    Nested bodies count through their node's inputs (a control-flow node lists its own captures there).
+    """
+    defined = set(graph.inputs) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs if o}
+    free: dict[str, None] = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            if x and x not in defined:
+                free[x] = None
+    for x in graph.outputs:
+        if x and x not in defined:
+            free[x] = None
+    return list(free)
+
+
 @dataclass(eq=False)
 class Node:
-    """One op application: ``outputs = op_type[attrs](inputs)``; ``""`` marks an omitted input."""
+    """One op application: ``outputs = op_type[attrs](inputs)``; ``""`` marks an omitted input.
+
+    A control-flow node (If/Loop/Scan) holds its subgraphs as Graph-valued attrs; its inputs end with the
+    outer values they read, bound position for position to the names in ``attrs["captures"]``.
+    """
 
     op_type: str
     inputs: list[str]
@@ -340,7 +377,7 @@ class Graph:
             for n in self.nodes
         ]
         g.initializers = dict(self.initializers)
-        g.values = {k: Value(v.name, v.dtype, v.shape) for k, v in self.values.items()}
+        g.values = {k: Value(v.name, v.dtype, v.shape, v.kind) for k, v in self.values.items()}
         g.doc_string = self.doc_string
         g.import_notes = list(self.import_notes)
         return g

@@ -151,6 +151,8 @@ def concrete_graph(
     for name in g.inputs:
         v = g.values[name]
         where = f"graph '{g.name}': input '{name}' {v.type_str()}"
+        if v.kind != "tensor":  # sequences/optionals have no tensor shape: per-run values
+            continue
         if name in input_shapes:
             shape = tuple(int(d) for d in input_shapes[name])
             if v.shape is not None and len(shape) != len(v.shape):
@@ -192,6 +194,13 @@ def _lifetimes(g: Graph) -> tuple[dict[str, tuple[int, int]], list[str]]:
 
 def _nbytes(g: Graph, name: str) -> tuple[tuple[int, ...], int]:
     v = g.values.get(name)
+    if v is not None and _per_run(g, name):
+        raise GraphError(
+            f"graph '{g.name}': value '{name}'",
+            f"needs a concrete dtype and shape to be planned, got {v.type_str()} (strings, sequences and "
+            "optionals are not arena values)",
+            "plan with dynamic=True: such values get per-run buffers",
+        )
     if v is None or v.dtype is None or v.shape is None or not all(isinstance(d, int) for d in v.shape):
         raise GraphError(
             f"graph '{g.name}': value '{name}'",
@@ -245,7 +254,7 @@ def plan_memory(
         raise GraphError("plan_memory", f"alignment must be a power of two, got {alignment}", "use 64")
     g = concrete_graph(graph, dims, input_shapes)
     lifetimes, order = _lifetimes(g)
-    left_out = [v for v in order if dynamic and not _concrete(g, v)]
+    left_out = [v for v in order if dynamic and (not _concrete(g, v) or _per_run(g, v))]
     order = [v for v in order if v not in set(left_out)]
     lifetimes = {v: lifetimes[v] for v in order}
     shapes, sizes = {}, {}
@@ -315,6 +324,12 @@ def plan_memory(
         dims=_bound_dims(graph, g),
         dynamic=left_out,
     )
+
+
+def _per_run(g: Graph, name: str) -> bool:
+    """True for values that never live in the byte arena: strings (object arrays) and sequences/optionals."""
+    v = g.values[name]
+    return v.kind != "tensor" or (v.dtype is not None and v.dtype.hasobject)
 
 
 def _concrete(g: Graph, name: str) -> bool:

@@ -22,7 +22,7 @@ from ._errors import GraphError
 from ._execute import KERNELS, run_graph
 from ._ir import OPSTRATA_DOMAIN, Graph, Node
 from ._memory import MemoryPlan, MemoryPlanner
-from ._serialize import graph_from_json, graph_to_json
+from ._serialize import array_bytes, graph_from_json, graph_to_json
 from .opdefs import (
     families as _families,  # noqa: F401  (loads every op definition)
     registry,
@@ -185,7 +185,11 @@ class Plan:
         for r in ops.fallback_report().records:  # what the ops audit saw during this run
             if r.count > before.get(_key(r), 0) and r.line() not in self.runtime_fallbacks:
                 self.runtime_fallbacks.append(r.line())
-        self.memory_for({k: np.shape(v) for k, v in feeds.items()})  # plans (and caches) this shape
+        values = self.graph.values
+        tensors = {k: v for k, v in feeds.items() if k not in values or values[k].kind == "tensor"}
+        # plans (and caches) this shape; values whose shape depends on input values, strings, sequences
+        # and optionals stay out of the arena (MemoryPlan.dynamic)
+        self.memory_for({k: np.shape(v) for k, v in tensors.items()}, dynamic=True)
         return out
 
     def summary(self) -> str:
@@ -218,7 +222,7 @@ class Plan:
 
         def put(name: str, a: np.ndarray) -> str:
             entry = f"tensors/{len(tensors)}.bin"
-            tensors[entry] = np.ascontiguousarray(a).tobytes()
+            tensors[entry] = array_bytes(a)
             return entry
 
         meta = {

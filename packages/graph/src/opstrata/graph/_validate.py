@@ -6,8 +6,6 @@ import difflib
 import heapq
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ._errors import GraphError
 
 if TYPE_CHECKING:
@@ -120,11 +118,32 @@ def _check_definitions(graph: Graph) -> set[str]:
     return set(defined)
 
 
+def _inner_reader(node: Node, name: str) -> Node | None:
+    """The node inside ``node``'s subgraphs (nested ones too) that reads the outer value ``name``."""
+    from ._ir import free_values, subgraphs
+
+    for _, g in subgraphs(node):
+        if name not in free_values(g):
+            continue
+        for n in g.nodes:
+            if name in n.inputs:
+                return _inner_reader(n, name) or n
+    return None
+
+
 def _check_uses(graph: Graph, defined: set[str]) -> None:
     where = f"graph '{graph.name}'"
     for n in graph.nodes:
         for x in n.inputs:
             if x and x not in defined:
+                inner = _inner_reader(n, x)
+                if inner is not None:  # a control-flow body reads a value no enclosing scope defines
+                    raise GraphError(
+                        f"node '{inner.name}' ({inner.op_type})",
+                        f"input '{x}' is not defined in its subgraph or any enclosing graph"
+                        f"{_suggest(x, defined)}",
+                        f"define '{x}' in the subgraph or the graph around it, or wire the node to an existing value",
+                    )
                 raise GraphError(
                     f"node '{n.name}' ({n.op_type})",
                     f"input '{x}' is dangling: no node, graph input or initializer defines it{_suggest(x, defined)}",
@@ -181,8 +200,42 @@ def _check_annotations(graph: Graph) -> None:
             raise GraphError(
                 f"graph input '{x}'", "has no dtype", "declare it with graph.add_input(name, dtype, shape)"
             )
-        if v.dtype == np.dtype(object):
-            raise GraphError(f"graph input '{x}'", "has dtype object", "use a numeric or bool dtype")
+
+
+def _check_subgraphs(graph: Graph) -> None:
+    """Each control-flow body: unique definitions, every read defined in it or captured, in schedule order.
+
+    A body reads outer values by the names in its node's ``captures`` attribute (bound position for
+    position to the node's trailing inputs, which the enclosing graph's checks cover).
+    """
+    from ._ir import free_values, subgraphs
+
+    for n in graph.nodes:
+        caps = set(n.attrs.get("captures", []))
+        for attr, g in subgraphs(n):
+            defined = _check_definitions(g)
+            missing = [x for x in free_values(g) if x not in caps]
+            if missing:
+                inner = _inner_reader(n, missing[0])
+                at = f"node '{inner.name}' ({inner.op_type})" if inner else f"node '{n.name}' ({n.op_type})"
+                raise GraphError(
+                    at,
+                    f"input '{missing[0]}' is not defined in its subgraph '{attr}' or any enclosing graph "
+                    f"(node '{n.name}' does not capture it)",
+                    "wire the node to a value the subgraph defines, or capture the outer value "
+                    "(attrs['captures'] plus a trailing node input)",
+                )
+            available = set(g.inputs) | set(g.initializers) | caps
+            for m in g.nodes:
+                for x in m.inputs:
+                    if x and x not in available and x in defined:
+                        raise GraphError(
+                            f"node '{m.name}' ({m.op_type})",
+                            f"reads '{x}' before the node that produces it runs: the subgraph is not in schedule order",
+                            "toposort the subgraph",
+                        )
+                available.update(o for o in m.outputs if o)
+            _check_subgraphs(g)
 
 
 def validate(graph: Graph) -> None:
@@ -191,3 +244,4 @@ def validate(graph: Graph) -> None:
     _check_uses(graph, defined)
     _check_order(graph)
     _check_annotations(graph)
+    _check_subgraphs(graph)

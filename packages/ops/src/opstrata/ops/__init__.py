@@ -104,7 +104,11 @@ from .kernels.activation import (
     swish as swish,
     thresholded_relu as thresholded_relu,
 )
-from .kernels.attention import attention as attention, attention_backward as attention_backward
+from .kernels.attention import (
+    attention as attention,
+    attention_backward as attention_backward,
+    attention_onnx as attention_onnx,
+)
 from .kernels.collective import all_reduce as all_reduce
 from .kernels.conv import conv2d as conv2d
 from .kernels.conv_nd import (
@@ -158,7 +162,11 @@ from .kernels.layout import (
     space_to_depth as space_to_depth,
     tile as tile,
 )
-from .kernels.loss import cross_entropy as cross_entropy
+from .kernels.loss import (
+    cross_entropy as cross_entropy,
+    nll_loss as nll_loss,
+    softmax_cross_entropy_loss as softmax_cross_entropy_loss,
+)
 from .kernels.math import (
     acos as acos,
     acosh as acosh,
@@ -204,6 +212,16 @@ from .kernels.pool import (
     global_avg_pool as global_avg_pool,
     max_pool2d as max_pool2d,
 )
+from .kernels.quantize import (
+    conv_integer as conv_integer,
+    dequantize_linear as dequantize_linear,
+    dynamic_quantize_linear as dynamic_quantize_linear,
+    matmul_integer as matmul_integer,
+    qlinear_conv as qlinear_conv,
+    qlinear_matmul as qlinear_matmul,
+    quantize_linear as quantize_linear,
+)
+from .kernels.recurrent import gru as gru, lstm as lstm, rnn as rnn
 from .kernels.reduce import (
     argmax as argmax,
     max as max,
@@ -218,7 +236,19 @@ from .kernels.reduce import (
     sum as sum,
     var as var,
 )
-from .kernels.rotary import rotary_embedding as rotary_embedding
+from .kernels.rotary import (
+    rotary_embedding as rotary_embedding,
+    rotary_embedding_onnx as rotary_embedding_onnx,
+)
+from .kernels.sampling import (
+    affine_grid as affine_grid,
+    causal_conv_with_state as causal_conv_with_state,
+    center_crop_pad as center_crop_pad,
+    col2im as col2im,
+    deform_conv as deform_conv,
+    grid_sample as grid_sample,
+    tensor_scatter as tensor_scatter,
+)
 from .kernels.scatter import (
     gather_elements as gather_elements,
     gather_nd as gather_nd,
@@ -232,6 +262,14 @@ from .kernels.shape import (
     slice as slice,
     split as split,
     transpose as transpose,
+)
+from .kernels.signal import (
+    blackman_window as blackman_window,
+    dft as dft,
+    hamming_window as hamming_window,
+    hann_window as hann_window,
+    mel_weight_matrix as mel_weight_matrix,
+    stft as stft,
 )
 from .kernels.softmax import log_softmax as log_softmax, softmax as softmax
 from .native.kernels import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
@@ -290,6 +328,7 @@ __all__ = [
     "add",
     "add_layer_norm",
     "add_rms_norm",
+    "affine_grid",
     "all_reduce",
     "argmax",
     "argmin",
@@ -300,6 +339,7 @@ __all__ = [
     "atanh",
     "attention",
     "attention_backward",
+    "attention_onnx",
     "autotune",
     "autotune_cache_dir",
     "autotune_stats",
@@ -314,18 +354,23 @@ __all__ = [
     "bitwise_not",
     "bitwise_or",
     "bitwise_xor",
+    "blackman_window",
     "bool_",
     "call",
     "cast",
+    "causal_conv_with_state",
     "ceil",
     "celu",
+    "center_crop_pad",
     "clear_autotune_cache",
     "clip",
     "codegen",
+    "col2im",
     "compress",
     "compute_dtype",
     "concat",
     "conv2d",
+    "conv_integer",
     "conv_nd",
     "conv_transpose_nd",
     "cos",
@@ -335,12 +380,16 @@ __all__ = [
     "cross_entropy_backward",
     "cumprod",
     "cumsum",
+    "deform_conv",
     "depth_to_space",
+    "dequantize_linear",
     "det",
     "device",
     "device_fingerprint",
+    "dft",
     "dispatch_path",
     "div",
+    "dynamic_quantize_linear",
     "elu",
     "embedding",
     "embedding_backward",
@@ -368,7 +417,11 @@ __all__ = [
     "get_fallback_policy",
     "global_avg_pool",
     "greater",
+    "grid_sample",
     "group_norm",
+    "gru",
+    "hamming_window",
+    "hann_window",
     "hard_sigmoid",
     "hard_swish",
     "hardmax",
@@ -396,14 +449,17 @@ __all__ = [
     "lp_normalize",
     "lp_pool_nd",
     "lrn",
+    "lstm",
     "matmul",
     "matmul_backward",
+    "matmul_integer",
     "max",
     "max_pool2d",
     "max_pool_nd",
     "max_unpool_nd",
     "mean",
     "mean_variance_norm",
+    "mel_weight_matrix",
     "min",
     "mish",
     "mod",
@@ -411,11 +467,15 @@ __all__ = [
     "native_cache_dir",
     "native_status",
     "neg",
+    "nll_loss",
     "one_hot",
     "pad",
     "pow",
     "prelu",
     "prod",
+    "qlinear_conv",
+    "qlinear_matmul",
+    "quantize_linear",
     "reduce_l1",
     "reduce_l2",
     "reduce_log_sum",
@@ -435,7 +495,9 @@ __all__ = [
     "reverse_sequence",
     "rms_norm",
     "rms_norm_backward",
+    "rnn",
     "rotary_embedding",
+    "rotary_embedding_onnx",
     "round",
     "rsqrt",
     "scale_mask_softmax",
@@ -455,16 +517,19 @@ __all__ = [
     "slice",
     "softmax",
     "softmax_backward",
+    "softmax_cross_entropy_loss",
     "softplus",
     "softsign",
     "space_to_depth",
     "split",
     "sqrt",
+    "stft",
     "sub",
     "sum",
     "swish",
     "tan",
     "tanh",
+    "tensor_scatter",
     "thresholded_relu",
     "tile",
     "top_k",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,6 +95,7 @@ class CachingAllocator:
         self._free_blocks: dict[tuple[int, int, int], Block] = {}
         self._segments: dict[int, _Segment] = {}
         self._by_addr: dict[int, Block] = {}  # data address of arrays handed out by empty()
+        self._empty_arrays: dict[int, weakref.ref[np.ndarray]] = {}  # zero-size arrays from empty(), by id
         self._ids = itertools.count()
         self._c = dict.fromkeys(
             ("allocated_bytes", "requested_bytes", "reserved_bytes", "active_blocks", "peak_allocated_bytes",
@@ -147,6 +149,10 @@ class CachingAllocator:
         """An uninitialised array backed by an allocator block; give it back with ``free(array)``."""
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
         dt = np.dtype(dtype)
+        if math.prod(shape) == 0:  # no bytes: nothing to cache (zero-size views would share one address)
+            arr = np.empty(shape, dt)
+            self._empty_arrays[id(arr)] = weakref.ref(arr)
+            return arr
         block = self.allocate(math.prod(shape) * dt.itemsize)
         arr = block.array(shape, dt)
         self._by_addr[self._addr(block)] = block
@@ -154,6 +160,14 @@ class CachingAllocator:
 
     def free(self, x: Block | np.ndarray) -> None:
         """Return a block (or an array from ``empty``) to the cache, coalescing with free neighbours."""
+        if isinstance(x, np.ndarray) and x.size == 0:
+            ref = self._empty_arrays.pop(id(x), None)
+            if ref is None or ref() is not x:
+                raise InvalidArgument(
+                    "CachingAllocator.free", "the zero-size array was not returned by this allocator's empty() (or is freed)",
+                    "free only arrays from allocator.empty(), once each",
+                )  # fmt: skip
+            return
         if isinstance(x, np.ndarray):
             block = self._by_addr.pop(x.__array_interface__["data"][0], None)
             if block is None:

@@ -48,7 +48,7 @@ def node_flops(node: Node, ins: Sequence[Shape | None], outs: Sequence[Shape | N
         )
     if op == "Conv" and ins[1]:
         return 2 * out * math.prod(ins[1][1:]) + (out if len(ins) > 2 and ins[2] else 0)
-    if op == "Attention" and ins[0] and ins[1]:
+    if op == "Attention" and ins[0] and ins[1] and len(ins[0]) == 4 and len(ins[1]) == 4:  # (B, H, N, D)
         b, h, n, d = ins[0]
         m = ins[1][2]
         return 4 * b * h * n * m * d + 5 * b * h * n * m  # QK^T, PV, softmax

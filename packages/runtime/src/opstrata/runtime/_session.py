@@ -21,6 +21,7 @@ import numpy as np
 
 import opstrata.graph as og
 import opstrata.ops as ops
+from opstrata.graph.opdefs.sequence import absent, is_absent, sequence_items, to_sequence
 
 from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases
@@ -45,6 +46,7 @@ _ONNX_TYPES = {
     "float32": "float", "float64": "double", "float16": "float16", "bfloat16": "bfloat16", "int64": "int64",
     "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
     "uint64": "uint64", "bool": "bool", "float8_e4m3fn": "float8e4m3fn", "float8_e5m2": "float8e5m2",
+    "object": "string",
 }  # fmt: skip
 
 
@@ -58,12 +60,24 @@ class NodeArg:
     dtype: np.dtype | None = None
 
 
-def _type_str(dt: np.dtype | None) -> str:
-    return (
+def _type_str(dt: np.dtype | None, kind: str = "tensor") -> str:
+    t = (
         f"tensor({_ONNX_TYPES.get(np.dtype(dt).name, np.dtype(dt).name)})"
         if dt is not None
         else "tensor(undefined)"
     )
+    if kind.endswith("sequence"):
+        t = f"seq({t})"
+    return f"optional({t})" if kind.startswith("optional") else t
+
+
+def _output_value(x: Any, kind: str) -> Any:
+    """A run result as onnxruntime hands it back: sequences as lists of arrays, absent optionals None."""
+    if kind != "tensor" and is_absent(x):
+        return None
+    if kind.endswith("sequence"):
+        return [np.array(t, copy=True) for t in sequence_items(x)]
+    return np.array(x, copy=True)
 
 
 def _load(model: Any, level: int, device: str) -> og.Plan:
@@ -149,6 +163,10 @@ class InferenceSession:
         self._outputs = [self._arg(x) for x in self.graph.outputs]
         # feed fast path: (name, dtype or None) per input, and the shape signatures already validated
         self._feed_spec = [(a.name, a.dtype) for a in self._inputs]
+        # sequence/optional values (Value.kind): fed and returned as onnxruntime does (lists, None)
+        self._kinds = {x: self.graph.values[x].kind for x in (*self.graph.inputs, *self.graph.outputs)}
+        self._plain_feeds = all(self._kinds[x] == "tensor" for x in self.graph.inputs)
+        self._plain_outputs = all(self._kinds[x] == "tensor" for x in self.graph.outputs)
         self._checked_shapes: set[tuple[tuple[int, ...], ...]] = set()
         # num_streams > 1: worker threads (started on the first parallel run) and a program per shape
         self._pool: StreamPool | None = None
@@ -164,7 +182,9 @@ class InferenceSession:
 
     def _arg(self, name: str) -> NodeArg:
         v = self.graph.values[name]
-        return NodeArg(name, list(v.shape) if v.shape is not None else [], _type_str(v.dtype), v.dtype)
+        return NodeArg(
+            name, list(v.shape) if v.shape is not None else [], _type_str(v.dtype, v.kind), v.dtype
+        )
 
     def get_inputs(self) -> list[NodeArg]:
         """Graph inputs (name, shape with symbolic dims as strings, ``tensor(float)``-style type)."""
@@ -192,7 +212,7 @@ class InferenceSession:
     def _check_feeds(self, feeds: Any) -> list[np.ndarray]:
         """The feeds as arrays in input order; a dict of arrays of a dtype and shape signature already
         validated skips the full checks (which name the input, the expected and the actual)."""
-        if type(feeds) is dict and len(feeds) == len(self._feed_spec):
+        if self._plain_feeds and type(feeds) is dict and len(feeds) == len(self._feed_spec):
             out = []
             for name, dt in self._feed_spec:
                 x = feeds.get(name)
@@ -224,8 +244,14 @@ class InferenceSession:
         out = []
         for a in self._inputs:
             x = feeds[a.name]
-            arr = x if isinstance(x, np.ndarray) else np.asarray(x)
             w = f"{where}: input '{a.name}'"
+            kind = self._kinds[a.name]
+            if kind != "tensor":
+                out.append(self._nontensor_feed(x, a, kind, w))
+                continue
+            arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+            if a.dtype is not None and a.dtype.hasobject and arr.dtype.kind in "US":
+                arr = arr.astype(object)  # string tensors: numpy str arrays are accepted as onnxruntime does
             if a.dtype is not None and arr.dtype != a.dtype:
                 raise InvalidArgument(w, f"expected dtype {a.type} ({a.dtype}), got {arr.dtype}", f"pass x.astype(np.{a.dtype.name})")  # fmt: skip
             if len(a.shape) != arr.ndim:
@@ -239,6 +265,25 @@ class InferenceSession:
                         raise InvalidArgument(w, f"symbolic dim '{d}' is {got} here but {prev[0]} in input '{prev[1]}' (shape {a.shape}, got {list(arr.shape)})", f"feed inputs that agree on '{d}'")  # fmt: skip
             out.append(arr)
         return out
+
+    @staticmethod
+    def _tensor_feed(x: Any, a: NodeArg, w: str) -> np.ndarray:
+        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if a.dtype is not None and a.dtype.hasobject and arr.dtype.kind in "US":
+            arr = arr.astype(object)
+        if a.dtype is not None and arr.dtype != a.dtype:
+            raise InvalidArgument(w, f"expected elements of dtype {a.dtype}, got {arr.dtype}", f"pass arrays of np.{a.dtype.name}")  # fmt: skip
+        return arr
+
+    def _nontensor_feed(self, x: Any, a: NodeArg, kind: str, w: str) -> np.ndarray:
+        """A sequence feed (list of arrays) or optional feed (None or the value) in its run-time form."""
+        if kind.startswith("optional") and x is None:
+            return absent()
+        if kind.endswith("sequence"):
+            if not isinstance(x, (list, tuple)):
+                raise InvalidArgument(w, f"is {a.type}: expected a list of arrays, got {type(x).__name__}", "feed a list of numpy arrays")  # fmt: skip
+            return to_sequence([self._tensor_feed(t, a, f"{w} element {i}") for i, t in enumerate(x)])
+        return self._tensor_feed(x, a, w)
 
     def _output_slots(self, output_names: Sequence[str] | None) -> list[int]:
         names = [a.name for a in self._outputs]
@@ -321,6 +366,14 @@ class InferenceSession:
             raise InvalidArgument("InferenceSession.run", "run_options is not supported yet", "pass None")
         feeds = self._check_feeds(input_feed)
         slots = self._output_slots(output_names)
+        if not self._plain_outputs:
+            names = self.graph.outputs if output_names is None else list(output_names)
+            kinds = [self._kinds[n] for n in names]
+            res = self._run(slots, feeds)
+            return [_output_value(r, k) for r, k in zip(res, kinds, strict=True)]
+        return self._run(slots, feeds)
+
+    def _run(self, slots: list[int], feeds: list[np.ndarray]) -> list[Any]:
         key = tuple(f.shape for f in feeds)
         sch = self._schedule
         prof = self._profiler

@@ -99,10 +99,17 @@ class ImportContext:
         return self.graph.add_node(op_type, inputs, outputs, attrs or {}, name=name, domain=domain)
 
 
+#: ``[fn(graph_proto, ctx, attr_name) -> Graph]``: imports a subgraph attribute; set by onnx.importer
+#: (which owns the node-import machinery; a list avoids an import cycle, like registry._PASSTHROUGH)
+SUBGRAPH_IMPORTER: list[Callable[[Any, ImportContext, str], Graph]] = []
+
+
 def _attr_value(a: Any, ctx: ImportContext) -> Any:
     onnx = require_onnx()
-    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise ctx.unsupported(f"attribute '{a.name}' holds a subgraph; control flow is not supported")
+    if a.type == onnx.AttributeProto.GRAPHS:
+        raise ctx.unsupported(f"attribute '{a.name}' holds a list of subgraphs, which no supported op takes")
+    if a.type == onnx.AttributeProto.GRAPH:  # a control-flow body (If/Loop/Scan): imported recursively
+        return SUBGRAPH_IMPORTER[0](a.g, ctx, a.name)
     if a.type == onnx.AttributeProto.SPARSE_TENSOR:
         raise ctx.unsupported(f"attribute '{a.name}' holds a sparse tensor; sparse tensors are not supported")
     if a.type == onnx.AttributeProto.TENSOR:

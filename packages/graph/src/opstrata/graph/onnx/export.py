@@ -19,7 +19,7 @@ from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .._symbolic import Shape, dims_equal
 from .types import dtype_to_onnx, require_onnx, tensor_type_of
 
-__all__ = ["ExportContext", "export_as_function", "register_export", "to_onnx"]
+__all__ = ["ExportContext", "export_as_function", "export_subgraph", "register_export", "to_onnx"]
 
 ExportFn = Callable[[Node, "ExportContext"], None]
 _EXPORTERS: dict[tuple[str, str], ExportFn] = {}
@@ -213,8 +213,16 @@ def _reduce(node: Node, ctx: ExportContext) -> None:
     a = dict(node.attrs)
     axes = a.pop("axes", None)
     as_input = ctx.opset >= 18 or (node.op_type == "ReduceSum" and ctx.opset >= 13)
+    runtime = node.inputs[1:2] if axes is None and len(node.inputs) > 1 and node.inputs[1] else []
+    if runtime and not as_input:
+        raise GraphError(
+            f"node '{node.name}' ({node.op_type})",
+            f"its axes are computed at run time, which opset {ctx.opset} cannot express (axes are an "
+            "attribute there)",
+            "export at opset 18 or later",
+        )
     if as_input:
-        ins = [node.inputs[0]] + ([ctx.ints(axes, "axes")] if axes is not None else [])
+        ins = [node.inputs[0]] + ([ctx.ints(axes, "axes")] if axes is not None else runtime)
         ctx.emit(node.op_type, ins, node.outputs, **a)
     else:
         ctx.emit(node.op_type, node.inputs[:1], node.outputs, axes=axes, **a)
@@ -235,7 +243,7 @@ def _split(node: Node, ctx: ExportContext) -> None:
 
 def _cumsum(node: Node, ctx: ExportContext) -> None:
     a = node.attrs
-    axis = ctx.const(np.array(a["axis"], np.int64), "axis")
+    axis = ctx.const(np.array(a["axis"], np.int64), "axis") if "axis" in a else node.inputs[1]
     ctx.emit(
         "CumSum",
         [node.inputs[0], axis],
@@ -505,6 +513,45 @@ def _exporter(node: Node) -> ExportFn:
     )
 
 
+def export_subgraph(sub: Graph, outer: ExportContext, bound: dict[str, str]) -> Any:
+    """A control-flow subgraph as a GraphProto attribute value, written with the outer export's names.
+
+    ``bound`` maps the names the subgraph reads captured outer values by to the outer values' current
+    names (a pass may have renamed them): an Identity inside the subgraph restores each renamed one.
+    """
+    onnx = require_onnx()
+    ctx = ExportContext(sub, outer.opset, outer._model, in_function=outer.in_function)
+    outer._model.used.update(sub.values, sub.initializers, sub.inputs)
+    for inner, name in bound.items():
+        if inner != name:
+            ctx.emit("Identity", [name], [inner])
+    for node in sub.nodes:
+        ctx.current = node
+        _exporter(node)(node, ctx)
+    ctx.current = None
+    produced = {o for n in ctx.nodes for o in n.output}
+    outputs = []
+    for out in sub.outputs:  # a subgraph output must be a node output: copy inputs, constants, outer values
+        if out in produced:
+            outputs.append(out)
+            continue
+        alias = ctx.fresh(f"{out}_out")
+        ctx.emit("Identity", [out], [alias])
+        outputs.append(alias)
+    inits = [onnx.numpy_helper.from_array(a, n) for n, a in sub.initializers.items()]
+
+    def info(name: str, like: str) -> Any:
+        v = sub.values.get(like)
+        if v is None or v.dtype is None:
+            return onnx.helper.make_empty_tensor_value_info(name)
+        return tensor_type_of(name, v.dtype, v.shape, v.kind)
+
+    return onnx.helper.make_graph(
+        ctx.nodes, sub.name, [info(x, x) for x in sub.inputs],
+        [info(a, o) for a, o in zip(outputs, sub.outputs, strict=True)], inits + ctx.initializers,
+    )  # fmt: skip
+
+
 def to_onnx(graph: Graph, *, opset: int | None = None, producer: str = "opstrata.graph") -> Any:
     """Export ``graph`` as an ONNX ModelProto (standard ops where the target opset has them, else functions).
 
@@ -550,11 +597,11 @@ def to_onnx(graph: Graph, *, opset: int | None = None, producer: str = "opstrata
             raise GraphError(
                 f"value '{name}'", "has no dtype, so it cannot be declared in ONNX", "run infer_shapes(graph)"
             )
-        return tensor_type_of(name, v.dtype, v.shape)
+        return tensor_type_of(name, v.dtype, v.shape, v.kind)
 
     boundary = set(graph.inputs) | set(outputs) | set(graph.initializers)
     value_info = [
-        tensor_type_of(n, v.dtype, v.shape)
+        tensor_type_of(n, v.dtype, v.shape, v.kind)
         for n, v in graph.values.items()
         if n not in boundary and v.dtype is not None
     ]

@@ -26,8 +26,8 @@ from ..opdefs import (
     registry,
 )
 from .attention import CAUSAL_TOP_LEFT, resolve_causal
-from .context import ImportContext, tensor_array
-from .types import require_onnx, shape_from_type
+from .context import SUBGRAPH_IMPORTER, ImportContext, tensor_array
+from .types import kind_from_type, require_onnx, shape_from_type
 
 __all__ = ["IMPORTERS", "MIN_OPSET", "from_onnx", "supported_onnx_ops"]
 
@@ -146,11 +146,140 @@ def _convert(model: Any, opset: int, where: str) -> Any:
         ) from None
 
 
-def _used_names(model: Any) -> set[str]:
-    used = {o.name for o in model.graph.output}
-    for n in model.graph.node:
+_SCAN8 = "ai.opstrata.scan8"  # the domain a Scan-8 node hides in while onnx.version_converter runs
+
+
+def _hide_scan8(model: Any, where: str) -> Any:
+    """A copy of an opset-8 model whose top-level Scan-8 nodes sit in a private domain (the converter passes
+    them through; its Scan 8->9 adapter drops the batch axis) with their bodies converted to MIN_OPSET."""
+    onnx = require_onnx()
+    from onnx import version_converter
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    hidden = False
+    for i, n in enumerate(m.graph.node):
+        if n.op_type != "Scan" or n.domain not in ("", "ai.onnx"):
+            continue
+        label = f"node '{n.name or f'Scan_{i}'}' (Scan-8)"
+        if n.input and n.input[0]:  # sequence_lens: left to the converter, which refuses it by name
+            continue
+        body = next(a for a in n.attribute if a.name == "body")
+        bm = onnx.helper.make_model(body.g, opset_imports=[onnx.helper.make_opsetid("", 8)])
+        try:
+            converted = version_converter.convert_version(bm, MIN_OPSET).graph
+        except Exception as exc:
+            raise GraphError(
+                where, f"{label}: its body cannot be converted to opset {MIN_OPSET}: {exc}"
+            ) from None
+        body.g.CopyFrom(converted)
+        n.domain, hidden = _SCAN8, True
+    if hidden:
+        m.opset_import.append(onnx.helper.make_opsetid(_SCAN8, 1))
+    return m
+
+
+def _restore_scan8(model: Any) -> Any:
+    """Each hidden Scan-8 node as its opset-13 meaning: a Loop over the batch axis running Scan-9 on each row."""
+    onnx = require_onnx()
+    oh = onnx.helper
+    nodes = []
+    for i, n in enumerate(model.graph.node):
+        if n.domain != _SCAN8:
+            nodes.append(n)
+            continue
+        p = f"{n.name or f'Scan_{i}'}"
+        attrs = {a.name: a for a in n.attribute}
+        m = int(attrs["num_scan_inputs"].i)
+        ins = list(n.input[1:])
+        dirs = list(attrs["directions"].ints) if "directions" in attrs else [0] * m
+        zero = oh.make_tensor(f"{p}/zero", onnx.TensorProto.INT64, [], [0])
+        nodes += [
+            oh.make_node("Shape", [ins[-1]], [f"{p}/shape"], name=f"{p}/shape"),
+            oh.make_node("Constant", [], [f"{p}/zero"], name=f"{p}/zero", value=zero),
+            oh.make_node("Gather", [f"{p}/shape", f"{p}/zero"], [f"{p}/batch"], name=f"{p}/batch"),
+        ]
+        rows = [f"{p}/row{k}" for k in range(len(ins))]
+        outs = [f"{p}/out{k}" for k in range(len(n.output))]
+        body_nodes = [
+            oh.make_node("Gather", [x, f"{p}/b"], [r], axis=0) for x, r in zip(ins, rows, strict=True)
+        ]
+        body_nodes.append(
+            oh.make_node(
+                "Scan", rows, outs, num_scan_inputs=m, scan_input_directions=dirs, body=attrs["body"].g
+            )
+        )
+        body_nodes.append(oh.make_node("Identity", [f"{p}/c"], [f"{p}/c_out"]))
+        b_in = [oh.make_tensor_value_info(f"{p}/b", onnx.TensorProto.INT64, []),
+                oh.make_tensor_value_info(f"{p}/c", onnx.TensorProto.BOOL, [])]  # fmt: skip
+        b_out = [oh.make_tensor_value_info(f"{p}/c_out", onnx.TensorProto.BOOL, [])]
+        b_out += [oh.make_empty_tensor_value_info(o) for o in outs]
+        loop_body = oh.make_graph(body_nodes, f"{p}/batch_loop", b_in, b_out)
+        nodes.append(oh.make_node("Loop", [f"{p}/batch", ""], list(n.output), name=p, body=loop_body))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    keep = [o for o in model.opset_import if o.domain != _SCAN8]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    return model
+
+
+def _used_in(gp: Any) -> set[str]:
+    """Names a GraphProto's outputs and nodes read, nested control-flow bodies included."""
+    onnx = require_onnx()
+    used = {o.name for o in gp.output}
+    for n in gp.node:
         used.update(i for i in n.input if i)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                used |= _used_in(a.g)
     return used
+
+
+def _used_names(model: Any) -> set[str]:
+    return _used_in(model.graph)
+
+
+def _import_subgraph(gp: Any, ctx: ImportContext, attr: str) -> Graph:
+    """A GraphProto attribute (If branch, Loop/Scan body) as an IR Graph; its nodes are named
+    ``<node>/<attr>/<inner node>``. Outer-scope values it reads stay free names (``free_values``)."""
+    prefix, where = f"{ctx.name}/{attr}", f"node '{ctx.name}' ({ctx.op_type}) attribute '{attr}'"
+    g = Graph(gp.name or attr, opset_imports=ctx.graph.opset_imports)
+    g.doc_string = gp.doc_string
+    if len(gp.sparse_initializer):
+        raise GraphError(
+            where, "the subgraph has sparse initializers, which are not supported", "store them dense"
+        )
+    for t in gp.initializer:
+        g.add_initializer(t.name, tensor_array(t, f"{where}: initializer '{t.name}'"))
+    for vi in gp.input:  # an untyped body input gets its type from the outer node (the op's shape rule)
+        dtype, shape = shape_from_type(vi.type, f"{where}: input '{vi.name}'")
+        v = g._ensure_value(vi.name)
+        v.dtype, v.shape = dtype, shape
+        if vi.type.WhichOneof("value") is not None:
+            v.kind = kind_from_type(vi.type, f"{where}: input '{vi.name}'")
+        g.inputs.append(vi.name)
+    used = _used_in(gp)
+    names: set[str] = set()
+    for i, proto in enumerate(gp.node):
+        name = f"{prefix}/{proto.name or f'{proto.op_type}_{i}'}"
+        while name in names:
+            name = f"{name}_{i}"
+        names.add(name)
+        _import_node(g, proto, name, ctx.opset, used)
+    for vi in [*gp.value_info, *gp.output]:
+        dtype, shape = shape_from_type(vi.type, f"{where}: value '{vi.name}'")
+        v = g.values.get(vi.name)
+        if v is not None and vi.name not in g.initializers:
+            v.dtype = v.dtype if dtype is None else dtype
+            v.shape = v.shape if shape is None else shape
+    g.outputs = [o.name for o in gp.output]
+    _check_definitions(g)
+    g.nodes = toposorted(g)
+    return g
+
+
+SUBGRAPH_IMPORTER[:] = [_import_subgraph]
 
 
 def _import_node(graph: Graph, proto: Any, name: str, opset: int, used: set[str]) -> None:
@@ -193,7 +322,7 @@ def _graph_from_proto(model: Any, opset: int) -> Graph:
             raise GraphError(
                 f"graph input '{vi.name}'", "has no element type", "give every input a tensor type"
             )
-        graph.add_input(vi.name, dtype, shape)
+        graph.add_input(vi.name, dtype, shape).kind = kind_from_type(vi.type, f"graph input '{vi.name}'")
     used = _used_names(model)
     names: set[str] = set()
     for i, proto in enumerate(gp.node):
@@ -208,6 +337,8 @@ def _graph_from_proto(model: Any, opset: int) -> Graph:
         if v is not None and vi.name not in graph.initializers:
             v.dtype = v.dtype if dtype is None else dtype
             v.shape = v.shape if shape is None else shape
+            if vi.type.WhichOneof("value") is not None:
+                v.kind = kind_from_type(vi.type, f"value '{vi.name}'")
     graph.outputs = [o.name for o in gp.output]
     return graph
 
@@ -238,7 +369,10 @@ def from_onnx(model: str | os.PathLike[str] | bytes | Any, *, infer: bool = True
         m = onnx.inliner.inline_local_functions(m)
     notes: list[str] = []
     if opset < MIN_OPSET:
-        m = _convert(m, opset, where)
+        scan8 = opset < 9 and any(n.op_type == "Scan" for n in m.graph.node)
+        m = _convert(_hide_scan8(m, where) if scan8 else m, opset, where)
+        if scan8:
+            m = _restore_scan8(m)
         notes.append(f"converted opset {opset} -> {MIN_OPSET} on import")
         opset = MIN_OPSET
     graph = _graph_from_proto(m, opset)

@@ -9,7 +9,14 @@ import numpy as np
 from .._errors import GraphError
 from .._symbolic import Dim, Shape
 
-__all__ = ["dtype_from_onnx", "dtype_to_onnx", "require_onnx", "shape_from_type", "tensor_type_of"]
+__all__ = [
+    "dtype_from_onnx",
+    "dtype_to_onnx",
+    "kind_from_type",
+    "require_onnx",
+    "shape_from_type",
+    "tensor_type_of",
+]
 
 
 def require_onnx() -> Any:
@@ -24,19 +31,19 @@ def require_onnx() -> Any:
 
 
 def dtype_from_onnx(elem_type: int, where: str) -> np.dtype:
-    """numpy dtype (ml_dtypes for bfloat16/float8) of an ONNX TensorProto elem type."""
+    """numpy dtype (ml_dtypes for bfloat16/float8) of an ONNX TensorProto elem type; STRING is numpy's
+    object dtype (arrays of Python ``str``, as onnx.numpy_helper gives them)."""
     onnx = require_onnx()
-    if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED) or elem_type in (
-        onnx.TensorProto.COMPLEX64,
-        onnx.TensorProto.COMPLEX128,
-    ):
+    if elem_type == onnx.TensorProto.STRING:
+        return np.dtype(object)
+    if elem_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
         name = (
             onnx.TensorProto.DataType.Name(elem_type)
             if elem_type in onnx.TensorProto.DataType.values()
             else elem_type
         )
         raise GraphError(
-            where, f"tensor element type {name} is not supported", "use a numeric or bool tensor type"
+            where, f"tensor element type {name} is not supported", "use a numeric, bool or string tensor type"
         )
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
@@ -52,18 +59,55 @@ def dtype_to_onnx(dtype: Any) -> int:
     return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
-def shape_from_type(tp: Any, where: str) -> tuple[np.dtype | None, Shape | None]:
-    """(dtype, shape) of an ONNX TypeProto; symbolic dims become their ``dim_param`` names."""
+def kind_from_type(tp: Any, where: str) -> str:
+    """The IR value kind (``Value.kind``) of an ONNX TypeProto: tensor, sequence or optional of either."""
     which = tp.WhichOneof("value")
-    if which is None:
-        return None, None
-    if which != "tensor_type":
-        raise GraphError(
-            where, f"has type '{which}'; only tensors are supported", "export the model with tensor I/O"
+    if which in (None, "tensor_type"):
+        return "tensor"
+    if which == "sequence_type":
+        inner = tp.sequence_type.elem_type.WhichOneof("value")
+        if inner not in (None, "tensor_type"):
+            raise GraphError(
+                where, f"is a sequence of {inner.removesuffix('_type')}s; only sequences of tensors are supported",
+                "use a sequence of tensors",
+            )  # fmt: skip
+        return "sequence"
+    if which == "optional_type":
+        inner = kind_from_type(tp.optional_type.elem_type, where)
+        if inner not in ("tensor", "sequence"):
+            raise GraphError(where, "is an optional of an optional", "use an optional tensor or sequence")
+        return f"optional_{inner}"
+    raise GraphError(
+        where, f"has type '{which}'; only tensors, sequences and optionals are supported",
+        "export the model with tensor, sequence or optional I/O",
+    )  # fmt: skip
+
+
+def _tensor_type(tp: Any) -> Any:
+    """The TensorTypeProto inside a TypeProto (through sequence/optional), None when it has none."""
+    while tp is not None:
+        which = tp.WhichOneof("value")
+        if which == "tensor_type":
+            return tp.tensor_type
+        tp = (
+            tp.sequence_type.elem_type
+            if which == "sequence_type"
+            else tp.optional_type.elem_type
+            if which == "optional_type"
+            else None
         )
-    tt = tp.tensor_type
-    dtype = dtype_from_onnx(tt.elem_type, where) if tt.elem_type else None
-    if not tt.HasField("shape"):
+    return None
+
+
+def shape_from_type(tp: Any, where: str) -> tuple[np.dtype | None, Shape | None]:
+    """(dtype, shape) of an ONNX TypeProto; symbolic dims become their ``dim_param`` names. A sequence
+    or optional gives its element dtype and shape None (:func:`kind_from_type` says which it is)."""
+    if tp.WhichOneof("value") is None:
+        return None, None
+    kind = kind_from_type(tp, where)
+    tt = _tensor_type(tp)
+    dtype = dtype_from_onnx(tt.elem_type, where) if tt is not None and tt.elem_type else None
+    if kind != "tensor" or not tt.HasField("shape"):
         return dtype, None
     dims: list[Dim] = []
     for d in tt.shape.dim:
@@ -72,9 +116,16 @@ def shape_from_type(tp: Any, where: str) -> tuple[np.dtype | None, Shape | None]
     return dtype, tuple(dims)
 
 
-def tensor_type_of(name: str, dtype: np.dtype | None, shape: Shape | None) -> Any:
-    """An ONNX ValueInfoProto for a value (unknown dims left blank)."""
+def tensor_type_of(name: str, dtype: np.dtype | None, shape: Shape | None, kind: str = "tensor") -> Any:
+    """An ONNX ValueInfoProto for a value (unknown dims left blank; sequences/optionals by ``kind``)."""
     onnx = require_onnx()
     elem = dtype_to_onnx(dtype) if dtype is not None else onnx.TensorProto.UNDEFINED
-    dims = None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
-    return onnx.helper.make_tensor_value_info(name, elem, dims)
+    if kind == "tensor":
+        dims = None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
+        return onnx.helper.make_tensor_value_info(name, elem, dims)
+    tp = onnx.helper.make_tensor_type_proto(elem, None)
+    if kind.endswith("sequence"):
+        tp = onnx.helper.make_sequence_type_proto(tp)
+    if kind.startswith("optional"):
+        tp = onnx.helper.make_optional_type_proto(tp)
+    return onnx.helper.make_value_info(name, tp)

@@ -1,4 +1,11 @@
-"""Attention: ONNX's Attention op (opset 23+) imported onto opstrata's fused ai.opstrata::Attention (B, H, S, D)."""
+"""Attention and RotaryEmbedding of the ONNX operator specification (opset 23+).
+
+The plain Attention form (3-D or 4-D q/k/v, is_causal, scale, attn_mask, grouped-query heads) imports
+onto opstrata's fused ``ai.opstrata::Attention`` (B, H, S, D). Every other form (a KV cache through
+past_key/past_value with present_key/present_value, nonpad_kv_seqlen, softcap, sliding windows,
+qk_matmul_output in any mode, softmax_precision) stays the ONNX ``Attention`` node, run whole by
+``opstrata.ops.attention_onnx``. RotaryEmbedding imports as itself (``ops.rotary_embedding_onnx``).
+"""
 
 from __future__ import annotations
 
@@ -20,30 +27,45 @@ from .registry import define
 
 #: Attention attributes whose non-default values opstrata's fused attention has no equivalent for.
 _ATTENTION_DEFAULTS = {"softcap": 0.0, "left_window_size": -1, "right_window_size": -1}
+#: Attributes of the full form (IR op ``Attention`` in the ONNX domain) and their spec defaults.
+_FULL_ATTRS: dict[str, Any] = {
+    "is_causal": 0, "softcap": 0.0, "qk_matmul_output_mode": 0, "left_window_size": -1, "right_window_size": -1,
+}  # fmt: skip
+
+
+def _needs_full(ctx: ImportContext) -> bool:
+    """True when the node uses anything the fused (B, H, S, D) attention has no equivalent for."""
+    if any(ctx.input(i) for i in (4, 5, 6)) or any(ctx.is_used(k) for k in (1, 2, 3)):
+        return True
+    if any(k in ctx.attrs and ctx.attrs[k] != d for k, d in _ATTENTION_DEFAULTS.items()):
+        return True
+    return ctx.attrs.get("softmax_precision", 1) != 1
+
+
+def _import_full(ctx: ImportContext) -> None:
+    """The whole ONNX form (KV cache, nonpad_kv_seqlen, softcap, windows, qk output) as IR ``Attention``."""
+    # only the attributes the node carries (the window ones exist from opset 25 on); the kernel has defaults
+    known = (*_FULL_ATTRS, "scale", "q_num_heads", "kv_num_heads", "softmax_precision")
+    attrs = {k: v for k, v in ctx.attrs.items() if k in known}
+    if attrs.get("qk_matmul_output_mode", 0) not in (0, 1, 2, 3):
+        raise ctx.unsupported(f"Attention qk_matmul_output_mode={attrs['qk_matmul_output_mode']}; use 0..3")
+    if bool(ctx.input(4)) != bool(ctx.input(5)):
+        raise ctx.unsupported("Attention needs past_key and past_value together (the spec's rule)")
+    ctx.emit("Attention", ctx.inputs, ctx.outputs, attrs)
 
 
 def _import_attention(ctx: ImportContext) -> None:
-    """4-D ONNX Attention -> ``ai.opstrata::Attention``; causal is marked for :func:`resolve_causal`."""
-    extra = [n for i, n in enumerate(("past_key", "past_value", "nonpad_kv_seqlen"), 4) if ctx.input(i)]
-    if extra:
+    """Plain ONNX Attention -> ``ai.opstrata::Attention`` (causal marked for :func:`resolve_causal`);
+    any other form -> the whole ONNX ``Attention`` node."""
+    if ("q_num_heads" in ctx.attrs) != ("kv_num_heads" in ctx.attrs):
         raise ctx.unsupported(
-            f"Attention with {', '.join(extra)} (a KV cache inside the op) is not supported"
+            "Attention with q_num_heads/kv_num_heads: only one of the two given; 3-D inputs need both, "
+            "4-D inputs neither"
         )
-    if any(ctx.is_used(k) for k in (1, 2, 3)):
-        raise ctx.unsupported(
-            "Attention's present_key / present_value / qk_matmul_output outputs are not supported"
-        )
-    odd = {k: ctx.attrs[k] for k, d in _ATTENTION_DEFAULTS.items() if k in ctx.attrs and ctx.attrs[k] != d}
+    if _needs_full(ctx):
+        _import_full(ctx)
+        return
     heads = (ctx.attrs.get("q_num_heads"), ctx.attrs.get("kv_num_heads"))
-    if (heads[0] is None) != (heads[1] is None):
-        odd["q_num_heads/kv_num_heads"] = "only one of the two given"
-    if "softmax_precision" in ctx.attrs and ctx.attrs["softmax_precision"] != 1:
-        odd["softmax_precision"] = ctx.attrs["softmax_precision"]
-    if odd:
-        raise ctx.unsupported(
-            f"Attention with {odd} is not supported; opstrata reads 4-D (B, H, S, D) q/k/v with "
-            "is_causal, scale and attn_mask"
-        )
     attrs: dict[str, Any] = {"causal": int(ctx.attrs.get("is_causal", 0))}
     if "scale" in ctx.attrs:
         attrs["scale"] = float(ctx.attrs["scale"])
@@ -95,8 +117,88 @@ def _run_attention(n: Node, x: list[Any]) -> list[Arr]:
     return [ops.attention(x[0], x[1], x[2], causal=bool(a.get("causal", 0)), mask=mask, scale=a.get("scale"))]
 
 
-define("Attention", importer=_import_attention, doc="imported as ai.opstrata::Attention")
+def _full_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    q, k, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    dt = ctx.same_dtype([0, 1, 2])
+    if q is None or k is None or v is None:
+        return [(dt, None)] * 4
+    if len(q) not in (3, 4) or len(k) != len(q) or len(v) != len(q):
+        raise ctx.fail(f"Attention expects 3-D or 4-D q/k/v of one rank, got q {q}, k {k}, v {v}")
+    a = n.attrs
+    past = ctx.shape(4)
+    if len(q) == 3:
+        hq, hk = a.get("q_num_heads"), a.get("kv_num_heads")
+        if not hq or not hk:
+            raise ctx.fail("3-D Attention needs q_num_heads and kv_num_heads", "set both attributes")
+        dv = _div(v[2], hk)
+        y = (q[0], q[1], hq * dv if dv is not None else None)
+        kv = [(k[0], hk, _div(k[2], hk)), (v[0], hk, _div(v[2], hk))]
+        kv = [(s[0], s[1], _plus(past, k[1]), s[2]) for s in kv]
+        qk = (q[0], hq, q[1], _plus(past, k[1]))
+    else:
+        y = (*q[:3], v[3])
+        kv = [(*s[:2], _plus(past, s[2]), s[3]) for s in (k, v)]
+        qk = (q[0], q[1], q[2], _plus(past, k[2]))
+    return [(dt, y), (dt, kv[0]), (dt, kv[1]), (dt, qk)]
+
+
+def _div(x: Any, h: int) -> Any:
+    return x // h if isinstance(x, int) else None
+
+
+def _plus(past: Any, m: Any) -> Any:
+    if past is None:
+        return m
+    p = past[2]
+    return p + m if isinstance(p, int) and isinstance(m, int) else None
+
+
+def _run_full(n: Node, x: list[Any]) -> list[Arr]:
+    x = [*x, *[None] * (7 - len(x))]
+    a = n.attrs
+    return list(
+        ops.attention_onnx(
+            *x[:7], causal=bool(a.get("is_causal", 0)), scale=a.get("scale"), softcap=float(a.get("softcap", 0.0)),
+            q_num_heads=a.get("q_num_heads"), kv_num_heads=a.get("kv_num_heads"),
+            qk_output_mode=int(a.get("qk_matmul_output_mode", 0)),
+            window=(int(a.get("left_window_size", -1)), int(a.get("right_window_size", -1))),
+        )
+    )  # fmt: skip
+
+
+define(
+    "Attention", importer=_import_attention, shape=_full_rule, kernel=_run_full, uses=("attention_onnx",),
+    dtypes="float", doc="ONNX Attention; the plain form imports as ai.opstrata::Attention, the rest runs whole",
+)  # fmt: skip
 define(
     "Attention", OPSTRATA_DOMAIN, shape=_attention_rule, kernel=_run_attention, uses=("attention",),
     onnx=False, doc="(B, H, S, D) q/k/v, causal, scale, additive or boolean mask",
+)  # fmt: skip
+
+
+def _rotary_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    dt = ctx.same_dtype([0, 1, 2])
+    r = ctx.rank(0)
+    if r is not None and r not in (3, 4):
+        raise ctx.fail(f"RotaryEmbedding expects 3-D or 4-D input, got {ctx.shape(0)}")
+    if r == 3 and not n.attrs.get("num_heads"):
+        raise ctx.fail("3-D RotaryEmbedding input needs num_heads", "set the num_heads attribute")
+    return [(dt, ctx.shape(0))]
+
+
+def _run_rotary(n: Node, x: list[Any]) -> list[Arr]:
+    a = n.attrs
+    pos = x[3] if len(x) > 3 else None
+    return [
+        ops.rotary_embedding_onnx(
+            x[0], x[1], x[2], pos, interleaved=bool(a.get("interleaved", 0)),
+            rotary_dim=int(a.get("rotary_embedding_dim", 0)), num_heads=int(a.get("num_heads", 0)),
+        )
+    ]  # fmt: skip
+
+
+define(
+    "RotaryEmbedding", attrs={"interleaved": 0, "rotary_embedding_dim": 0, "num_heads": 0},
+    shape=_rotary_rule, kernel=_run_rotary, uses=("rotary_embedding_onnx",), dtypes="float",
+    doc="ONNX RotaryEmbedding: rotate-half or interleaved, partial rotary dim, position_ids",
 )  # fmt: skip

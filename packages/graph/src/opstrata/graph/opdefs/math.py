@@ -1,6 +1,6 @@
 """Math ops of the ONNX operator specification: trigonometric and hyperbolic functions, Ceil/Floor/Round,
-Sign, Mod, BitShift, Bitwise*, IsNaN/IsInf, Det, Mean (variadic) and CumProd (axis as an attribute in
-the IR, read from the constant input by the importer and written back as an input on export).
+Sign, Mod, BitShift, Bitwise*, IsNaN/IsInf, Det, Mean (variadic) and CumProd (a constant axis input
+becomes an attribute in the IR, one computed at run time stays an input; written back as an input on export).
 
 Simple ops are one row each; the executor kernel is one opstrata.ops call. None has a codegen
 expression (the generator has no trig, rounding or bitwise ops), so none joins a FusedElementwise chain.
@@ -17,6 +17,7 @@ from .._shape_rules import RuleContext, TypeShape, bcast, binary, float_dtype, u
 from ..onnx.context import ImportContext
 from ..onnx.export import ExportContext, register_export
 from .common import Arr, one
+from .reduce import scan_axis
 from .registry import define
 
 
@@ -54,7 +55,8 @@ def _mean_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 
 def _cumprod_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    ctx.axis(n.attrs["axis"], ctx.rank(0))
+    if "axis" in n.attrs:  # else a run-time input, checked by the kernel
+        ctx.axis(n.attrs["axis"], ctx.rank(0))
     return [(ctx.dtype(0), ctx.shape(0))]
 
 
@@ -63,17 +65,18 @@ def _import_mean(ctx: ImportContext) -> None:
 
 
 def _import_cumprod(ctx: ImportContext) -> None:
-    axis = ctx.const_ints(1, "axis")
-    if not axis or len(axis) != 1:
+    axis, runtime = ctx.ints_or_input(1)
+    if not runtime and (not axis or len(axis) != 1):
         raise ctx.unsupported(f"CumProd needs a one-element axis input, got {axis}")
-    attrs = {"axis": axis[0], "exclusive": int(ctx.attrs.get("exclusive", 0))}
-    attrs["reverse"] = int(ctx.attrs.get("reverse", 0))
-    ctx.emit("CumProd", ctx.inputs[:1], ctx.outputs, attrs)
+    attrs = {"exclusive": int(ctx.attrs.get("exclusive", 0)), "reverse": int(ctx.attrs.get("reverse", 0))}
+    if not runtime:  # a constant axis becomes the attribute; one computed at run time stays an input
+        attrs["axis"] = axis[0]  # type: ignore[index]
+    ctx.emit("CumProd", ctx.inputs[:1] + runtime, ctx.outputs, attrs)
 
 
 def _export_cumprod(n: Node, ctx: ExportContext) -> None:
-    """The IR's axis attribute back to ONNX CumProd's axis input."""
-    axis = ctx.const(np.array(n.attrs["axis"], np.int64), "axis")
+    """The IR's axis attribute (or run-time input) back to ONNX CumProd's axis input."""
+    axis = ctx.const(np.array(n.attrs["axis"], np.int64), "axis") if "axis" in n.attrs else n.inputs[1]
     ctx.emit(
         "CumProd",
         [n.inputs[0], axis],
@@ -115,7 +118,10 @@ def _run_cumprod(n: Node, x: list[Arr]) -> list[Arr]:
     a = n.attrs
     return [
         ops.cumprod(
-            x[0], axis=a["axis"], exclusive=bool(a.get("exclusive", 0)), reverse=bool(a.get("reverse", 0))
+            x[0],
+            axis=scan_axis(n, x),
+            exclusive=bool(a.get("exclusive", 0)),
+            reverse=bool(a.get("reverse", 0)),
         )
     ]
 

@@ -1,6 +1,7 @@
-"""Normalisation and softmax (ONNX operator spec): BatchNormalization (inference), LayerNormalization (with its
-Mean / InvStdDev outputs), RMSNormalization, InstanceNormalization, GroupNormalization (opset 18 and 21
-forms), LRN, LpNormalization, MeanVarianceNormalization, Softmax, LogSoftmax."""
+"""Normalisation and softmax (ONNX operator spec): BatchNormalization (inference; training_mode=1 from
+opset 14 with its running mean / variance outputs), LayerNormalization (with its Mean / InvStdDev
+outputs), RMSNormalization, InstanceNormalization, GroupNormalization (opset 18 and 21 forms), LRN,
+LpNormalization, MeanVarianceNormalization, Softmax, LogSoftmax."""
 
 from __future__ import annotations
 
@@ -25,11 +26,25 @@ from .registry import define
 
 
 def _import_batch_norm(ctx: ImportContext) -> None:
+    """Inference, or training_mode=1 (opset 14+): normalise with the batch's own statistics and output
+    the updated running mean / variance. The older opsets' training outputs stay refused."""
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    if ctx.since >= 14 and ctx.attrs.get("training_mode", 0):
+        attrs = {"epsilon": eps, "momentum": float(ctx.attrs.get("momentum", 0.9)), "training_mode": 1}
+        ctx.emit("BatchNormalization", ctx.inputs, ctx.outputs[:3], attrs)
+        return
     if ctx.attrs.get("training_mode", 0) or any(ctx.is_used(k) for k in (1, 2, 3, 4)):
-        raise ctx.unsupported("BatchNormalization in training mode (running-stat outputs) is not supported")
-    ctx.emit(
-        "BatchNormalization", ctx.inputs, ctx.outputs[:1], {"epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
-    )
+        raise ctx.unsupported(
+            "BatchNormalization in training mode before opset 14 (saved mean / variance outputs) is not "
+            "supported; use opset 14+ with training_mode=1"
+        )
+    ctx.emit("BatchNormalization", ctx.inputs, ctx.outputs[:1], {"epsilon": eps})
+
+
+def _batch_norm_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    """Y like X; in training mode the running mean / variance like the mean / var inputs."""
+    out = unary_float(n, ctx)
+    return out + [(ctx.dtype(k), ctx.shape(k)) for k in (3, 4)][: len(n.outputs) - 1]
 
 
 def _import_layer_norm(ctx: ImportContext) -> None:
@@ -100,7 +115,16 @@ def _softmax_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 def _run_batch_norm(n: Node, x: list[Arr]) -> list[Arr]:
     xx, scale, bias, mean, var = x[:5]
-    return [ops.batch_norm(xx, mean, var, scale, bias, eps=n.attrs.get("epsilon", 1e-5))]
+    eps = n.attrs.get("epsilon", 1e-5)
+    if not n.attrs.get("training_mode", 0):
+        return [ops.batch_norm(xx, mean, var, scale, bias, eps=eps)]
+    axes = (0, *range(2, xx.ndim))  # every axis but the channel axis 1
+    cur_mean, cur_var = ops.mean(xx, axis=axes), ops.var(xx, axis=axes, correction=0)  # population variance
+    y = ops.batch_norm(xx, cur_mean, cur_var, scale, bias, eps=eps)
+    m = n.attrs.get("momentum", 0.9)  # running = input * momentum + current * (1 - momentum)
+    run_mean = (mean * m + cur_mean.astype(mean.dtype) * (1 - m)).astype(mean.dtype)
+    run_var = (var * m + cur_var.astype(var.dtype) * (1 - m)).astype(var.dtype)
+    return [y, run_mean, run_var][: len(n.outputs)]
 
 
 def _run_layer_norm(n: Node, x: list[Any]) -> list[Arr]:
@@ -178,8 +202,8 @@ def _export_group_norm(n: Node, ctx: ExportContext) -> None:
 
 register_export("GroupNormalization", _export_group_norm)
 define(
-    "BatchNormalization", importer=_import_batch_norm, shape=unary_float, kernel=_run_batch_norm,
-    uses=("batch_norm",), dtypes="float",
+    "BatchNormalization", importer=_import_batch_norm, shape=_batch_norm_rule, kernel=_run_batch_norm,
+    uses=("batch_norm", "mean", "var"), dtypes="float",
 )  # fmt: skip
 define(
     "LayerNormalization", importer=_import_layer_norm, shape=_layer_norm_rule, kernel=_run_layer_norm,

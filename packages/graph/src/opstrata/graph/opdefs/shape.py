@@ -44,20 +44,52 @@ def _import_constant(ctx: ImportContext) -> None:
         arr = np.array(a["value_int"], np.int64)
     elif "value_ints" in a:
         arr = np.array(a["value_ints"], np.int64)
+    elif "value_string" in a:  # STRING tensors are object arrays of str (opdefs/strings.py)
+        arr = np.array(a["value_string"], dtype=object)
+    elif "value_strings" in a:
+        arr = np.array(list(a["value_strings"]), dtype=object)
     else:
         raise ctx.unsupported(f"Constant with attribute(s) {sorted(a)} is not supported (strings/sparse)")
     ctx.graph.add_initializer(ctx.outputs[0], np.asarray(arr))
 
 
 def _import_dropout(ctx: ImportContext) -> None:
-    training = ctx.const(2) if ctx.input(2) else None
-    if ctx.input(2) and (training is None or bool(np.asarray(training))):
-        raise ctx.unsupported("Dropout in training mode is not supported (inference only)")
+    """Inference (or training with ratio 0) is an Identity with an all-True mask; a training_mode or
+    ratio computed at run time keeps a Dropout node whose kernel checks them; training with a ratio > 0
+    is random and refused."""
+    training = ctx.const(2) if ctx.input(2) else np.array(False)
+    ratio = ctx.const(1) if ctx.input(1) else np.array(ctx.attrs.get("ratio", 0.5))
+    if training is None or ratio is None:  # known only at run time
+        ctx.emit("Dropout", ctx.inputs[:3], ctx.outputs[:2])
+        return
+    if bool(np.asarray(training)) and float(np.asarray(ratio)) != 0:
+        raise ctx.unsupported(_DROPOUT_RANDOM)
     ctx.emit("Identity", [ctx.input(0)], [ctx.outputs[0]])
     if ctx.is_used(1):  # inference mask: all True
         shape = ctx.fresh("shape")
         ctx.emit("Shape", [ctx.input(0)], [shape])
         ctx.emit("ConstantOfShape", [shape], [ctx.outputs[1]], {"value": np.array([True])})
+
+
+_DROPOUT_RANDOM = "Dropout training with ratio > 0 (random) is not supported; it runs as inference"
+
+
+def _dropout_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    return [(ctx.dtype(0), ctx.shape(0)), (np.dtype(np.bool_), ctx.shape(0))][: len(n.outputs)]
+
+
+def _run_dropout(n: Node, x: list[Arr]) -> list[Arr]:
+    """Dropout whose training_mode / ratio arrive at run time: the input and an all-True mask, unless
+    training with ratio > 0 (random), which names the node."""
+    ratio = float(np.asarray(x[1])) if len(x) > 1 and x[1] is not None else 0.5
+    training = bool(np.asarray(x[2])) if len(x) > 2 and x[2] is not None else False
+    if training and ratio != 0:
+        raise GraphError(
+            f"node '{n.name}' (Dropout)",
+            f"only ratio 0 in training mode (ratio > 0 is random), got ratio {ratio}",
+            "pass training_mode=False or ratio=0",
+        )
+    return [x[0].copy(), np.ones(x[0].shape, np.bool_)][: len(n.outputs)]
 
 
 def _import_axes(ctx: ImportContext) -> None:
@@ -444,4 +476,7 @@ define(
 )  # fmt: skip
 define("Trilu", attrs={"upper": 1}, shape=_trilu_rule, kernel=_run_trilu, uses=(HOST,))
 define("Constant", importer=_import_constant, doc="imported as an initializer")
-define("Dropout", importer=_import_dropout, doc="inference: imported as Identity")
+define(
+    "Dropout", importer=_import_dropout, shape=_dropout_rule, kernel=_run_dropout, uses=(HOST,),
+    doc="inference (or ratio 0): imported as Identity; run-time training_mode/ratio: checked when run",
+)  # fmt: skip

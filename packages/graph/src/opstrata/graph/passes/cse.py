@@ -28,6 +28,8 @@ def _freeze(v: object) -> object:
         return ("array", str(v.dtype), v.shape, v.tobytes())
     if isinstance(v, np.dtype):
         return ("dtype", str(v))
+    if isinstance(v, Graph):  # a control-flow body: nodes with different bodies never merge
+        return ("graph", id(v))
     return v
 
 

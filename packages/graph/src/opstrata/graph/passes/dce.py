@@ -1,4 +1,9 @@
-"""Dead code elimination: drop nodes none of whose outputs reach a graph output, and unused initializers."""
+"""Dead code elimination: drop nodes none of whose outputs reach a graph output, and unused initializers.
+
+A control-flow node (If/Loop/Scan) lists the outer values its subgraphs read among its inputs (after its
+ONNX inputs; ``attrs["captures"]``), so their producers and initializers stay alive; subgraphs themselves
+are left as they are.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Constant folding: a node whose inputs are all initializers is computed once and becomes one."""
+"""Constant folding: a node whose inputs are all initializers is computed once and becomes one.
+
+A control-flow node (If/Loop/Scan) folds only when its captured outer values are constant too (they are
+among its inputs); its kernel then runs the subgraph, exactly as at run time.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ def fold_constants(graph: Graph) -> Graph:
         ins = [x for x in node.inputs if x]
         if not ins or not all(x in g.initializers for x in ins):
             continue
+        if any(o in g.values and g.values[o].kind != "tensor" for o in node.outputs):
+            continue  # sequences/optionals are no initializers (Value.kind)
         args = [g.initializers[x] if x else None for x in node.inputs]
         while args and args[-1] is None:
             args.pop()

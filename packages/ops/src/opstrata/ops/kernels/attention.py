@@ -31,7 +31,7 @@ from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 from .matmul import check_same_dtype
 
-__all__ = ["attention", "attention_backward"]
+__all__ = ["attention", "attention_backward", "attention_onnx"]
 
 
 #: Autotuned knob of the cpu kernel: queries per block (None: the ``BLOCK_BYTES`` heuristic).
@@ -353,3 +353,168 @@ def attention_backward(
         scale=scale,
         device=device,
     )
+
+
+# --------------------------------------------------------------------------- ONNX Attention (full form)
+
+#: ``qk_matmul_output_mode`` values of ONNX Attention: the scaled QK product (softcapped when softcap
+#: is set), plus the mask bias, the softmax input (same as 1 here), the softmax probabilities.
+QK_OUTPUT_MODES = (0, 1, 2, 3)
+
+
+def _onnx_heads(x: np.ndarray, heads: int | None, name: str) -> np.ndarray:
+    """3-D ``(B, S, heads*D)`` -> 4-D ``(B, heads, S, D)``; 4-D passes through."""
+    op = "attention_onnx"
+    if x.ndim == 4:
+        return x
+    if x.ndim != 3 or heads is None or heads <= 0 or x.shape[2] % heads:
+        raise OpError(
+            op, name, "4-D (B, H, S, D), or 3-D (B, S, H*D) with its head count dividing the last dim",
+            f"shape {x.shape} with heads={heads}",
+        )  # fmt: skip
+    b, s, hd = x.shape
+    return x.reshape(b, s, heads, hd // heads).transpose(0, 2, 1, 3)
+
+
+def _onnx_bias(
+    n: int, m: int, mask: np.ndarray | None, causal: bool, offset: Any, window: tuple[int, int], adt: Any
+) -> np.ndarray:
+    """The additive bias (0 / -inf / mask values) of ONNX Attention, broadcastable to ``(B, H, N, M)``."""
+    bias = np.zeros((n, m), adt)
+    if mask is not None:
+        if mask.shape[-1] < m:  # a short mask is padded with "masked"
+            pad = [(0, 0)] * (mask.ndim - 1) + [(0, m - mask.shape[-1])]
+            mask = np.pad(mask, pad, constant_values=False if mask.dtype == np.bool_ else -np.inf)
+        mask = np.where(mask, 0.0, -np.inf).astype(adt) if mask.dtype == np.bool_ else mask.astype(adt)
+        bias = bias + mask
+    i = np.arange(n).reshape(n, 1)
+    j = np.arange(m).reshape(1, m)
+    per_batch = np.ndim(offset) > 0
+    diff = (i + np.reshape(offset, (-1, 1, 1))) - j if per_batch else (i + int(offset)) - j  # query pos - key
+    allowed = np.ones(diff.shape, bool)
+    if causal:
+        allowed &= diff >= 0
+    left, right = window
+    if left >= 0:
+        allowed &= diff <= left
+    if right >= 0:
+        allowed &= -diff <= right
+    extra = np.where(allowed, 0.0, -np.inf).astype(adt)
+    if per_batch:
+        extra = extra.reshape(extra.shape[0], 1, n, m)
+    return bias + extra
+
+
+@register("attention_onnx", device="ref", dtypes=FLOAT_DTYPES)
+@register("attention_onnx", device="cpu", dtypes=FLOAT_DTYPES)
+def attention_onnx_ref(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    past_key: Any = None,
+    past_value: Any = None,
+    nonpad_kv_seqlen: Any = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
+    qk_output_mode: int = 0,
+    window: tuple[int, int] = (-1, -1),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    op = "attention_onnx"
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    dt = check_dtype(op, "q", q, FLOAT_DTYPES)
+    three_d = q.ndim == 3
+    q4 = _onnx_heads(q, q_num_heads, "q")
+    k4, v4 = _onnx_heads(k, kv_num_heads, "k"), _onnx_heads(v, kv_num_heads, "v")
+    if (past_key is None) != (past_value is None):
+        raise OpError(op, "past_key", "past_key and past_value given together", "only one of them")
+    if past_key is not None:
+        k4 = np.concatenate([np.asarray(past_key), k4], axis=2)
+        v4 = np.concatenate([np.asarray(past_value), v4], axis=2)
+    present_k, present_v = k4, v4
+    b, hq, n, d = q4.shape
+    hk, m = k4.shape[1], k4.shape[2]
+    if hk != v4.shape[1] or hq % hk:
+        raise OpError(
+            op, "k", f"kv heads that divide the {hq} query heads (k and v alike)",
+            f"k {k4.shape}, v {v4.shape}",
+        )  # fmt: skip
+    adt = accumulation_dtype(dt)
+    s = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kk, vv = np.repeat(k4, hq // hk, axis=1).astype(adt), np.repeat(v4, hq // hk, axis=1).astype(adt)
+    qk = np.matmul(q4.astype(adt) * adt.type(s), kk.transpose(0, 1, 3, 2))
+    if softcap > 0:
+        qk = np.tanh(qk / adt.type(softcap)) * adt.type(softcap)
+    seqlen = None if nonpad_kv_seqlen is None else np.asarray(nonpad_kv_seqlen).reshape(-1).astype(np.int64)
+    if past_key is not None:
+        offset: Any = np.asarray(past_key).shape[2]
+    elif seqlen is not None:
+        offset = seqlen - n
+    else:
+        offset = 0
+    mask_arr = None if mask is None else np.asarray(mask)
+    bias = _onnx_bias(n, m, mask_arr, bool(causal), offset, window, adt)
+    if seqlen is not None:
+        pad = np.where(np.arange(m) < seqlen[:, None], 0.0, -np.inf).astype(adt)
+        bias = bias + pad.reshape(b, 1, 1, m)
+    logits = qk + bias
+    qk_out = logits if qk_output_mode == 2 else qk
+    dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
+    top = np.max(logits, axis=-1, keepdims=True)
+    top = np.where(np.isneginf(top) | dead, 0.0, top)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(logits - top)
+        tot = e.sum(axis=-1, keepdims=True)
+        p = e / np.where(tot == 0, 1.0, tot)
+    p = np.where(dead, 0.0, p).astype(adt)
+    if qk_output_mode == 3:
+        qk_out = p
+    y = np.matmul(p, vv)
+    if three_d:
+        y = y.transpose(0, 2, 1, 3).reshape(b, n, -1)
+    return y.astype(dt), present_k.astype(dt), present_v.astype(dt), np.asarray(qk_out).astype(dt)
+
+
+def attention_onnx(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    past_key: Any = None,
+    past_value: Any = None,
+    nonpad_kv_seqlen: Any = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
+    qk_output_mode: int = 0,
+    window: tuple[int, int] = (-1, -1),
+    device: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX Attention (opset 23+) in full: ``(y, present_key, present_value, qk_matmul_output)``.
+
+    3-D ``(B, S, H*D)`` or 4-D ``(B, H, S, D)`` q/k/v; a KV cache (``past_key``/``past_value`` appended
+    along the sequence) or per-batch valid key counts (``nonpad_kv_seqlen``); causal and sliding
+    windows aligned bottom-right to the cache; ``softcap`` (``c * tanh(qk / c)``) before the mask;
+    grouped-query heads. A row with every key masked outputs zeros. Accumulates in float32 (float64
+    for float64); every result has ``q``'s dtype.
+
+    >>> q = np.ones((1, 1, 2, 4), np.float32)
+    >>> y, pk, pv, qk = attention_onnx(q, q, q, past_key=q, past_value=q, causal=True)
+    >>> pk.shape, y.shape
+    ((1, 1, 4, 4), (1, 1, 2, 4))
+    """
+    check_dtype("attention_onnx", "q", np.asarray(q), FLOAT_DTYPES)
+    if qk_output_mode not in QK_OUTPUT_MODES:
+        raise OpError("attention_onnx", "qk_output_mode", f"one of {QK_OUTPUT_MODES}", str(qk_output_mode))
+    return call(
+        "attention_onnx", q, k, v, mask, past_key, past_value, nonpad_kv_seqlen, causal=causal, scale=scale,
+        softcap=softcap, q_num_heads=q_num_heads, kv_num_heads=kv_num_heads, qk_output_mode=qk_output_mode,
+        window=window, device=device,
+    )  # fmt: skip

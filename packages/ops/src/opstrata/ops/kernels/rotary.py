@@ -16,7 +16,7 @@ from .._dtypes import FLOAT_DTYPES, compute_dtype
 from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 
-__all__ = ["rotary_embedding"]
+__all__ = ["rotary_embedding", "rotary_embedding_onnx"]
 
 
 def _check_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
@@ -87,3 +87,79 @@ def rotary_embedding(
     [[[[-1.0, 1.0]]]]
     """
     return call("rotary_embedding", x, cos, sin, interleaved=interleaved, device=device)
+
+
+# --------------------------------------------------------------------------- ONNX RotaryEmbedding
+
+
+@register("rotary_embedding_onnx", device="ref", dtypes=FLOAT_DTYPES)
+@register("rotary_embedding_onnx", device="cpu", dtypes=FLOAT_DTYPES)
+def rotary_embedding_onnx_ref(
+    x: Any,
+    cos: Any,
+    sin: Any,
+    position_ids: Any = None,
+    *,
+    interleaved: bool = False,
+    rotary_dim: int = 0,
+    num_heads: int = 0,
+) -> np.ndarray:
+    op = "rotary_embedding_onnx"
+    x, cos, sin = np.asarray(x), np.asarray(cos), np.asarray(sin)
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    if x.ndim == 4:
+        xs = x.transpose(0, 2, 1, 3)  # (B, S, H, D)
+    elif x.ndim == 3 and num_heads > 0 and x.shape[2] % num_heads == 0:
+        xs = x.reshape(x.shape[0], x.shape[1], num_heads, x.shape[2] // num_heads)
+    else:
+        raise OpError(
+            op, "x", "4-D (B, H, S, D), or 3-D (B, S, H*D) with num_heads dividing the last dim",
+            f"shape {x.shape}, num_heads={num_heads}",
+        )  # fmt: skip
+    d = xs.shape[3]
+    r = rotary_dim or d
+    if r % 2 or r > d:
+        raise OpError(op, "rotary_dim", f"an even number <= head size {d}", str(r))
+    if position_ids is not None:
+        pos = np.asarray(position_ids).astype(np.int64)
+        cos, sin = cos[pos], sin[pos]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape != (xs.shape[0], xs.shape[1], r // 2):
+            raise OpError(op, name, f"(B, S, {r // 2}) after position_ids, for x {x.shape}", str(t.shape))
+    cdt = compute_dtype(x.dtype)
+    xc = xs.astype(cdt)
+    c, s = cos.astype(cdt)[:, :, None, :], sin.astype(cdt)[:, :, None, :]
+    rot = xc[..., :r]
+    a, b = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., : r // 2], rot[..., r // 2 :])
+    out = xc.copy()
+    oa, ob = (out[..., 0:r:2], out[..., 1:r:2]) if interleaved else (out[..., : r // 2], out[..., r // 2 : r])
+    real, imag = a * c - b * s, a * s + b * c
+    oa[...], ob[...] = real, imag
+    out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+    return out.astype(x.dtype)
+
+
+def rotary_embedding_onnx(
+    x: Any,
+    cos: Any,
+    sin: Any,
+    position_ids: Any = None,
+    *,
+    interleaved: bool = False,
+    rotary_dim: int = 0,
+    num_heads: int = 0,
+    device: str | None = None,
+) -> np.ndarray:
+    """ONNX RotaryEmbedding (opset 23): per-batch ``cos``/``sin`` ``(B, S, R/2)``, or caches gathered by
+    ``position_ids`` ``(B, S)``; 4-D ``(B, H, S, D)`` or 3-D ``(B, S, H*D)`` x; the first ``rotary_dim``
+    channels (all when 0) rotate, the rest pass through.
+
+    >>> x = np.ones((1, 1, 1, 2), np.float32)
+    >>> rotary_embedding_onnx(x, np.zeros((1, 1, 1)), np.ones((1, 1, 1))).tolist()
+    [[[[-1.0, 1.0]]]]
+    """
+    check_dtype("rotary_embedding_onnx", "x", np.asarray(x), FLOAT_DTYPES)
+    return call(
+        "rotary_embedding_onnx", x, cos, sin, position_ids, interleaved=interleaved, rotary_dim=rotary_dim,
+        num_heads=num_heads, device=device,
+    )  # fmt: skip

@@ -1,0 +1,554 @@
+"""Linear quantization kernels — quantize_linear, dequantize_linear, dynamic_quantize_linear,
+matmul_integer, conv_integer, qlinear_matmul, qlinear_conv — registered on ``ref`` and ``cpu``.
+
+Semantics follow the ONNX operator specification (QuantizeLinear, DequantizeLinear,
+DynamicQuantizeLinear, MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv): per-tensor,
+per-axis and blocked (``block_size``) scales, round half to even, saturation to the output type's
+range (float8 outputs saturate to the largest finite value unless ``saturate=False``), exact int32
+accumulation of integer products. Plain numpy implementations, one registered on both devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import (
+    FLOAT_DTYPES,
+    float8_e4m3fn,
+    float8_e5m2,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+    uint16,
+)
+from .._errors import OpError, check_dtype
+from .._registry import call, register
+from .conv_nd import _padded, _window, _windows
+
+__all__ = [
+    "QUANT_DTYPES",
+    "conv_integer",
+    "dequantize_linear",
+    "dynamic_quantize_linear",
+    "matmul_integer",
+    "qlinear_conv",
+    "qlinear_matmul",
+    "quantize_linear",
+]
+
+#: Integer dtypes QuantizeLinear/DequantizeLinear produce and take.
+QUANT_INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int16, uint16, int32)
+#: Float8 dtypes (ml_dtypes) QuantizeLinear/DequantizeLinear produce and take.
+QUANT_FLOAT8_DTYPES: tuple[np.dtype, ...] = (float8_e4m3fn, float8_e5m2)
+QUANT_DTYPES: tuple[np.dtype, ...] = QUANT_INT_DTYPES + QUANT_FLOAT8_DTYPES
+MM_DTYPES: tuple[np.dtype, ...] = (int8, uint8)
+_SCALE_DTYPES: tuple[np.dtype, ...] = (float32, float64, np.dtype(np.float16), FLOAT_DTYPES[3])
+
+
+# --------------------------------------------------------------------------- scale / zero point layout
+
+
+def _broadcast_param(
+    op: str, name: str, value: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int
+) -> np.ndarray:
+    """Scale or zero point reshaped (per-axis) or repeated (blocked) so it broadcasts against ``shape``."""
+    if value.ndim == 0 or (value.size == 1 and not block_size):
+        return value.reshape(())
+    axis = _axis(op, axis, len(shape))
+    if not block_size:
+        if value.ndim != 1 or value.size != shape[axis]:
+            raise OpError(
+                op, name, f"a scalar or a 1-D tensor of {shape[axis]} values (axis {axis} of x {shape})",
+                f"shape {value.shape}", fix="pass one value per slice of the quantization axis",
+            )  # fmt: skip
+        dims = [1] * len(shape)
+        dims[axis] = value.size
+        return value.reshape(dims)
+    if value.ndim != len(shape) or any(
+        v != s for i, (v, s) in enumerate(zip(value.shape, shape, strict=True)) if i != axis
+    ):
+        raise OpError(
+            op, name, f"x's shape {shape} except axis {axis} (blocked quantization)", f"shape {value.shape}",
+            fix="give the scale the rank of x with ceil(x.shape[axis] / block_size) along axis",
+        )  # fmt: skip
+    if value.shape[axis] != -(-shape[axis] // block_size):
+        raise OpError(
+            op, name, f"{-(-shape[axis] // block_size)} blocks along axis {axis} (block_size={block_size})",
+            f"{value.shape[axis]}", fix="use ceil(x.shape[axis] / block_size) blocks",
+        )  # fmt: skip
+    return np.repeat(value, block_size, axis=axis).take(np.arange(shape[axis]), axis=axis)
+
+
+def _axis(op: str, axis: Any, rank: int) -> int:
+    """``axis`` normalised to [0, rank); checked only where a per-axis or blocked parameter needs it."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -rank <= axis < rank:
+        raise OpError(op, "axis", f"an int in [{-rank}, {rank - 1}]", repr(axis))
+    return int(axis) % rank
+
+
+def _block(op: str, block_size: Any) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 0:
+        raise OpError(op, "block_size", "an int >= 0 (0: per-tensor/per-axis)", repr(block_size))
+    return int(block_size)
+
+
+def _saturate_int(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.clip(v, info.min, info.max).astype(dtype)
+
+
+def _to_float8(v: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
+    """Round to float8 (nearest even); ``saturate`` clamps finite overflow to the largest finite value."""
+    if saturate:
+        big = float(np.finfo(dtype).max)
+        v = np.where(np.isinf(v), v, np.clip(v, -big, big))
+        v = np.where(np.isinf(v), np.sign(v) * big, v)
+    return v.astype(float32).astype(dtype)
+
+
+# --------------------------------------------------------------------------- QuantizeLinear
+
+
+def _quantize_linear(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    saturate: bool = True,
+    output_dtype: Any = None,
+    precision: Any = None,
+) -> np.ndarray:
+    x, s = np.asarray(x), np.asarray(scale)
+    ax, bs = axis, _block("quantize_linear", block_size)
+    out = np.dtype(output_dtype) if output_dtype is not None else None
+    if zero_point is not None:
+        zp = np.asarray(zero_point)
+        if out is not None and zp.dtype != out:
+            raise OpError(
+                "quantize_linear", "zero_point", f"output_dtype {out}", str(zp.dtype),
+                fix="make output_dtype and the zero point's dtype agree",
+            )  # fmt: skip
+        out = zp.dtype
+    out = out if out is not None else uint8
+    if out not in QUANT_DTYPES:
+        raise OpError(
+            "quantize_linear", "output_dtype", f"one of {', '.join(d.name for d in QUANT_DTYPES)}", str(out)
+        )
+    work = np.dtype(precision) if precision is not None else np.result_type(x.dtype, s.dtype)
+    if x.dtype == int32:
+        work = float64  # int32 / float32 divides in float64 (numpy, ONNX's reference)
+    elif work.itemsize < 2 or work not in (float64, float32, np.dtype(np.float16)):
+        work = float32
+    s_b = _broadcast_param("quantize_linear", "scale", s, x.shape, ax, bs)
+    v = x.astype(work) / s_b.astype(work)
+    if out in QUANT_FLOAT8_DTYPES:
+        if zero_point is not None:
+            v = v + _broadcast_param("quantize_linear", "zero_point", zp, x.shape, ax, bs).astype(float32)
+        return _to_float8(np.asarray(v), out, bool(saturate))
+    q = np.rint(v.astype(float64))
+    if zero_point is not None:
+        q = q + _broadcast_param("quantize_linear", "zero_point", zp, x.shape, ax, bs).astype(float64)
+    return _saturate_int(np.nan_to_num(q), out)
+
+
+_QX_DTYPES = (*FLOAT_DTYPES, int32)  # int32 x: QuantizeLinear-10/13
+register("quantize_linear", device="ref", dtypes=_QX_DTYPES)(_quantize_linear)
+register("quantize_linear", device="cpu", dtypes=_QX_DTYPES)(_quantize_linear)
+
+
+def quantize_linear(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    saturate: bool = True,
+    output_dtype: Any = None,
+    precision: Any = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """``saturate(rint(x / scale) + zero_point)`` (ONNX QuantizeLinear): per-tensor, per-axis or blocked.
+
+    The output dtype is the zero point's, else ``output_dtype``, else uint8; float8 outputs round to
+    nearest even and saturate unless ``saturate=False``.
+
+    >>> quantize_linear(np.array([0.0, 1.5, 2.5, 300.0], np.float32), np.float32(1.0)).tolist()
+    [0, 2, 2, 255]
+    """
+    x = np.asarray(x)
+    check_dtype("quantize_linear", "x", x, _QX_DTYPES)
+    if np.asarray(scale).dtype not in FLOAT_DTYPES:
+        raise OpError("quantize_linear", "scale", "a floating dtype", str(np.asarray(scale).dtype))
+    return call(
+        "quantize_linear", x, scale, zero_point, axis=axis, block_size=block_size, saturate=saturate,
+        output_dtype=output_dtype, precision=precision, device=device,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- DequantizeLinear
+
+
+def _dequantize_linear(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: Any = None,
+) -> np.ndarray:
+    x, s = np.asarray(x), np.asarray(scale)
+    ax, bs = axis, _block("dequantize_linear", block_size)
+    work = float64 if s.dtype == float64 else float32
+    s_b = _broadcast_param("dequantize_linear", "scale", s, x.shape, ax, bs).astype(work)
+    if x.dtype in QUANT_FLOAT8_DTYPES:
+        if zero_point is not None and np.any(np.asarray(zero_point).astype(float32) != 0):
+            raise OpError("dequantize_linear", "zero_point", "zeros for a float8 x", "non-zero values")
+        d = x.astype(work)
+    else:
+        d = x.astype(int64)
+        if zero_point is not None:
+            zp = np.asarray(zero_point)
+            if zp.dtype != x.dtype:
+                raise OpError(
+                    "dequantize_linear", "zero_point", f"x's dtype {x.dtype}", str(zp.dtype),
+                    fix="cast the zero point to x's dtype",
+                )  # fmt: skip
+            d = d - _broadcast_param("dequantize_linear", "zero_point", zp, x.shape, ax, bs).astype(int64)
+        d = d.astype(work)
+    out = np.dtype(output_dtype) if output_dtype is not None else s.dtype
+    return np.asarray(d * s_b).astype(out)
+
+
+register("dequantize_linear", device="ref")(_dequantize_linear)
+register("dequantize_linear", device="cpu")(_dequantize_linear)
+
+
+def dequantize_linear(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: Any = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """``(x - zero_point) * scale`` (ONNX DequantizeLinear), exact integer subtraction; the scale's dtype
+    (or ``output_dtype``).
+
+    >>> dequantize_linear(np.array([0, 3, 128], np.uint8), np.float32(2.0), np.uint8(128)).tolist()
+    [-256.0, -250.0, 0.0]
+    """
+    x = np.asarray(x)
+    check_dtype("dequantize_linear", "x", x, QUANT_DTYPES)
+    if np.asarray(scale).dtype not in FLOAT_DTYPES:
+        raise OpError("dequantize_linear", "scale", "a floating dtype", str(np.asarray(scale).dtype))
+    return call(
+        "dequantize_linear", x, scale, zero_point, axis=axis, block_size=block_size,
+        output_dtype=output_dtype, device=device,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- DynamicQuantizeLinear
+
+
+def _dynamic_quantize_linear(x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = np.asarray(x).astype(float32)
+    hi = np.float32(max(0.0, float(np.max(x)))) if x.size else np.float32(0)
+    lo = np.float32(min(0.0, float(np.min(x)))) if x.size else np.float32(0)
+    scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.clip(np.rint(x / scale) + zp, 0, 255).astype(uint8)
+    return y, np.array(scale, float32), np.array(zp, uint8)
+
+
+register("dynamic_quantize_linear", device="ref", dtypes=(float32,))(_dynamic_quantize_linear)
+register("dynamic_quantize_linear", device="cpu", dtypes=(float32,))(_dynamic_quantize_linear)
+
+
+def dynamic_quantize_linear(
+    x: Any, *, device: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear: uint8 ``y``, float32 ``scale``, uint8 ``zero_point`` from x's range
+    (widened to include 0).
+
+    >>> [a.tolist() for a in dynamic_quantize_linear(np.array([0.0, 2.55], np.float32))]
+    [[0, 255], 0.009999999776482582, 0]
+    """
+    x = np.asarray(x)
+    check_dtype("dynamic_quantize_linear", "x", x, (float32,))
+    return call("dynamic_quantize_linear", x, device=device)
+
+
+# --------------------------------------------------------------------------- integer matmul / conv
+
+
+def _centered(op: str, name: str, x: np.ndarray, zp: Any, zp_name: str, axis: int | None) -> np.ndarray:
+    """``x - zero_point`` in int32; a 1-D zero point of more than one value lies along ``axis``."""
+    v = x.astype(int32)
+    if zp is None:
+        return v
+    z = np.asarray(zp)
+    if z.dtype != x.dtype:
+        raise OpError(op, zp_name, f"{name}'s dtype {x.dtype}", str(z.dtype), fix=f"cast it to {x.dtype}")
+    if z.size > 1:
+        if z.ndim != 1 or axis is None or z.size != x.shape[axis]:
+            raise OpError(
+                op, zp_name, "a scalar or one value per " + ("row" if axis == x.ndim - 2 else "column/channel"),
+                f"shape {z.shape} for {name} of shape {x.shape}",
+            )  # fmt: skip
+        dims = [1] * x.ndim
+        dims[axis] = z.size
+        z = z.reshape(dims)
+    return v - z.astype(int32)
+
+
+def _matmul_integer(a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    ra = _centered(
+        "matmul_integer", "a", a, a_zero_point, "a_zero_point", a.ndim - 2 if a.ndim >= 2 else None
+    )
+    rb = _centered(
+        "matmul_integer", "b", b, b_zero_point, "b_zero_point", b.ndim - 1 if b.ndim >= 2 else None
+    )
+    return np.matmul(ra.astype(int64), rb.astype(int64)).astype(int32)
+
+
+register("matmul_integer", device="ref", dtypes=MM_DTYPES)(_matmul_integer)
+register("matmul_integer", device="cpu", dtypes=MM_DTYPES)(_matmul_integer)
+
+
+def _check_int8(op: str, name: str, x: Any) -> np.ndarray:
+    x = np.asarray(x)
+    check_dtype(op, name, x, MM_DTYPES)
+    return x
+
+
+def matmul_integer(
+    a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None, *, device: str | None = None
+) -> np.ndarray:
+    """``(a - a_zero_point) @ (b - b_zero_point)`` in int32 (ONNX MatMulInteger); int8/uint8 operands,
+    per-tensor or per-row (a) / per-column (b) zero points.
+
+    >>> matmul_integer(np.array([[2, 3]], np.uint8), np.array([[1], [1]], np.uint8), np.uint8(1)).tolist()
+    [[3]]
+    """
+    a, b = _check_int8("matmul_integer", "a", a), _check_int8("matmul_integer", "b", b)
+    return call("matmul_integer", a, b, a_zero_point, b_zero_point, device=device)
+
+
+def _conv_int(x: np.ndarray, w: np.ndarray, stride: Any, pads: Any, dilation: Any, groups: Any) -> np.ndarray:
+    """Exact N-D cross-correlation of int32 ``x`` (N, C, *spatial) and ``w`` (M, C/groups, *k), in int32."""
+    op = "conv_integer"
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise OpError(op, "x", "(N, C, *spatial) and w of the same rank", f"x {x.shape}, w {w.shape}")
+    g, c, m = int(groups), x.shape[1], w.shape[0]
+    if g < 1 or c % g or m % g or w.shape[1] != c // g:
+        raise OpError(
+            op, "w", f"shape (M, C/groups={c}/{g}, *kernel) with M divisible by groups", str(w.shape)
+        )
+    win = _window(op, x, w.shape[2:], stride, pads, dilation, False)
+    cols = _windows(_padded(x, win, int64, 0), win)  # (N, C, *out, *k)
+    nd, n, cg, mg = x.ndim - 2, x.shape[0], c // g, m // g
+    kk = int(np.prod(win.kernel))
+    out = np.empty((n, m, *win.out), int64)
+    for gi in range(g):
+        part = np.moveaxis(cols[:, gi * cg : (gi + 1) * cg], 1, 1 + nd)
+        a = part.reshape(n * int(np.prod(win.out)), cg * kk)
+        wg = w[gi * mg : (gi + 1) * mg].astype(int64).reshape(mg, cg * kk)
+        out[:, gi * mg : (gi + 1) * mg] = np.moveaxis((a @ wg.T).reshape(n, *win.out, mg), -1, 1)
+    return out.astype(int32)
+
+
+def _conv_integer(
+    x: Any,
+    w: Any,
+    x_zero_point: Any = None,
+    w_zero_point: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    x, w = np.asarray(x), np.asarray(w)
+    if x_zero_point is not None and np.asarray(x_zero_point).size != 1:
+        raise OpError(
+            "conv_integer", "x_zero_point", "a scalar (per-tensor)", f"shape {np.shape(x_zero_point)}"
+        )
+    rx = _centered("conv_integer", "x", x, x_zero_point, "x_zero_point", None)
+    rw = _centered("conv_integer", "w", w, w_zero_point, "w_zero_point", 0)
+    return _conv_int(rx, rw, stride, pads, dilation, groups)
+
+
+register("conv_integer", device="ref", dtypes=MM_DTYPES)(_conv_integer)
+register("conv_integer", device="cpu", dtypes=MM_DTYPES)(_conv_integer)
+
+
+def conv_integer(
+    x: Any,
+    w: Any,
+    x_zero_point: Any = None,
+    w_zero_point: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str | None = None,
+) -> np.ndarray:
+    """N-D convolution of ``x - x_zero_point`` with ``w - w_zero_point`` in int32 (ONNX ConvInteger);
+    ``pads`` is ONNX's ``[begin..., end...]``; w's zero point is a scalar or one per output channel."""
+    x, w = _check_int8("conv_integer", "x", x), _check_int8("conv_integer", "w", w)
+    return call(
+        "conv_integer", x, w, x_zero_point, w_zero_point, stride=stride, pads=pads, dilation=dilation,
+        groups=groups, device=device,
+    )  # fmt: skip
+
+
+def _requantize(acc: np.ndarray, multiplier: np.ndarray, y_zero_point: Any, dtype: np.dtype) -> np.ndarray:
+    """``saturate(rint(acc * multiplier) + y_zero_point)``; the multiplier is float32, the product float64."""
+    v = np.rint(acc.astype(float64) * multiplier.astype(float64))
+    if y_zero_point is not None:
+        v = v + np.asarray(y_zero_point).astype(float64)
+    return _saturate_int(v, dtype)
+
+
+def _out_dtype(op: str, x: np.ndarray, y_zero_point: Any) -> np.dtype:
+    if y_zero_point is None:
+        return x.dtype
+    d = np.asarray(y_zero_point).dtype
+    if d not in MM_DTYPES:
+        raise OpError(op, "y_zero_point", "int8 or uint8", str(d))
+    return d
+
+
+def _scale(op: str, name: str, s: Any) -> np.ndarray:
+    s = np.asarray(s)
+    if s.dtype not in FLOAT_DTYPES:
+        raise OpError(op, name, "a floating dtype", str(s.dtype))
+    return s.astype(float32)
+
+
+def _qlinear_matmul(
+    a: Any,
+    a_scale: Any,
+    a_zero_point: Any,
+    b: Any,
+    b_scale: Any,
+    b_zero_point: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+) -> np.ndarray:
+    op = "qlinear_matmul"
+    a, b = np.asarray(a), np.asarray(b)
+    acc = _matmul_integer(a, b, a_zero_point, b_zero_point)
+    sa, sb, sy = (
+        _scale(op, "a_scale", a_scale),
+        _scale(op, "b_scale", b_scale),
+        _scale(op, "y_scale", y_scale),
+    )
+    if sa.size > 1:
+        sa = sa.reshape(-1, 1)  # per row of a
+    return _requantize(acc, sa * sb / sy, y_zero_point, _out_dtype(op, a, y_zero_point))
+
+
+register("qlinear_matmul", device="ref")(_qlinear_matmul)
+register("qlinear_matmul", device="cpu")(_qlinear_matmul)
+
+
+def qlinear_matmul(
+    a: Any,
+    a_scale: Any,
+    a_zero_point: Any,
+    b: Any,
+    b_scale: Any,
+    b_zero_point: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    *,
+    device: str | None = None,
+) -> np.ndarray:
+    """Quantized matmul (ONNX QLinearMatMul): int32 accumulation, requantized with
+    ``a_scale * b_scale / y_scale`` (float32), round half to even, saturated to y's dtype."""
+    a, b = _check_int8("qlinear_matmul", "a", a), _check_int8("qlinear_matmul", "b", b)
+    return call(
+        "qlinear_matmul", a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
+        device=device,
+    )  # fmt: skip
+
+
+def _qlinear_conv(
+    x: Any,
+    x_scale: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_scale: Any,
+    w_zero_point: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    op = "qlinear_conv"
+    x = np.asarray(x)
+    acc = _conv_integer(
+        x, w, x_zero_point, w_zero_point, stride=stride, pads=pads, dilation=dilation, groups=groups
+    )
+    if bias is not None:
+        bb = np.asarray(bias)
+        if bb.dtype != int32 or bb.shape != (acc.shape[1],):
+            raise OpError(op, "bias", f"int32 of shape ({acc.shape[1]},)", f"{bb.dtype}{list(bb.shape)}")
+        acc = acc + bb.reshape((1, -1) + (1,) * (acc.ndim - 2))
+    sx, sw, sy = (
+        _scale(op, "x_scale", x_scale),
+        _scale(op, "w_scale", w_scale),
+        _scale(op, "y_scale", y_scale),
+    )
+    if sw.size > 1:
+        sw = sw.reshape((1, -1) + (1,) * (acc.ndim - 2))  # per output channel
+    return _requantize(acc, sx * sw / sy, y_zero_point, _out_dtype(op, x, y_zero_point))
+
+
+register("qlinear_conv", device="ref")(_qlinear_conv)
+register("qlinear_conv", device="cpu")(_qlinear_conv)
+
+
+def qlinear_conv(
+    x: Any,
+    x_scale: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_scale: Any,
+    w_zero_point: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    device: str | None = None,
+) -> np.ndarray:
+    """Quantized N-D convolution (ONNX QLinearConv): int32 accumulation plus int32 bias, requantized
+    with ``x_scale * w_scale / y_scale`` (w_scale per tensor or per output channel)."""
+    x, w = _check_int8("qlinear_conv", "x", x), _check_int8("qlinear_conv", "w", w)
+    return call(
+        "qlinear_conv", x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias,
+        stride=stride, pads=pads, dilation=dilation, groups=groups, device=device,
+    )  # fmt: skip

@@ -1,0 +1,235 @@
+"""Quantization kernels (kernels/quantize.py) against onnx's reference evaluator and exact integer
+oracles on ref and cpu; hypothesis properties (round trip, saturation); error paths name the op,
+the argument and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import opstrata.ops as ops
+from opstrata.ops import OpError
+
+onnx = pytest.importorskip("onnx")
+from onnx import helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DEVICES = ("ref", "cpu")
+rng = np.random.default_rng(0)
+
+
+def reference(op: str, inputs: list[np.ndarray | None], opset: int = 21, **attrs: Any) -> list[np.ndarray]:
+    """Outputs of onnx's reference evaluator on one ``op`` node (None inputs are omitted)."""
+    names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
+    outs = {"DynamicQuantizeLinear": ["y", "s", "z"]}.get(op, ["y"])
+    node = helper.make_node(op, names, outs, **attrs)
+    feeds = {n: a for n, a in zip(names, inputs, strict=True) if a is not None}
+    vi = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in feeds.items()
+    ]
+    ov = [helper.make_tensor_value_info(o, 0, None) for o in outs]
+    model = helper.make_model(
+        helper.make_graph([node], "g", vi, ov), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+# --------------------------------------------------------------------------- QuantizeLinear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("qdtype", [np.int8, np.uint8, np.int16, np.uint16])
+def test_quantize_per_tensor_matches_onnx(device: str, qdtype: Any) -> None:
+    x = (rng.standard_normal((3, 4, 5)) * 100).astype(np.float32)
+    x[0, 0, :4] = [0.5, 1.5, 2.5, -2.5]  # ties round to even
+    s, zp = np.float32(0.5), np.array(3, qdtype)
+    got = ops.quantize_linear(x, s, zp, device=device)
+    (want,) = reference("QuantizeLinear", [x, s, zp])
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_per_axis_and_blocked_match_onnx(device: str) -> None:
+    x = (rng.standard_normal((2, 6, 4)) * 50).astype(np.float32)
+    s = np.array([0.5, 1.0, 2.0, 0.25, 4.0, 1.5], np.float32)
+    zp = np.array([0, 10, 20, 30, 40, 50], np.uint8)
+    np.testing.assert_array_equal(
+        ops.quantize_linear(x, s, zp, axis=1, device=device),
+        reference("QuantizeLinear", [x, s, zp], axis=1)[0],
+    )
+    sb = rng.uniform(0.1, 2, (2, 2, 4)).astype(np.float32)  # blocks of 4 (last one short) along axis 1
+    zb = rng.integers(-10, 10, (2, 2, 4)).astype(np.int8)
+    got = ops.quantize_linear(x, sb, zb, axis=1, block_size=4, device=device)
+    np.testing.assert_array_equal(got, reference("QuantizeLinear", [x, sb, zb], axis=1, block_size=4)[0])
+
+
+def test_quantize_int32_saturates_exactly() -> None:
+    """int32 output (DequantizeLinear's input type; an extension of QuantizeLinear) rounds half to even."""
+    x = np.array([2.5, -2.5, 3.5, 1e12, -1e12], np.float64)
+    got = ops.quantize_linear(x, np.float64(1.0), np.int32(10))
+    np.testing.assert_array_equal(got, [12, 8, 14, 2**31 - 1, -(2**31)])
+
+
+def test_quantize_output_dtype_default_and_float8() -> None:
+    x = np.array([-1.0, 0.0, 1.0, 1e6, -1e6, np.inf], np.float32)
+    assert ops.quantize_linear(x[:3], np.float32(1)).dtype == np.uint8
+    assert ops.quantize_linear(x[:3], np.float32(1), output_dtype=np.int16).dtype == np.int16
+    e4 = np.dtype(ml_dtypes.float8_e4m3fn)
+    y = ops.quantize_linear(x, np.float32(1), output_dtype=e4)
+    assert y.dtype == e4 and float(y[3]) == 448.0 and float(y[4]) == -448.0 and float(y[5]) == 448.0
+    assert np.isnan(float(ops.quantize_linear(x, np.float32(1), output_dtype=e4, saturate=False)[3]))
+
+
+@given(
+    hnp.arrays(np.float32, hnp.array_shapes(max_dims=3, max_side=5), elements=st.floats(-1e4, 1e4, width=32)),
+    st.floats(0.0625, 10, width=32),
+    st.integers(0, 255),
+)
+@SETTINGS
+def test_quantize_properties(x: np.ndarray, scale: float, zp: int) -> None:
+    """Quantize is saturating and round-trips to within half a step inside the representable range."""
+    q = ops.quantize_linear(x, np.float32(scale), np.uint8(zp))
+    assert q.dtype == np.uint8 and q.shape == x.shape
+    back = ops.dequantize_linear(q, np.float32(scale), np.uint8(zp))
+    inside = (x / np.float32(scale) + zp >= 0) & (x / np.float32(scale) + zp <= 255)
+    assert np.all(np.abs(back - x)[inside] <= scale / 2 * (1 + 1e-5) + 1e-6)
+    assert np.all(q[x / np.float32(scale) + zp > 255.5] == 255)
+
+
+# --------------------------------------------------------------------------- DequantizeLinear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("qdtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32])
+def test_dequantize_matches_onnx(device: str, qdtype: Any) -> None:
+    info = np.iinfo(qdtype)
+    x = rng.integers(max(info.min, -1000), min(info.max, 1000), (3, 4)).astype(qdtype)
+    s = np.array([0.5, 2.0, 0.1, 3.0], np.float32)
+    zp = np.array([0, 1, 2, 3], qdtype)
+    got = ops.dequantize_linear(x, s, zp, axis=1, device=device)
+    (want,) = reference("DequantizeLinear", [x, s, zp], axis=1)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_dequantize_blocked_float8_and_output_dtype() -> None:
+    x = rng.integers(-100, 100, (4, 6)).astype(np.int8)
+    s = rng.uniform(0.1, 1, (4, 2)).astype(np.float32)
+    got = ops.dequantize_linear(x, s, axis=1, block_size=3)
+    np.testing.assert_allclose(got, reference("DequantizeLinear", [x, s], axis=1, block_size=3)[0], rtol=1e-6)
+    f8 = np.array([1.0, -2.0, 448.0], np.float32).astype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(ops.dequantize_linear(f8, np.float32(2)), [2.0, -4.0, 896.0])
+    h = ops.dequantize_linear(x, np.float32(1), output_dtype=np.float16)
+    assert h.dtype == np.float16
+
+
+# --------------------------------------------------------------------------- DynamicQuantizeLinear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_quantize_matches_onnx(device: str) -> None:
+    for x in (rng.standard_normal((3, 7)).astype(np.float32), np.array([1.0, 2.0, 3.0], np.float32)):
+        got = ops.dynamic_quantize_linear(x, device=device)
+        want = reference("DynamicQuantizeLinear", [x], opset=11)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+
+
+# --------------------------------------------------------------------------- integer matmul / conv
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [np.int8, np.uint8])
+def test_matmul_integer_exact(device: str, dt: Any) -> None:
+    info = np.iinfo(dt)
+    a = rng.integers(info.min, info.max + 1, (2, 3, 5)).astype(dt)
+    b = rng.integers(info.min, info.max + 1, (5, 4)).astype(dt)
+    za, zb = np.array([1, 2, 3], dt), np.array([4, 5, 6, 7], dt)
+    got = ops.matmul_integer(a, b, za, zb, device=device)
+    want = (a.astype(np.int64) - za.astype(np.int64)[:, None]) @ (b.astype(np.int64) - zb.astype(np.int64))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_integer_matches_float_conv(device: str) -> None:
+    x = rng.integers(0, 256, (2, 4, 6, 5)).astype(np.uint8)
+    w = rng.integers(0, 256, (6, 2, 3, 2)).astype(np.uint8)
+    got = ops.conv_integer(
+        x, w, np.uint8(7), np.uint8(128), pads=[1, 0, 1, 1], stride=[2, 1], groups=2, device=device
+    )
+    want = ops.conv_nd(
+        x.astype(np.float64) - 7, w.astype(np.float64) - 128, pads=[1, 0, 1, 1], stride=[2, 1], groups=2
+    )
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qlinear_matmul_matches_onnx(device: str) -> None:
+    a = rng.integers(0, 256, (2, 4)).astype(np.uint8)
+    b = rng.integers(0, 256, (4, 3)).astype(np.uint8)
+    args = [
+        a,
+        np.float32(0.02),
+        np.uint8(113),
+        b,
+        np.float32(0.003),
+        np.uint8(114),
+        np.float32(0.05),
+        np.uint8(118),
+    ]
+    np.testing.assert_array_equal(
+        ops.qlinear_matmul(*args, device=device), reference("QLinearMatMul", args)[0]
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qlinear_conv_matches_onnx(device: str) -> None:
+    x = rng.integers(-128, 128, (1, 2, 5, 5)).astype(np.int8)
+    w = rng.integers(-128, 128, (3, 2, 3, 3)).astype(np.int8)
+    ws = np.array([0.01, 0.02, 0.03], np.float32)
+    bias = np.array([100, -200, 300], np.int32)
+    args = [x, np.float32(0.05), np.int8(1), w, ws, np.zeros(3, np.int8), np.float32(0.5), np.int8(-3), bias]
+    got = ops.qlinear_conv(*args, pads=1, device=device)
+    (want,) = reference("QLinearConv", args, opset=10, pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(got, want)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_errors_name_op_argument_and_fix() -> None:
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(OpError, match=r"quantize_linear: argument 'x' expected"):
+        ops.quantize_linear(np.ones(3, np.int8), np.float32(1))
+    with pytest.raises(
+        OpError, match=r"quantize_linear: argument 'scale' expected a scalar or a 1-D tensor of 3"
+    ):
+        ops.quantize_linear(x, np.ones(2, np.float32), axis=1)
+    with pytest.raises(OpError, match=r"argument 'axis'"):
+        ops.quantize_linear(x, np.ones(3, np.float32), axis=5)
+    with pytest.raises(OpError, match=r"argument 'zero_point' expected output_dtype int8.*Fix"):
+        ops.quantize_linear(x, np.float32(1), np.uint8(0), output_dtype=np.int8)
+    with pytest.raises(OpError, match=r"argument 'scale' expected 2 blocks"):
+        ops.quantize_linear(x, np.ones((2, 3), np.float32), axis=1, block_size=2)
+    with pytest.raises(OpError, match=r"dequantize_linear: argument 'zero_point' expected x's dtype int8"):
+        ops.dequantize_linear(np.ones(3, np.int8), np.float32(1), np.uint8(0))
+    with pytest.raises(OpError, match=r"matmul_integer: argument 'a' expected"):
+        ops.matmul_integer(np.ones((2, 2), np.int32), np.ones((2, 2), np.int8))
+    with pytest.raises(OpError, match=r"matmul_integer: argument 'a_zero_point'.*Fix: cast it to int8"):
+        ops.matmul_integer(np.ones((2, 2), np.int8), np.ones((2, 2), np.int8), np.uint8(0))
+    with pytest.raises(OpError, match=r"qlinear_conv: argument 'bias' expected int32"):
+        ops.qlinear_conv(
+            np.ones((1, 1, 3, 3), np.uint8), np.float32(1), np.uint8(0), np.ones((2, 1, 1, 1), np.uint8),
+            np.float32(1), np.uint8(0), np.float32(1), np.uint8(0), np.ones(2, np.float32),
+        )  # fmt: skip
