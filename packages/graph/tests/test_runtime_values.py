@@ -69,3 +69,32 @@ def test_unsqueeze_repeated_run_time_axes_name_the_node() -> None:
     g = from_onnx(_model("Unsqueeze", (2, 3)))
     with pytest.raises(Exception, match=r"node 'n' \(Unsqueeze\).*repeat an axis"):
         run_graph(g, {"x": np.ones((2, 3), np.float32), "axes": np.array([0, 0], np.int64)})
+
+
+def test_pass_report_names_where_dynamic_shapes_start() -> None:
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r"], name="relu"),
+        oh.make_node("NonZero", ["r"], ["nz"], name="nz"),
+        oh.make_node("Transpose", ["nz"], ["y"], name="t"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+        [oh.make_tensor_value_info("y", TensorProto.INT64, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    g, report = optimize(from_onnx(model), level=2)
+    (note,) = [n for n in report.notes if "depends on input values" in n]
+    assert "1 node(s)" in note and "'nz' (NonZero)" in note, note
+    again = optimize(g, level=2)[1]
+    assert sum("depends on input values" in n for n in again.notes) == 1, "re-optimizing does not repeat it"
+    fed = optimize(from_onnx(_model("Unsqueeze", (2, 3))), level=1)[1]  # axes fed at run time
+    assert any("'n' (Unsqueeze)" in n for n in fed.notes), fed.notes
+    relu = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])], "s",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    static = optimize(from_onnx(oh.make_model(relu, opset_imports=[oh.make_opsetid("", 17)])), level=1)[1]
+    assert not any("depends on input values" in n for n in static.notes)

@@ -16,19 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._errors import GraphError
-from ._ir import OPSTRATA_DOMAIN, Graph
+from ._ir import Graph
 from ._shape_infer import infer_shapes
-from .passes.pattern import fusable_binary, fusable_unary
+from .opdefs import registry
 
 __all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "plan_memory"]
 
 #: Byte alignment of every offset and size in the arena (a cache line; AVX-512 loads).
 ALIGNMENT = 64
-
-_INPLACE_EXTRA = frozenset({"Gelu", "Clip", "Where", "Softmax", "Cast"})
-_INPLACE_FUSED = {"FusedElementwise"}
-#: outputs that are the input's bytes with a new shape (cpu kernels return a view)
-_VIEW_ONNX = frozenset(("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))
 
 
 def _align(n: int, a: int) -> int:
@@ -267,14 +262,9 @@ def plan_memory(
     reuse: dict[str, str] = {}
     outs = set(g.outputs)
     for i, n in enumerate(g.nodes):
-        can = inplace and (
-            (
-                n.domain in ("", "ai.onnx")
-                and n.op_type in (_INPLACE_EXTRA | fusable_unary() | fusable_binary())
-            )
-            or (n.domain == OPSTRATA_DOMAIN and n.op_type in _INPLACE_FUSED)
-        )
-        view = inplace and n.domain in ("", "ai.onnx") and n.op_type in _VIEW_ONNX and len(n.outputs) == 1
+        d = registry.lookup(n.op_type, n.domain)  # the OpDef says whether it may run in place / is a view
+        can = inplace and d is not None and d.inplace
+        view = inplace and d is not None and d.view and len(n.outputs) == 1
         claimed: set[int] = set()
         for o in n.outputs:
             if not o or o not in sizes:

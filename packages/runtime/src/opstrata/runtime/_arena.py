@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from opstrata.graph import Graph, MemoryPlan
+from opstrata.graph import Graph, MemoryPlan, op_defs
 
 __all__ = ["Arena", "view_aliases"]
 
-#: Ops whose cpu kernels return a view of their first input (same bytes, new shape).
-_RESHAPES = frozenset(("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))
+#: Ops whose cpu kernels return a view of their first input (same bytes, new shape): their OpDef says so.
+_RESHAPES = frozenset(d.name for d in op_defs() if d.view and not d.domain)
 
 
 def view_aliases(graph: Graph, plan: MemoryPlan) -> set[str]:

@@ -169,18 +169,21 @@ for _name, (_rule, _fn, _dt) in {
 }.items():  # fmt: skip
     define(
         _name, shape=_rule, kernel=one(getattr(ops, _fn)), uses=(_fn,), elementwise="unary", codegen=_fn,
-        dtypes=_dt,
+        dtypes=_dt, inplace=True,
     )  # fmt: skip
 define(
     "Reciprocal", shape=unary_float, kernel=_run_reciprocal, uses=("div",), elementwise="unary",
-    codegen="reciprocal", dtypes="float",
+    codegen="reciprocal", dtypes="float", inplace=True,
 )  # fmt: skip
-define("Identity", shape=unary_num, kernel=_run_identity, elementwise="unary", dtypes="all")
+define("Identity", shape=unary_num, kernel=_run_identity, elementwise="unary", dtypes="all", view=True)
 define(
     "Gelu", attrs={"approximate": "none"}, shape=unary_float, kernel=_run_gelu, uses=("gelu",),
-    elementwise="unary", dtypes="float",
+    elementwise="unary", dtypes="float", inplace=True,
 )  # fmt: skip
-define("Cast", importer=_import_cast, shape=_cast_rule, kernel=_run_cast, uses=("cast",), elementwise="unary")
+define(
+    "Cast", importer=_import_cast, shape=_cast_rule, kernel=_run_cast, uses=("cast",), elementwise="unary",
+    inplace=True,
+)  # fmt: skip
 define(
     "CastLike", shape=_castlike_rule, kernel=_run_castlike, uses=("cast",),
     elementwise="other", dtypes="all", doc="Cast to the dtype of the second input",
@@ -190,10 +193,17 @@ define(
 for _name, _fn in {"Add": "add", "Sub": "sub", "Mul": "mul"}.items():
     define(
         _name, shape=binary, kernel=one(getattr(ops, _fn)), uses=(_fn,), elementwise="binary", codegen=_fn,
-        dtypes="numeric",
+        dtypes="numeric", inplace=True,
     )  # fmt: skip
 define(
-    "Div", shape=binary, kernel=_run_div, uses=("div",), elementwise="binary", codegen="div", dtypes="numeric"
+    "Div",
+    shape=binary,
+    kernel=_run_div,
+    uses=("div",),
+    elementwise="binary",
+    codegen="div",
+    dtypes="numeric",
+    inplace=True,
 )
 define(
     "Pow",
@@ -203,6 +213,7 @@ define(
     elementwise="binary",
     codegen="pow",
     dtypes="numeric",
+    inplace=True,
 )
 for _name, _fn in {"Equal": "equal", "Less": "less", "Greater": "greater"}.items():
     define(_name, shape=_compare_rule, kernel=one(getattr(ops, _fn)), uses=(_fn,), elementwise="binary")
@@ -239,5 +250,5 @@ define(
     uses=("add",),
     elementwise="variadic",
 )
-define("Where", shape=_where_rule, kernel=one(ops.where), uses=("where",), elementwise="other")
-define("Clip", shape=_clip_rule, kernel=_run_clip, uses=("clip",), elementwise="other")
+define("Where", shape=_where_rule, kernel=one(ops.where), uses=("where",), elementwise="other", inplace=True)
+define("Clip", shape=_clip_rule, kernel=_run_clip, uses=("clip",), elementwise="other", inplace=True)

@@ -256,6 +256,7 @@ define("SkipLayerNorm", _O, shape=_skip_norm, kernel=_run_skip_norm, uses=("add"
 define("SkipRMSNorm", _O, shape=_skip_norm, kernel=_run_skip_norm, uses=("add", "rms_norm"), onnx=False)
 define(
     "FusedElementwise", _O, shape=_fused_elementwise, kernel=_run_fused_elementwise, elementwise="other",
+    inplace=True,
     onnx=False, doc="a generated elementwise chain (its steps' kernels are listed per device by the plan)",
 )  # fmt: skip
 define("RMSNorm", _O, shape=unary_float, kernel=_run_rms_norm, uses=("rms_norm",), onnx=False)

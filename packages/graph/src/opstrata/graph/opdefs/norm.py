@@ -230,5 +230,7 @@ define(
     uses=("mean_variance_norm",), dtypes="float",
 )  # fmt: skip
 define("RMSNormalization", importer=_import_rms_normalization, doc="imported as ai.opstrata::RMSNorm")
-define("Softmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("softmax",))
+define(
+    "Softmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("softmax",), inplace=True
+)
 define("LogSoftmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("log_softmax",))

@@ -66,6 +66,8 @@ class OpDef:
     elementwise: str | None = None  # one of ELEMENTWISE_CLASSES, or None
     codegen: str | None = None  # opstrata.ops.codegen function of a fusable unary/binary op
     onnx: bool = True  # the ONNX op of this name imports (default domain only)
+    inplace: bool = False  # the output may take the buffer of an input that dies here (same shape, itemsize)
+    view: bool = False  # the cpu kernel returns input 0's bytes with a new shape (memory plan: one buffer)
     dtypes: str = ""  # the dtypes the kernel takes, for docs ("float", "numeric", "all", ...)
     doc: str = ""  # one line for docs/ir-ops.md
     module: str = ""  # the module that defined the op (set by define)

@@ -457,13 +457,18 @@ def _run_trilu(n: Node, x: list[Any]) -> list[Arr]:
 
 define("Shape", importer=_import_shape, shape=_shape_rule, kernel=_run_shape, uses=(HOST,))
 define("Size", shape=_size_rule, kernel=_run_size, uses=(HOST,))
-define("Reshape", shape=_reshape_rule, kernel=_run_reshape, uses=("reshape",))
+define("Reshape", shape=_reshape_rule, kernel=_run_reshape, uses=("reshape",), view=True)
 define(
     "Transpose", importer=_import_transpose, shape=_transpose_rule, kernel=_run_transpose, uses=("transpose",)
 )
-define("Flatten", attrs={"axis": 1}, shape=_flatten_rule, kernel=_run_flatten, uses=("reshape",))
-define("Squeeze", importer=_import_axes, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",))
-define("Unsqueeze", importer=_import_axes, shape=_unsqueeze_rule, kernel=_run_unsqueeze, uses=("reshape",))
+define("Flatten", attrs={"axis": 1}, shape=_flatten_rule, kernel=_run_flatten, uses=("reshape",), view=True)
+define(
+    "Squeeze", importer=_import_axes, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",), view=True
+)
+define(
+    "Unsqueeze", importer=_import_axes, shape=_unsqueeze_rule, kernel=_run_unsqueeze, uses=("reshape",),
+    view=True,
+)  # fmt: skip
 define("Concat", shape=_concat_rule, kernel=_run_concat, uses=("concat",))
 define("Split", importer=_import_split, shape=_split_rule, kernel=_run_split, uses=("split",))
 define("Slice", shape=_slice_rule, kernel=_run_slice, uses=("slice",))

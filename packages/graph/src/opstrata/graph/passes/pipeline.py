@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._errors import GraphError
-from .._ir import Graph
+from .._ir import Graph, Node
 from .._shape_infer import infer_shapes
 
 __all__ = ["LEVELS", "PassReport", "PassResult", "optimize", "passes_for_level"]
@@ -191,7 +191,7 @@ def optimize(graph: Graph, level: int = 2) -> tuple[Graph, PassReport]:
     1
     """
     notes = list(graph.import_notes)  # set by from_onnx
-    report = PassReport(level, notes=notes)
+    report = PassReport(level, notes=list(notes))
     g = graph.copy()
     infer_shapes(g)
     for lvl, name, fn in passes_for_level(level):
@@ -209,4 +209,31 @@ def optimize(graph: Graph, level: int = 2) -> tuple[Graph, PassReport]:
         g = out
     g.validate()
     g.import_notes = notes  # optimizing the result again keeps the note
+    dynamic = dynamic_origins(g)
+    if dynamic:
+        shown = ", ".join(f"'{n.name}' ({n.qualified_type})" for n in dynamic[:6])
+        more = f" and {len(dynamic) - 6} more" if len(dynamic) > 6 else ""
+        report.notes.append(
+            f"{len(dynamic)} node(s) produce values whose shape depends on input values (the runtime "
+            f"runs them and what they feed on per-run buffers, the rest in its arena): {shown}{more}"
+        )
     return g, report
+
+
+def _known(shape: object) -> bool:
+    """A shape whose rank and dims are known (ints or symbolic names), not data-dependent."""
+    return isinstance(shape, tuple) and all(d is not None for d in shape)
+
+
+def dynamic_origins(g: Graph) -> list[Node]:
+    """Nodes whose outputs' shapes depend on input values while their inputs' shapes do not (NonZero, a
+    Squeeze with run-time axes, a Loop's scan outputs, ...): where dynamic shapes start in ``g``."""
+    out, fed = [], set(g.inputs)  # a feed's dims are whatever is fed: known when the model runs
+    for n in g.nodes:
+        ins = [g.values.get(x) for x in n.inputs if x and x not in fed]
+        outs = [g.values.get(o) for o in n.outputs if o]
+        if all(v is not None and v.kind == "tensor" and _known(v.shape) for v in ins) and any(
+            v is not None and v.kind == "tensor" and not _known(v.shape) for v in outs
+        ):
+            out.append(n)
+    return out
