@@ -162,6 +162,7 @@ from .kernels.layout import (
     space_to_depth as space_to_depth,
     tile as tile,
 )
+from .kernels.linear_attention import linear_attention as linear_attention
 from .kernels.loss import (
     cross_entropy as cross_entropy,
     nll_loss as nll_loss,
@@ -236,6 +237,7 @@ from .kernels.reduce import (
     sum as sum,
     var as var,
 )
+from .kernels.roi import roi_align as roi_align
 from .kernels.rotary import (
     rotary_embedding as rotary_embedding,
     rotary_embedding_onnx as rotary_embedding_onnx,
@@ -440,6 +442,7 @@ __all__ = [
     "leaky_relu",
     "less",
     "linear",
+    "linear_attention",
     "linear_backward",
     "list_devices",
     "list_ops",
@@ -496,6 +499,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rnn",
+    "roi_align",
     "rotary_embedding",
     "rotary_embedding_onnx",
     "round",
