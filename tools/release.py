@@ -3,6 +3,7 @@
     python tools/release.py ops patch|minor|major|current [--dry-run] [--date YYYY-MM-DD] [--tag]
     python tools/release.py ops tag        # after committing: tag ops-v<version> at HEAD
     python tools/release.py plan ops [--version 0.4.0]   # what releasing it means for the upper packages
+    python tools/release.py batch ops:minor graph:minor comm:patch   # a cascade, checked as a whole
 
 Only packages/<name>/pyproject.toml, packages/<name>/CHANGELOG.md and the [packages.<name>] table of
 versions.lock change; other packages stay byte-identical. The recorded tree is the hash of the package
@@ -218,6 +219,47 @@ def tag(root: Path, name: str) -> str:
     return name_tag
 
 
+def release_batch(root: Path, steps: list[tuple[str, str]], date: str) -> list[Plan]:
+    """Release several packages in one step, bottom layer first: a cascade whose ranges only agree at the end.
+
+    A breaking lower minor makes every upper range that stops at it wrong until each upper is widened and
+    re-released, so one-at-a-time releases would each see the others' problems. Here the pyprojects
+    already hold the final ranges; every package is released in layer order (each one's tested-with sees
+    the new lower versions) and the result must pass ``lock.py check`` with no problem at all, or every
+    written file is restored.
+    """
+    lock = lf.read_lock(lf.lock_path(root))
+    layers = [str(x) for x in lock["layers"]]
+    unknown = [n for n, _ in steps if n not in layers]
+    if unknown:
+        raise LockError(f"batch: unknown package(s) {unknown}; versions.lock has: {', '.join(layers)}")
+    if len({n for n, _ in steps}) != len(steps):
+        raise LockError("batch: a package is named twice; give each package one part")
+    steps = sorted(steps, key=lambda s: layers.index(s[0]))
+    originals: dict[Path, str] = {}
+    plans: list[Plan] = []
+    try:
+        for name, part in steps:
+            plan = plan_release(root, name, part, date)
+            for path, (old, _new) in plan.files.items():
+                originals.setdefault(path, old)
+            apply(plan, root)
+            plans.append(plan)
+        problems = check(root)
+        if problems:
+            raise LockError(
+                "batch: after releasing "
+                + ", ".join(f"{p.name} {p.version}" for p in plans)
+                + " the lock check still fails (nothing was kept):\n  - "
+                + "\n  - ".join(p.message for p in problems)
+            )
+    except BaseException:
+        for path, text in originals.items():
+            lf.atomic_write_text(path, text)
+        raise
+    return plans
+
+
 def widen_upper_bound(spec: str, version: str) -> str:
     """`spec` with its upper bound moved just past `version`'s series: <0.5 for 0.4.x, <2 for 1.x."""
     v = Version(version)
@@ -388,6 +430,34 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; LockErrors print as one clear message and exit 2."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["batch"]:
+        ap = argparse.ArgumentParser(
+            prog="tools/release.py batch", description=release_batch.__doc__.splitlines()[0]
+        )
+        ap.add_argument("steps", nargs="+", help="name:part, e.g. ops:minor graph:minor comm:patch")
+        ap.add_argument("--date", help="release date YYYY-MM-DD (default: today)")
+        ap.add_argument("--root", type=Path, help="repository root (default: git toplevel of the cwd)")
+        args = ap.parse_args(argv[1:])
+        try:
+            steps = [tuple(s.split(":", 1)) for s in args.steps]
+            bad = [
+                s
+                for s, st in zip(args.steps, steps, strict=True)
+                if len(st) != 2 or st[1] not in ("major", "minor", "patch", "current")
+            ]
+            if bad:
+                raise LockError(f"batch: expected name:major|minor|patch|current, got {bad}")
+            plans = release_batch(lf.find_root(args.root), steps, _today(args.date))  # type: ignore[arg-type]
+        except LockError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for p in plans:
+            print(f"released opstrata-{p.name} {p.old_version} -> {p.version} (tree {p.tree[:12]})")
+        names = " ".join(f"packages/{p.name}" for p in plans)
+        print(
+            f"next: git add {names} versions.lock && git commit; then `python tools/release.py <name> tag` for each"
+        )
+        return 0
     if argv[:1] == ["plan"]:
         ap = argparse.ArgumentParser(
             prog="tools/release.py plan", description=release_plan.__doc__.splitlines()[0]

@@ -79,14 +79,6 @@ def test_pass_report_says_the_model_was_converted() -> None:
     assert "converted opset" not in str(og.compile(from_onnx(_block(13)), level=2).report)
 
 
-def test_session_runs_an_old_opset_model() -> None:
-    from_runtime = pytest.importorskip("opstrata.runtime")
-    sess = from_runtime.InferenceSession(_block(11))
-    (got,) = sess.run(None, FEEDS)
-    np.testing.assert_allclose(got, _ort(_block(11), FEEDS)[0], rtol=1e-5, atol=1e-6)
-    assert "converted opset 11 -> 13 on import" in str(sess.plan.report)
-
-
 def _scan8_with_sequence_lens() -> Any:
     """A Scan-8 that uses its sequence_lens input: the 8 -> 9 adapter refuses it."""
     body = oh.make_graph(

@@ -113,3 +113,39 @@ def test_dynamic_view_of_an_arena_value_survives_buffer_reuse() -> None:
     for rows in (3, 1, 5):
         feeds = {"x": np.arange(4, dtype=np.float32).reshape(1, 4), "shape": np.array([rows, 4], np.int64)}
         np.testing.assert_array_equal(sess.run(None, feeds)[0], ort_run(model, feeds)["y"])
+
+
+def test_affine_grid_with_a_run_time_size() -> None:
+    """AffineGrid's output shape is the size input's values: planned per run, equal to onnxruntime."""
+    graph = oh.make_graph(
+        [oh.make_node("AffineGrid", ["theta", "size"], ["grid"], name="grid")],
+        "affine",
+        [
+            oh.make_tensor_value_info("theta", TensorProto.FLOAT, [1, 2, 3]),
+            oh.make_tensor_value_info("size", TensorProto.INT64, [4]),
+        ],
+        [oh.make_tensor_value_info("grid", TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 20)])
+    sess = InferenceSession(model)
+    theta = np.array([[[1.0, 0.2, 0.1], [0.0, 0.9, -0.3]]], np.float32)
+    for size in ([1, 1, 3, 4], [1, 1, 5, 2]):
+        feeds = {"theta": theta, "size": np.array(size, np.int64)}
+        got = sess.run(None, feeds)[0]
+        np.testing.assert_allclose(got, ort_run(model, feeds)["grid"], rtol=1e-5, atol=1e-6)
+
+
+def test_session_runs_an_old_opset_model() -> None:
+    """An opset-11 model is converted on import; the session's pass report says so."""
+    nodes = [oh.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)]  # opset 11: flattens from axis 1
+    graph = oh.make_graph(
+        nodes,
+        "old",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 11)])
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)}
+    sess = InferenceSession(model)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-6)
+    assert "converted opset 11 -> 13 on import" in str(sess.plan.report)
