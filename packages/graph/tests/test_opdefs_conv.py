@@ -12,83 +12,13 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import helper as oh  # noqa: E402
 
-from opstrata.graph import compile, from_onnx, run_graph, to_onnx  # noqa: E402
+from _onnx_check import F, check_against_ort, const, feed, node_model, rng  # noqa: E402
+
+from opstrata.graph import from_onnx, run_graph  # noqa: E402
 from opstrata.graph.testing import ort_run  # noqa: E402
 
-rng = np.random.default_rng(0)
-
-
-def F(*s: int) -> np.ndarray:
-    return rng.standard_normal(s).astype(np.float32)
-
-
-def feed(a: Any) -> tuple[str, np.ndarray]:
-    return ("feed", np.asarray(a))
-
-
-def const(a: Any) -> tuple[str, np.ndarray]:
-    return ("const", np.asarray(a))
-
-
-def _node_model(
-    op: str, inputs: list[Any], attrs: dict[str, Any], n_out: int, opset: int
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """A one-node model: ``("feed", arr)`` inputs are graph inputs, ``("const", arr)`` initializers."""
-    ins, inits, names, feeds = [], [], [], {}
-    for k, item in enumerate(inputs):
-        if item is None:
-            names.append("")
-            continue
-        kind, arr = item
-        names.append(f"in{k}")
-        if kind == "feed":
-            ins.append(oh.make_tensor_value_info(f"in{k}", oh.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
-            feeds[f"in{k}"] = arr
-        else:
-            inits.append(onnx.numpy_helper.from_array(arr, f"in{k}"))
-    outs = [f"out{i}" for i in range(n_out)]
-    node = oh.make_node(op, names, outs, name="node", **attrs)
-    m = oh.make_model(oh.make_graph([node], "g", ins, [], inits), opset_imports=[oh.make_opsetid("", opset)])
-    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
-    types = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
-    elem = oh.np_dtype_to_tensor_dtype(next(iter(feeds.values())).dtype)  # function ops infer no type
-    m.graph.output.extend(types.get(o) or oh.make_tensor_value_info(o, elem, None) for o in outs)
-    return m, feeds
-
-
-def check_against_ort(
-    op: str,
-    inputs: list[Any],
-    attrs: dict[str, Any] | None = None,
-    *,
-    n_out: int = 1,
-    opset: int = 17,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
-    export: bool = True,
-) -> None:
-    """from_onnx + run_graph (and a compiled Plan, and to_onnx back through onnxruntime) == onnxruntime."""
-    model, feeds = _node_model(op, inputs, attrs or {}, n_out, opset)
-    want = ort_run(model, feeds)
-    graph = from_onnx(model)
-    results = {"run_graph": run_graph(graph, feeds), "plan": compile(from_onnx(model)).run(feeds)}
-    if export:
-        exported = to_onnx(graph)
-        onnx.checker.check_model(exported, full_check=True)
-        results["to_onnx+ort"] = ort_run(exported, feeds)
-    for k, w in want.items():
-        for name, got in results.items():
-            r = np.asarray(got[k])
-            assert r.dtype == w.dtype and r.shape == w.shape, (name, k, r.dtype, r.shape, w.dtype, w.shape)
-            np.testing.assert_allclose(
-                r.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, err_msg=f"{name} {k}"
-            )
-        v = graph.value(k)
-        assert v.dtype == w.dtype and all(
-            not isinstance(d, int) or d == s for d, s in zip(v.shape, w.shape, strict=True)
-        )
+_node_model = node_model
 
 
 @pytest.mark.parametrize("nd", [1, 2, 3])
