@@ -290,3 +290,19 @@ def test_registered_on_ref_and_cpu_with_decompositions() -> None:
     for op in ("bias_act", "add_layer_norm", "add_rms_norm", "scale_mask_softmax", "adamw_step"):
         assert {e.device for e in ops.kernels(op)} == {"ref", "cpu"}
         assert ops.dispatch_path(op, "cpu") == "native"
+
+
+@pytest.mark.parametrize("has_copy", [True, False])
+def test_reshape_view_never_copies_on_any_numpy(monkeypatch, has_copy: bool) -> None:
+    """Both paths (numpy >= 2.1's reshape(copy=False), older numpy's in-place shape) view or refuse."""
+    if has_copy and not _chunking._RESHAPE_HAS_COPY:
+        pytest.skip(f"np.reshape(copy=...) needs numpy >= 2.1, this is {np.__version__}")
+    monkeypatch.setattr(_chunking, "_RESHAPE_HAS_COPY", has_copy)
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    v = _chunking.reshape_view(a, (6, 4))
+    assert np.shares_memory(v, a) and v.shape == (6, 4)
+    assert _chunking.reshape_view(a, (-1, 4)).shape == (6, 4)
+    with pytest.raises(ValueError):
+        _chunking.reshape_view(a.transpose(2, 0, 1), (8, 3))  # strides cannot express it: no silent copy
+    b = np.broadcast_to(np.ones(4, np.float32), (3, 4))
+    assert _chunking.as_rows(b, (3, 4)).shape == (3, 4)

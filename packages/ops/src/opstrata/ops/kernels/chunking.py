@@ -23,6 +23,25 @@ import numpy as np
 BLOCK_ELEMS: int = 128 * 1024
 
 
+_RESHAPE_HAS_COPY = tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 1)
+
+
+def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` viewed with ``shape`` without copying; ValueError when strides cannot express it.
+
+    numpy >= 2.1 says so with ``np.reshape(copy=False)``; older numpy (the declared minimum is 1.24)
+    with an in-place shape change of a view, which refuses the same cases.
+    """
+    if _RESHAPE_HAS_COPY:
+        return np.reshape(a, shape, copy=False)
+    view = a.view()
+    try:
+        view.shape = shape
+    except AttributeError as exc:  # numpy < 2.1: "Incompatible shape for in-place modification"
+        raise ValueError(str(exc)) from None
+    return view
+
+
 def as_rows(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``a`` broadcast to ``shape`` and viewed as ``(prod(shape[:-1]), shape[-1])``, copying only if needed.
 
@@ -33,7 +52,7 @@ def as_rows(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     rows = math.prod(shape[:-1]) if shape else 1
     cols = shape[-1] if shape else 1
     try:
-        return np.reshape(b, (rows, cols), copy=False)
+        return reshape_view(b, (rows, cols))
     except ValueError:
         return np.ascontiguousarray(b).reshape(rows, cols)
 

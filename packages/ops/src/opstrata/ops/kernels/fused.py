@@ -23,7 +23,7 @@ from .._dtypes import bool_, compute_dtype
 from .._errors import OpError
 from .._registry import call, register, register_decomposition
 from .activation import GELU_TILE, gelu_half_tile_f32, gelu_ref, gelu_tanh_tile, relu_ref, silu_ref
-from .chunking import as_rows, fit, row_block, row_tile, scratch, tile_shape, tiles
+from .chunking import as_rows, fit, reshape_view, row_block, row_tile, scratch, tile_shape, tiles
 from .elementwise import (
     FLOATS,
     cast_back,
@@ -200,7 +200,7 @@ def bias_act_cpu(
     cdt = compute_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
     try:  # out may be x itself: each tile is read into h before its result is written
-        o2 = np.reshape(out, (math.prod(shape[:-1]), shape[-1]), copy=False)
+        o2 = reshape_view(out, (math.prod(shape[:-1]), shape[-1]))
     except ValueError:  # an out= view that rows cannot express: compute fresh, copy once
         np.copyto(out, bias_act_cpu(x, bias, residual, act=act))
         return out
@@ -344,7 +344,7 @@ def scale_mask_softmax_cpu(x: Any, mask: Any = None, *, scale: float = 1.0, axis
     n = x.shape[-1]
     m = None if mask is None else np.broadcast_to(_additive(nd(mask), compute_dtype(x.dtype)), x.shape)
     try:  # the mask flattens to rows with x (same shape, (M,), (N, M) over a 2-D x, ...)
-        m2 = None if m is None else np.reshape(m, (-1, n), copy=False)
+        m2 = None if m is None else reshape_view(m, (-1, n))
     except ValueError:  # e.g. an (N, M) mask over (B, H, N, M): one (N, M) matrix at a time
         for idx in np.ndindex(x.shape[:-2]):
             _softmax_rows(x[idx], m[idx], out[idx], scale)
