@@ -47,14 +47,20 @@ from .onnx.export import (
 from .onnx.importer import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
 from .opdefs import fused as _fused_ops  # noqa: F401  (registers shape rules and exporters of the fused ops)
 from .opdefs.fused_codegen import fused_kernel as fused_kernel
-
-# --- the op vocabulary: one OpDef per op (import, shape rule, kernel, classes); plugins add their own ---
 from .opdefs.registry import (
     OpDef as OpDef,
     define as define_op,
     lookup as lookup_op,
     op_defs as op_defs,
     undefine as undefine_op,
+)
+
+# --- the op vocabulary: one OpDef per op (import, shape rule, kernel, classes); plugins add their own ---
+from .opdefs.sequence import (  # how sequence / optional values are held at run time (runtime feeds)
+    absent as absent,
+    is_absent as is_absent,
+    sequence_items as sequence_items,
+    to_sequence as to_sequence,
 )
 from .partition.collective import Collectives as Collectives, use_collectives as use_collectives
 
@@ -106,6 +112,7 @@ __all__ = [
     "UnsupportedOpError",
     "Value",
     "__version__",
+    "absent",
     "broadcast_shapes",
     "compile",
     "define_op",
@@ -127,6 +134,7 @@ __all__ = [
     "fuse_skip_norm",
     "fused_kernel",
     "infer_shapes",
+    "is_absent",
     "is_static",
     "kernels_of",
     "lookup_op",
@@ -138,10 +146,12 @@ __all__ = [
     "register_export",
     "remove_identities",
     "run_graph",
+    "sequence_items",
     "simulate_tensor_parallel",
     "supported_onnx_ops",
     "supported_ops",
     "to_onnx",
+    "to_sequence",
     "undefine_op",
     "use_collectives",
     "validate",

@@ -85,6 +85,8 @@ from .grad.softmax import (
     softmax_backward as softmax_backward,
 )
 from .kernels.activation import (
+    SELU_ALPHA as SELU_ALPHA,
+    SELU_GAMMA as SELU_GAMMA,
     celu as celu,
     elu as elu,
     gelu as gelu,
@@ -237,7 +239,7 @@ from .kernels.reduce import (
     sum as sum,
     var as var,
 )
-from .kernels.roi import roi_align as roi_align
+from .kernels.roi import ROI_ALIGN_MODES as ROI_ALIGN_MODES, roi_align as roi_align
 from .kernels.rotary import (
     rotary_embedding as rotary_embedding,
     rotary_embedding_onnx as rotary_embedding_onnx,
@@ -304,6 +306,9 @@ __all__ = [
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "LOW_PRECISION_DTYPES",
+    "ROI_ALIGN_MODES",
+    "SELU_ALPHA",
+    "SELU_GAMMA",
     "AutotuneCacheWarning",
     "AutotuneStats",
     "DevicePluginError",

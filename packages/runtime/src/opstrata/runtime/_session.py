@@ -21,7 +21,7 @@ import numpy as np
 
 import opstrata.graph as og
 import opstrata.ops as ops
-from opstrata.graph.opdefs.sequence import absent, is_absent, sequence_items, to_sequence
+from opstrata.graph import absent, is_absent, sequence_items, to_sequence
 
 from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases

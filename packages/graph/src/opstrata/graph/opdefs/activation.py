@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 import opstrata.ops as ops
-from opstrata.ops.kernels.activation import SELU_ALPHA, SELU_GAMMA
 
 from .._ir import Node
 from .._shape_rules import RuleContext, TypeShape, float_dtype, unary_float, unary_num
@@ -64,7 +63,7 @@ _FLOAT_ACTS: dict[str, tuple[str, dict[str, Any]]] = {
     "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
     "HardSwish": ("hard_swish", {}),
     "Elu": ("elu", {"alpha": 1.0}),
-    "Selu": ("selu", {"alpha": SELU_ALPHA, "gamma": SELU_GAMMA}),
+    "Selu": ("selu", {"alpha": ops.SELU_ALPHA, "gamma": ops.SELU_GAMMA}),
     "Celu": ("celu", {"alpha": 1.0}),
     "LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
     "ThresholdedRelu": ("thresholded_relu", {"alpha": 1.0}),

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import opstrata.ops as ops
-from opstrata.ops.kernels.roi import ROI_ALIGN_MODES
 
 from .._ir import Node
 from .._shape_rules import RuleContext, TypeShape, float_dtype
@@ -38,7 +37,7 @@ def _import_roi_align(ctx: ImportContext) -> None:
         raise ctx.unsupported(
             f"RoiAlign coordinate_transformation_mode={attrs['coordinate_transformation_mode']!r}; use one of {_MODES}"
         )
-    if attrs["mode"] not in ROI_ALIGN_MODES:
+    if attrs["mode"] not in ops.ROI_ALIGN_MODES:
         raise ctx.unsupported(f"RoiAlign mode={attrs['mode']!r}; use 'avg' or 'max'")
     ctx.emit("RoiAlign", ctx.inputs, ctx.outputs, attrs)
 

@@ -184,20 +184,24 @@ def _conv_nd(
     w, b, g, c_out = _check_weight(op, x, weight, bias, groups, transpose=False)
     win = _window(op, x, w.shape[2:], stride, pads, dilation, False)
     acc = accumulation_dtype(x.dtype)
-    cols = _windows(_padded(x, win, acc, 0), win)  # (N, C, *out, *k)
-    nd, n = x.ndim - 2, x.shape[0]
-    cg, mg = x.shape[1] // g, c_out // g
-    kk = math.prod(win.kernel)
-    out = np.empty((n, c_out, *win.out), acc)
-    for gi in range(g):
-        part = np.moveaxis(cols[:, gi * cg : (gi + 1) * cg], 1, 1 + nd)  # (N, *out, Cg, *k)
-        a = part.reshape(n * math.prod(win.out), cg * kk)
-        wg = w[gi * mg : (gi + 1) * mg].astype(acc).reshape(mg, cg * kk)
-        y = (a @ wg.T).reshape(n, *win.out, mg)
-        out[:, gi * mg : (gi + 1) * mg] = np.moveaxis(y, -1, 1)
+    out = grouped_correlate(_windows(_padded(x, win, acc, 0), win), w, g, win, acc)
+    nd = x.ndim - 2
     if b is not None:
         out += b.astype(acc).reshape((1, c_out) + (1,) * nd)
     return out.astype(x.dtype, copy=False)
+
+
+def grouped_correlate(cols: np.ndarray, w: np.ndarray, groups: int, win: Window, acc: Any) -> np.ndarray:
+    """Windows ``cols`` (N, C, *out, *k) times weights ``w`` (M, C/groups, *k), one GEMM per group, in ``acc``."""
+    nd, n, c, m = len(win.out), cols.shape[0], cols.shape[1], w.shape[0]
+    cg, mg, kk = c // groups, m // groups, math.prod(win.kernel)
+    out = np.empty((n, m, *win.out), acc)
+    for gi in range(groups):
+        part = np.moveaxis(cols[:, gi * cg : (gi + 1) * cg], 1, 1 + nd)  # (N, *out, Cg, *k)
+        a = part.reshape(n * math.prod(win.out), cg * kk)
+        wg = w[gi * mg : (gi + 1) * mg].astype(acc).reshape(mg, cg * kk)
+        out[:, gi * mg : (gi + 1) * mg] = np.moveaxis((a @ wg.T).reshape(n, *win.out, mg), -1, 1)
+    return out
 
 
 register("conv_nd", device="ref", dtypes=FLOAT_DTYPES)(_conv_nd)

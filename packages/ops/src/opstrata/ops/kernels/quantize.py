@@ -29,7 +29,7 @@ from .._dtypes import (
 )
 from .._errors import OpError, check_dtype
 from .._registry import call, register
-from .conv_nd import _padded, _window, _windows
+from .conv_nd import _padded, _window, _windows, grouped_correlate
 
 __all__ = [
     "QUANT_DTYPES",
@@ -359,15 +359,7 @@ def _conv_int(x: np.ndarray, w: np.ndarray, stride: Any, pads: Any, dilation: An
         )
     win = _window(op, x, w.shape[2:], stride, pads, dilation, False)
     cols = _windows(_padded(x, win, int64, 0), win)  # (N, C, *out, *k)
-    nd, n, cg, mg = x.ndim - 2, x.shape[0], c // g, m // g
-    kk = int(np.prod(win.kernel))
-    out = np.empty((n, m, *win.out), int64)
-    for gi in range(g):
-        part = np.moveaxis(cols[:, gi * cg : (gi + 1) * cg], 1, 1 + nd)
-        a = part.reshape(n * int(np.prod(win.out)), cg * kk)
-        wg = w[gi * mg : (gi + 1) * mg].astype(int64).reshape(mg, cg * kk)
-        out[:, gi * mg : (gi + 1) * mg] = np.moveaxis((a @ wg.T).reshape(n, *win.out, mg), -1, 1)
-    return out.astype(int32)
+    return grouped_correlate(cols, w, g, win, int64).astype(int32)
 
 
 def _conv_integer(
