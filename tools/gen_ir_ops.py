@@ -52,12 +52,13 @@ def render() -> str:
         "function beside the row, `—` not imported from ONNX. **kernels**: the opstrata.ops kernels the",
         "executor calls (`host`: host numpy code). **class**: elementwise class (fusion, tensor-parallel",
         "splits); **codegen**: the code generator's expression when the op can join a FusedElementwise chain;",
-        "**memory**: `in place` (the output may take a dying input's buffer) or `view` (input 0's bytes).",
+        "**memory**: `in place` (the output may take a dying input's buffer) or `view` (input 0's bytes);",
+        "**tp layout**: the tensor-parallel partition rule a split input follows (`partition/rules.py`).",
         "",
         f"{len(onnx_ops)} ONNX-domain ops, {len(own)} opstrata ops.",
         "",
-        "| op | module | import | attribute defaults | kernels | class | codegen | memory | dtypes | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| op | module | import | attribute defaults | kernels | class | codegen | memory | tp layout | dtypes | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in [*onnx_ops, *own]:
         module = d.module.rsplit(".", 1)[-1]
@@ -66,7 +67,8 @@ def render() -> str:
         uses = " ".join(d.uses) if d.uses else ("—" if d.kernel is None else "(none)")
         out.append(
             f"| `{d.qualified}` | {module} | {imp} | {_cell(attrs)} | {uses} | {d.elementwise or ''} "
-            f"| {d.codegen or ''} | {'view' if d.view else 'in place' if d.inplace else ''} | {d.dtypes} "
+            f"| {d.codegen or ''} | {'view' if d.view else 'in place' if d.inplace else ''} | {d.layout_rule or ''} "
+            f"| {d.dtypes} "
             f"| {_cell(d.doc)} |"
         )
     return "\n".join(out) + "\n"

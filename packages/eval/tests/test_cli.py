@@ -242,3 +242,22 @@ def test_info_reports_the_native_kernel_library(workdir, monkeypatch, capsys) ->
     monkeypatch.setenv("OPSTRATA_NATIVE", "fast")
     bad = _info.native_info()
     assert bad["available"] is False and "OPSTRATA_NATIVE='fast'" in bad["reason"]
+
+
+def test_info_reports_the_session_threads(workdir, monkeypatch, capsys) -> None:
+    import opstrata.runtime as rt
+
+    _, report = _info_json(capsys)
+    th = report["session_threads"]
+    if not hasattr(rt, "thread_info"):  # the compat matrix runs eval against older opstrata-runtime
+        assert th["available"] is False and "added in 0.5.2" in th["reason"]
+        return
+    assert th["available"] is True and th["intra_op_num_threads"] >= 1
+    monkeypatch.setenv("OPSTRATA_NUM_THREADS", "3")
+    three = _info.session_threads()
+    assert three["intra_op_num_threads"] == 3 and "OPSTRATA_NUM_THREADS" in three["intra_op_source"]
+    assert "session threads: intra-op 3" in _info.format_text({**report, "session_threads": three})
+    monkeypatch.setenv("OPSTRATA_NUM_THREADS", "x")
+    bad = _info.session_threads()
+    assert bad["available"] is False and "OPSTRATA_NUM_THREADS" in bad["reason"]
+    assert f"session threads: {bad['reason']}" in _info.format_text({**report, "session_threads": bad})

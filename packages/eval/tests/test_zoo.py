@@ -266,6 +266,49 @@ def test_missing_kernel_at_run_time_is_a_refusal(zoo_deps, monkeypatch) -> None:
     assert row.status == "refused" and not row.failed and "node 'conv1' (Conv)" in row.reason
 
 
+def _ort_failing_at_batch(monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """Make onnxruntime fail at inputs of batch `batch`, as on a file whose exporter baked that dimension."""
+    real = _runner._ort_session
+
+    class Baked:
+        def __init__(self, sess: object) -> None:
+            self.sess = sess
+
+        def run(self, names, feed):  # type: ignore[no-untyped-def]
+            if next(iter(feed.values())).shape[0] == batch:
+                raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Reshape node '/Reshape_4': baked shape")
+            return self.sess.run(names, feed)
+
+    monkeypatch.setattr(_runner, "_ort_session", lambda path, threads: Baked(real(path, threads)))
+
+
+def test_shapes_both_runtimes_fail_mark_the_export_as_failed(zoo_deps, monkeypatch) -> None:
+    from opstrata.runtime import ExecutionError
+
+    _ort_failing_at_batch(monkeypatch, 1)
+
+    class Baked(_runner.InferenceSession):  # type: ignore[misc, valid-type]
+        def run(self, output_names, input_feed, run_options=None):  # type: ignore[override]
+            if next(iter(input_feed.values())).shape[0] == 1:
+                raise ExecutionError(
+                    "node '/Reshape_4' (Reshape)", "kernel reshape failed", "check the feeds"
+                )
+            return super().run(output_names, input_feed, run_options)
+
+    monkeypatch.setattr(_runner, "InferenceSession", Baked)
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "export-failed" and not row.failed, row
+    assert "both fail at input [1, 3, 64, 64]" in row.reason and "[2, 3, 64, 64]" in row.reason
+    assert row.err_vs_ort is not None and row.err_vs_ort <= TOLERANCE_ORT
+
+
+def test_running_where_onnxruntime_fails_is_wrong(zoo_deps, monkeypatch) -> None:
+    _ort_failing_at_batch(monkeypatch, 2)
+    row = run_model("squeezenet1_1", "torchscript")
+    assert row.status == "wrong" and row.failed
+    assert row.reason == "opstrata gives an output [2, 100] at input [2, 3, 64, 64], where onnxruntime fails"
+
+
 def test_crash_is_not_a_refusal(zoo_deps, monkeypatch) -> None:
     def crash(*args: object, **kwargs: object) -> None:
         raise IndexError("tuple index out of range")

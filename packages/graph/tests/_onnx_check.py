@@ -7,16 +7,27 @@ Plan and ``to_onnx`` back through onnxruntime, and compares every output with on
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper as oh
 
 from opstrata.graph import compile, from_onnx, run_graph, to_onnx
 from opstrata.graph.testing import ort_run
 
-__all__ = ["F", "check_against_ort", "const", "feed", "node_model", "rng"]
+__all__ = [
+    "F",
+    "check_against_ort",
+    "const",
+    "feed",
+    "needs_onnx_opset",
+    "needs_ort_noop_reduce",
+    "node_model",
+    "rng",
+]
 
 rng = np.random.default_rng(0)
 
@@ -36,10 +47,58 @@ def const(a: Any) -> tuple[str, np.ndarray]:
     return ("const", np.asarray(a))
 
 
+def needs_onnx_opset(opset: int) -> None:
+    """Skip the calling test when the installed onnx does not know ``opset`` (its shape inference and
+    schemas stop at ``onnx.defs.onnx_opset_version()``; the lowest session installs the oldest onnx)."""
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        pytest.skip(
+            f"installed onnx {onnx.__version__} knows opset <= {newest}; the test needs opset {opset}"
+        )
+
+
+@functools.cache
+def _ort_noop_reduce(op: str, axes: str) -> str | None:
+    """What onnxruntime does instead of the spec for ``op`` with noop_with_empty_axes=1 and no axes
+    (opset 18: no reduction, the elementwise part stays: log for ReduceLogSum, square for
+    ReduceSumSquare), or None when it follows the spec. ``axes``: "feed" (an empty graph input),
+    "const" (an empty initializer) or "absent" (the optional input left out)."""
+    x = np.array([[2.0, 3.0]], np.float32)
+    want = {"ReduceLogSum": np.log(x), "ReduceSumSquare": x * x}.get(op, x)
+    empty = np.zeros(0, np.int64)
+    ins = [feed(x)] + {"feed": [feed(empty)], "const": [const(empty)], "absent": []}[axes]
+    model, feeds = node_model(op, ins, {"noop_with_empty_axes": 1}, 1, 18, infer_types=False)
+    try:  # a model onnxruntime cannot load at all fails (or skips, see conftest.py) as any other
+        got = ort_run(model, feeds)["out0"]
+    except Exception as exc:
+        if "Non-zero status code returned while running" not in str(exc):
+            raise
+        return f"fails to run it ({str(exc).split('Status Message:')[-1].strip()[-160:]})"
+    if got.shape == want.shape and np.allclose(got, want, rtol=1e-5):
+        return None
+    return f"returns {got.tolist()} for {x.tolist()} (the spec: {want.tolist()})"
+
+
+def needs_ort_noop_reduce(op: str, *, axes: str) -> None:
+    """Skip the calling test when the installed onnxruntime does not follow the spec for ``op`` with
+    noop_with_empty_axes=1 and no axes, probed on a 2-element input. Older releases differ: 1.21 returns
+    the input for ReduceLogSum and ReduceSumSquare and fails to run ReduceSum with the axes input left
+    out; 1.16 reduces everything when axes is a graph input. Nothing to compare against then."""
+    import onnxruntime
+
+    wrong = _ort_noop_reduce(op, axes)
+    if wrong is not None:
+        pytest.skip(
+            f"installed onnxruntime {onnxruntime.__version__} does not follow the spec for {op} with "
+            f"noop_with_empty_axes=1 and no axes ({axes}): it {wrong}"
+        )
+
+
 def node_model(
     op: str, inputs: list[Any], attrs: dict[str, Any], n_out: int, opset: int, *, infer_types: bool = True
 ) -> tuple[Any, dict[str, np.ndarray]]:
     """A one-node model and its feeds; ``infer_types`` annotates the outputs with onnx's shape inference."""
+    needs_onnx_opset(opset)
     ins, inits, names, feeds = [], [], [], {}
     for k, item in enumerate(inputs):
         if item is None:

@@ -11,6 +11,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from _onnx_check import needs_onnx_opset  # noqa: E402
+
 from opstrata.graph import GraphError, from_onnx, run_graph, to_onnx  # noqa: E402
 from opstrata.graph.opdefs import registry  # noqa: E402
 from opstrata.graph.testing import ModelBuilder, ort_run  # noqa: E402
@@ -24,6 +26,7 @@ def single_node(
     op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict[str, Any], opset: int
 ) -> tuple[Any, dict[str, np.ndarray]]:
     """A model of one ``op`` node; inputs are ("feed" | "const", array); the output type is inferred."""
+    needs_onnx_opset(opset)
     b = ModelBuilder(op.lower(), opset)
     names, feeds = [], {}
     for k, (kind, arr) in enumerate(inputs):

@@ -175,6 +175,13 @@ def test_quantize_int32_input_and_float8_forms() -> None:
     import ml_dtypes
 
     f8 = np.dtype(ml_dtypes.float8_e4m3fn)
+    try:  # the oracle (onnx's reference evaluator) and the test's initializers need numpy float8 in onnx
+        onnx.helper.np_dtype_to_tensor_dtype(f8)
+    except (KeyError, ValueError, TypeError):
+        pytest.skip(
+            f"installed onnx {onnx.__version__} has no numpy float8 dtype (the ml_dtypes types, onnx >= 1.19): "
+            "its reference evaluator cannot check the float8 forms"
+        )
     x = F(3, 4) * 100
     check(*single_node("QuantizeLinear", [("feed", x), ("const", np.float32(2)), ("const", np.zeros((), f8))], {}, 21),
           oracle="ref")  # fmt: skip

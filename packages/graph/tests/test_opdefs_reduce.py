@@ -12,7 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from _onnx_check import F, check_against_ort, const, feed, node_model, rng  # noqa: E402
+from _onnx_check import F, check_against_ort, const, feed, needs_ort_noop_reduce, node_model, rng  # noqa: E402
 
 from opstrata.graph import from_onnx, run_graph  # noqa: E402
 
@@ -42,6 +42,7 @@ def test_axes_constant_input_from_opset_18(op: str, axes: list[int] | None) -> N
 
 @pytest.mark.parametrize("op", NEW)
 def test_noop_with_empty_axes_is_identity(op: str) -> None:
+    needs_ort_noop_reduce(op, axes="const")
     check_against_ort(
         op, [feed(_pos(2, 3)), const(np.array([], np.int64))], {"noop_with_empty_axes": 1}, opset=18
     )
@@ -52,6 +53,22 @@ def test_noop_with_empty_axes_is_identity(op: str) -> None:
 def test_int_reductions_keep_the_dtype(op: str, dtype: Any) -> None:
     x = rng.integers(-3, 4, size=(2, 3, 4)).astype(dtype)
     check_against_ort(op, [feed(x), const(np.array([1], np.int64))], {"keepdims": 1}, opset=18)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("axes", [[1], [0, 2], None])
+def test_int_reduce_mean_truncates_toward_zero_like_ort(dtype: Any, axes: list[int] | None) -> None:
+    x = rng.integers(-50, 50, size=(2, 3, 4)).astype(dtype)
+    attrs = {"keepdims": 0} if axes is None else {"keepdims": 0, "axes": axes}
+    check_against_ort("ReduceMean", [feed(x)], attrs, opset=17)
+
+
+def test_reduce_mean_of_int8_is_refused_with_the_fix() -> None:
+    from opstrata.graph import GraphError
+
+    m, _ = node_model("ReduceMean", [feed(np.zeros((2, 3), np.int8))], {}, 1, 17, infer_types=False)
+    with pytest.raises(GraphError, match=r"ReduceMean.*floating dtype, got int8.*Cast"):
+        from_onnx(m)
 
 
 @pytest.mark.parametrize(

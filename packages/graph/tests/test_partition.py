@@ -241,6 +241,58 @@ def test_unfollowable_op_names_node_and_op() -> None:
         og.partition(og.from_onnx(b.build()), 2)
 
 
+def _between_linears(op: str, **attrs: Any) -> Graph:
+    """x -> column-parallel linear (8 -> 16) -> ``op`` over the batch axis -> row-parallel MatMul (16 -> 8)."""
+    b = ModelBuilder(f"{op.lower()}_between", 18)
+    x = b.input("x", ["batch", 8])
+    h = b.op(op, [b.linear(x, 8, 16), b.const(np.array([0], np.int64))], **attrs)
+    b.nodes.append(onnx.helper.make_node("MatMul", [h, b.weight([16, 8])], ["y"], name="fc2"))
+    b.output("y")
+    return og.from_onnx(b.build())
+
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceMax", "ReduceLogSumExp", "ReduceSumSquare"])
+def test_reduce_rows_name_their_layout_and_partition_follows_them(op: str) -> None:
+    """Every Reduce* OpDef says layout="reduce": a reduction over an unsplit axis keeps the split."""
+    assert og.lookup_op(op).layout == "reduce"
+    g = _between_linears(op, keepdims=1)
+    ranks = _check(g, 2, random_feeds(g, DIMS))
+    assert all(len(_allreduces(rg)) == 1 for rg in ranks)
+
+
+def test_layout_comes_from_the_opdef() -> None:
+    """An op partition has no rule for is refused naming the ops with rules; giving its OpDef a layout
+    class makes partition follow it (here CumSum over the unsplit batch axis behaves like a reduction)."""
+    b = ModelBuilder("cumsum_layout", 17)
+    x = b.input("x", ["batch", 8])
+    c = b.op("CumSum", [b.linear(x, 8, 16), b.const(np.array(0, np.int64))])
+    b.nodes.append(onnx.helper.make_node("MatMul", [c, b.weight([16, 8])], ["y"], name="fc2"))
+    b.output("y")
+    g = og.from_onnx(b.build())
+    with pytest.raises(GraphError, match=r"follows: elementwise ops, .*ReduceL2.*Softmax.*OpDef's `layout`"):
+        og.partition(g, 2)
+    original = og.lookup_op("CumSum")
+    assert original is not None and original.layout is None and original.layout_rule is None
+    facts = {
+        f: getattr(original, f) for f in ("attrs", "importer", "shape", "kernel", "uses", "dtypes", "doc")
+    }
+    try:
+        # the squeeze rule with nothing to squeeze keeps the split axis: right for a scan over axis 0
+        og.define_op("CumSum", **facts, layout="squeeze")
+        assert og.lookup_op("CumSum").layout_rule == "squeeze"
+        _check(g, 2, random_feeds(g, DIMS))
+    finally:
+        og.define_op("CumSum", **facts)
+    with pytest.raises(GraphError, match=r"no rule to split CumSum"):
+        og.partition(g, 2)
+
+
+def test_define_rejects_an_unknown_layout_class() -> None:
+    with pytest.raises(ValueError, match=r"layout='diagonal'; use one of \('elementwise', 'transpose'"):
+        og.define_op("MyOp", "com.example", layout="diagonal")
+    assert og.lookup_op("MyOp", "com.example") is None
+
+
 def test_feature_count_not_divisible() -> None:
     g = og.from_onnx(mlp_model(hidden=30))
     with pytest.raises(GraphError, match=r"output features \[30\]; 30 is not divisible by tp=4"):

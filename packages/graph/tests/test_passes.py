@@ -54,6 +54,20 @@ def test_fold_constants_computes_constant_subgraphs():
     assert h.op_counts() == {"MatMul": 1, "Add": 1}
 
 
+def test_fold_error_names_the_node_and_keeps_the_kernels_own_fix_once():
+    """A node that fails on its constants fails at fold time, with the ops kernel's specific fix."""
+    g = og.Graph("bad_fold")
+    g.add_initializer("q", np.array([1, 2], np.int64))  # DequantizeLinear takes no int64
+    g.add_initializer("s", np.array(0.5, np.float32))
+    g.add_node("DequantizeLinear", ["q", "s"], ["y"], name="dq")
+    g.outputs.append("y")
+    with pytest.raises(og.GraphError) as info:
+        og.fold_constants(g)
+    text = str(info.value)
+    assert "node 'dq' (DequantizeLinear)" in text and "got int64" in text
+    assert text.count("Fix:") == 1 and "cast 'x' first" in text
+
+
 def test_fold_constants_keeps_blowups_symbolic():
     g = og.Graph("big")
     g.add_initializer("shape", np.array([4096, 4096], np.int64))

@@ -264,3 +264,140 @@ def test_constant_value_string_and_strings() -> None:
     assert g.initializers["c"].dtype == OBJ and g.initializers["d"].shape == ()
     (w,) = check(m, {"x": strs("1", "2")})
     assert w.tolist() == ["1az", "2bz"]
+
+
+# --------------------------------------------------------------------------- data movement on strings
+
+_X = np.array([["a", "bb", "c"], ["d", "", "f"]], dtype=object)
+
+
+def _i64(name: str, values: list[int]) -> Any:
+    return oh.make_tensor(name, T.INT64, [len(values)], values)
+
+
+def _movement_cases() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """op -> (model, feeds): every data-movement op whose ONNX type constraint includes tensor(string)."""
+
+    def i_in(n: str, shape: Any = None) -> Any:
+        return oh.make_tensor_value_info(n, T.INT64, shape)
+
+    def b_in(n: str, shape: Any = None) -> Any:
+        return oh.make_tensor_value_info(n, T.BOOL, shape)
+
+    y = [s_in("y", None)]
+    x = [s_in("x", [2, 3])]
+    node = oh.make_node
+    return {
+        "Reshape": (model([node("Reshape", ["x", "s"], ["y"])], x, y, inits=[_i64("s", [3, 2])]), {}),
+        "Flatten": (model([node("Flatten", ["x"], ["y"], axis=0)], x, y), {}),
+        "Unsqueeze+Squeeze": (
+            model([node("Unsqueeze", ["x", "a"], ["t"]), node("Squeeze", ["t", "a"], ["y"])], x, y, inits=[_i64("a", [1])]),
+            {},
+        ),
+        "Transpose": (model([node("Transpose", ["x"], ["y"], perm=[1, 0])], x, y), {}),
+        "Concat": (model([node("Concat", ["x", "x"], ["y"], axis=1)], x, y), {}),
+        "Split": (model([node("Split", ["x"], ["y", "z"], axis=1, num_outputs=2)], x, [*y, s_in("z", None)]), {}),
+        "Slice": (model([node("Slice", ["x", "b", "e"], ["y"])], x, y, inits=[_i64("b", [1]), _i64("e", [2])]), {}),
+        "Expand": (model([node("Expand", ["x", "s"], ["y"])], x, y, inits=[_i64("s", [2, 2, 3])]), {}),
+        "Tile": (model([node("Tile", ["x", "r"], ["y"])], x, y, inits=[_i64("r", [2, 1])]), {}),
+        "Gather": (model([node("Gather", ["x", "i"], ["y"], axis=1)], [*x, i_in("i", [3])], y), {"i": np.array([2, 0, -1])}),
+        "GatherElements": (
+            model([node("GatherElements", ["x", "i"], ["y"], axis=1)], [*x, i_in("i", [2, 2])], y),
+            {"i": np.array([[2, 0], [1, 1]])},
+        ),
+        "GatherND": (model([node("GatherND", ["x", "i"], ["y"])], [*x, i_in("i", [2, 2])], y), {"i": np.array([[1, 2], [0, 0]])}),
+        "ScatterElements": (
+            model([node("ScatterElements", ["x", "i", "u"], ["y"], axis=1)], [*x, i_in("i", [2, 1]), s_in("u", [2, 1])], y),
+            {"i": np.array([[0], [2]]), "u": strs("p", "q").reshape(2, 1)},
+        ),
+        "ScatterND": (
+            model([node("ScatterND", ["x", "i", "u"], ["y"])], [*x, i_in("i", [1, 2]), s_in("u", [1])], y),
+            {"i": np.array([[1, 2]]), "u": strs("zz")},
+        ),
+        "Where": (
+            model([node("Where", ["c", "x", "w"], ["y"])], [b_in("c", [2, 3]), *x, s_in("w", [2, 3])], y),
+            {"c": np.array([[True, False, True], [False, True, False]]), "w": _X[::-1].copy()},
+        ),
+        "Compress": (
+            model([node("Compress", ["x", "c"], ["y"], axis=1)], [*x, b_in("c", [3])], y),
+            {"c": np.array([True, False, True])},
+        ),
+        "ReverseSequence": (
+            model([node("ReverseSequence", ["x", "l"], ["y"], batch_axis=1, time_axis=0)], [*x, i_in("l", [3])], y),
+            {"l": np.array([2, 1, 2])},
+        ),
+        "OneHot": (
+            model([node("OneHot", ["i", "d", "v"], ["y"])], [i_in("i", [3]), i_in("d", []), s_in("v", [2])], y),
+            {"i": np.array([0, 2, 1]), "d": np.array(3), "v": strs("off", "on")},
+        ),
+        "Unique": (
+            model([node("Unique", ["x"], ["y", "i", "inv", "n"], sorted=1)], [s_in("x", [6])],
+                  [*y, i_in("i"), i_in("inv"), i_in("n")]),
+            {"x": strs("b", "a", "b", "c", "a", "a")},
+        ),
+        "Shape+Size": (
+            model([node("Shape", ["x"], ["y"]), node("Size", ["x"], ["z"])], x, [i_in("y"), i_in("z")]),
+            {},
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(_movement_cases()))
+def test_data_movement_on_strings_matches_ort(op: str) -> None:
+    m, feeds = _movement_cases()[op]
+    feeds = {"x": _X, **feeds}
+    check(m, {k: v for k, v in feeds.items() if k in {i.name for i in m.graph.input}})
+
+
+def test_pad_trilu_nonzero_on_strings_follow_the_spec() -> None:
+    """onnxruntime's CPU provider has no string kernel for these three; the spec fills with ''."""
+    node = oh.make_node
+    pad = model(
+        [node("Pad", ["x", "p"], ["y"])],
+        [s_in("x", [2, 3])],
+        [s_in("y", None)],
+        inits=[_i64("p", [0, 1, 0, 0])],
+    )
+    got = run_graph(from_onnx(pad), {"x": _X})["y"]
+    assert got.tolist() == [["", "a", "bb", "c"], ["", "d", "", "f"]]
+    trilu = model([node("Trilu", ["x"], ["y"], upper=1)], [s_in("x", [2, 3])], [s_in("y", None)])
+    got = run_graph(from_onnx(trilu), {"x": _X})["y"]
+    assert got.tolist() == [["a", "bb", "c"], ["", "", "f"]]
+    nz = model(
+        [node("NonZero", ["x"], ["y"])], [s_in("x", [2, 3])], [oh.make_tensor_value_info("y", T.INT64, None)]
+    )
+    got = run_graph(from_onnx(nz), {"x": _X})["y"]
+    assert got.tolist() == [[0, 0, 0, 1, 1], [0, 1, 2, 0, 2]]  # the empty string is the zero
+
+
+def test_pad_of_strings_with_a_number_is_refused() -> None:
+    from opstrata.ops import OpError, pad
+
+    assert pad(_X, [0, 0, 0, 1], value="-").tolist() == [["a", "bb", "c", "-"], ["d", "", "f", "-"]]
+    with pytest.raises(OpError, match=r"pad: argument 'value' expected a str to pad a string tensor.*got 7"):
+        pad(_X, [0, 0, 0, 1], value=7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 3), min_size=1, max_size=4),
+    words=st.lists(st.text(max_size=3), min_size=1, max_size=5),
+    data=st.data(),
+)
+def test_transpose_reshape_gather_of_strings_property(shape: list[int], words: list[str], data: Any) -> None:
+    """Random string tensors through Transpose -> Reshape(-1) -> Gather equal numpy on the object array."""
+    size = int(np.prod(shape))
+    x = np.array([words[i % len(words)] for i in range(size)], dtype=object).reshape(shape)
+    perm = data.draw(st.permutations(range(len(shape))))
+    idx = np.array(
+        data.draw(st.lists(st.integers(0, max(size - 1, 0)), max_size=4)) if size else [], np.int64
+    )
+    node = oh.make_node
+    m = model(
+        [node("Transpose", ["x"], ["t"], perm=list(perm)), node("Reshape", ["t", "s"], ["f"]), node("Gather", ["f", "i"], ["y"])],
+        [s_in("x", shape), oh.make_tensor_value_info("i", T.INT64, [len(idx)])],
+        [s_in("y", None)],
+        inits=[_i64("s", [-1])],
+    )  # fmt: skip
+    got = run_graph(from_onnx(m), {"x": x, "i": idx})["y"]
+    assert got.dtype == OBJ and got.tolist() == np.transpose(x, perm).reshape(-1)[idx].tolist()

@@ -4,6 +4,7 @@ build's failure modes (no compiler, a failing compiler, a corrupted cached libra
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -475,3 +476,74 @@ def test_status_with_build_reports_a_failed_on_mode_build_instead_of_raising(tmp
     assert res["available"] is False and "failed (exit 1)" in res["reason"]
     ok = run_py(code, tmp_path)
     assert json.loads(ok.stdout.strip().splitlines()[-1]) == {"available": True, "reason": ""}
+
+
+# --------------------------------------------------------------------------- the shared build machinery
+
+
+_TINY_C = "int tiny_abi(void) { return 7; }\nint tiny_add(int a, int b) { return a + b; }\n"
+_TINY_SIGS = {"tiny_add": ([ctypes.c_int, ctypes.c_int], ctypes.c_int)}
+
+
+def test_build_library_compiles_once_caches_and_sets_signatures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPSTRATA_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "tiny.c"
+    src.write_text(_TINY_C)
+    lib, path = ops.build_library("tiny", src, _TINY_SIGS, abi=("tiny_abi", 7))
+    assert (
+        lib.tiny_add(2, 40) == 42 and path.parent == ops.native_cache_dir() and path.name.startswith("tiny-")
+    )
+    mtime = path.stat().st_mtime_ns
+    _, again = ops.build_library("tiny", src, _TINY_SIGS, abi=("tiny_abi", 7))
+    assert again == path and path.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    src.write_text(_TINY_C + "int tiny_sub(int a, int b) { return a - b; }\n")
+    _, changed = ops.build_library("tiny", src, _TINY_SIGS, abi=("tiny_abi", 7))
+    assert changed != path  # the source is part of the key
+    assert not list(ops.native_cache_dir().glob("*.tmp"))
+
+
+def test_build_library_rebuilds_an_abi_mismatch_and_reports_a_bad_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPSTRATA_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "tiny.c"
+    src.write_text(_TINY_C)
+    with pytest.raises(ops.NativeBuildError, match="cannot load it"):
+        ops.build_library("tiny", src, _TINY_SIGS, abi=("tiny_abi", 8))
+    bad = tmp_path / "bad.c"
+    bad.write_text("int broken( {\n")
+    with pytest.raises(
+        ops.NativeBuildError, match=r"(?s)mylib: .*bad\.c.*failed \(exit 1\).*OPSTRATA_NATIVE=off"
+    ):
+        ops.build_library("bad", bad, {}, what="mylib")
+    assert not list((tmp_path / "cache" / "native").glob("*.tmp"))
+
+
+def test_native_library_handle_honours_the_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSTRATA_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "tiny.c"
+    src.write_text(_TINY_C)
+    monkeypatch.setenv(_native.ENV_MODE, "off")
+    handle = ops.NativeLibrary("tiny", src, _TINY_SIGS)
+    assert handle.get() is None and handle.status().available is False
+    assert "OPSTRATA_NATIVE=off" in handle.status().reason
+    monkeypatch.setenv(_native.ENV_MODE, "auto")
+    assert handle.status().available is None  # not tried yet
+    lib = handle.get()
+    assert lib is not None and lib.tiny_add(1, 2) == 3 and handle.status().available is True
+    broken = ops.NativeLibrary("bad", tmp_path / "missing.c", {}, what="mylib")
+    with pytest.warns(ops.NativeBuildWarning, match="mylib: cannot read"):
+        assert broken.get() is None
+    assert broken.get() is None and "cannot read" in broken.status().reason  # warned once, remembered
+    monkeypatch.setenv(_native.ENV_MODE, "on")
+    with pytest.raises(ops.NativeBuildError, match="mylib"):
+        ops.NativeLibrary("bad", tmp_path / "missing.c", {}, what="mylib").get()
+
+
+def test_portable_builds_do_not_key_on_cpu_flags_but_march_native_does() -> None:
+    from opstrata.ops.native import build
+
+    assert "-march=native" not in build.PORTABLE_CFLAGS
+    assert "-march=native" in _native.CFLAGS and _native.LIBRARY.cflags == _native.CFLAGS

@@ -233,3 +233,51 @@ def test_errors_name_op_argument_and_fix() -> None:
             np.ones((1, 1, 3, 3), np.uint8), np.float32(1), np.uint8(0), np.ones((2, 1, 1, 1), np.uint8),
             np.float32(1), np.uint8(0), np.float32(1), np.uint8(0), np.ones(2, np.float32),
         )  # fmt: skip
+
+
+# ---------------------------------------------------------------- 4-bit integers (ml_dtypes int4/uint4)
+
+
+@pytest.mark.parametrize(("dtype", "lo", "hi"), [(ml_dtypes.int4, -8, 7), (ml_dtypes.uint4, 0, 15)])
+@given(values=st.lists(st.floats(-40, 40, allow_nan=False, width=32), min_size=1, max_size=16),
+       scale=st.sampled_from([0.5, 1.0, 3.0]), zp=st.integers(0, 7))  # fmt: skip
+@settings(max_examples=25, deadline=None)
+def test_int4_quantize_saturates_and_dequantize_inverts(dtype, lo, hi, values, scale, zp) -> None:
+    x = np.array(values, np.float32)
+    z = np.array(zp if lo == 0 else zp - 4, dtype)
+    q = ops.quantize_linear(x, np.float32(scale), z)
+    want = np.clip(np.rint(x.astype(np.float64) / np.float32(scale)) + int(z), lo, hi)  # rint: half to even
+    assert q.dtype == np.dtype(dtype) and q.astype(np.int64).tolist() == want.astype(np.int64).tolist()
+    back = ops.dequantize_linear(q, np.float32(scale), z)
+    np.testing.assert_array_equal(back, ((want - int(z)) * np.float32(scale)).astype(np.float32))
+
+
+def test_int4_blocked_dequantize_matches_per_block_scales() -> None:
+    q = np.array([[-8, 7, 1, 0], [3, -3, 2, -1]], ml_dtypes.int4)
+    scale = np.array([[0.5, 2.0], [1.0, 4.0]], np.float32)  # one scale per block of 2 along axis 1
+    got = ops.dequantize_linear(q, scale, axis=1, block_size=2)
+    want = q.astype(np.float32) * np.repeat(scale, 2, axis=1)
+    np.testing.assert_array_equal(got, want)
+
+
+@given(
+    m=st.integers(1, 6),
+    k=st.integers(1, 700),
+    n=st.integers(1, 6),
+    signed_a=st.booleans(),
+    seed=st.integers(0, 99),
+)
+@settings(max_examples=25, deadline=None)
+def test_matmul_integer_cpu_blas_path_is_exact(m, k, n, signed_a, seed) -> None:
+    """cpu runs the product through float64 BLAS; it must equal ref's int64 product bit for bit, extremes
+    included (every partial sum stays far below 2**53)."""
+    rng = np.random.default_rng(seed)
+    a_dt = np.int8 if signed_a else np.uint8
+    info = np.iinfo(a_dt)
+    a = rng.choice([info.min, info.max, 0, 1], size=(m, k)).astype(a_dt)
+    b = rng.choice([-128, 127, 0, -1], size=(k, n)).astype(np.int8)
+    a_zp = np.array(info.max if not signed_a else info.min, a_dt)
+    b_zp = rng.integers(-128, 128, size=n).astype(np.int8)
+    want = ops.matmul_integer(a, b, a_zp, b_zp, device="ref")
+    np.testing.assert_array_equal(ops.matmul_integer(a, b, a_zp, b_zp, device="cpu"), want)
+    assert want.dtype == np.int32

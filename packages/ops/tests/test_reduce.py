@@ -206,7 +206,7 @@ def test_var_degenerate(device: str) -> None:
         (lambda: ops.max(np.ones(3), axis=1.0), r"max: argument 'axis' expected an int, got float 1.0"),
         (lambda: ops.argmax(np.ones(3), axis=(0,)), r"argmax: argument 'axis' expected an int, got tuple"),
         (lambda: ops.argmax(np.ones((2, 0)), axis=1), r"argmax: argument 'x' expected a non-empty dimension"),
-        (lambda: ops.mean(np.ones(3, np.int32)), r"mean: argument 'x' expected one of \(float64.*got int32"),
+        (lambda: ops.mean(np.ones(3, np.int16)), r"mean: argument 'x' expected one of \(float64.*got int16"),
         (lambda: ops.sum(np.ones(3, bool)), r"sum: argument 'x' expected .*got bool"),
         (lambda: ops.var(np.ones(3), correction="1"), r"var: argument 'correction' expected a number"),
     ],
@@ -232,3 +232,38 @@ def test_mean_decomposition_is_the_definition(dtype: Any) -> None:
     assert ops.fallback_report().count("mean", path="decomposition") == 1
     rtol, atol = TOLERANCES[np.dtype(dtype)]
     assert_close(got, expected, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------- integer mean (ONNX ReduceMean, opset 18)
+
+
+def _trunc_mean_reference(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Python ints: the exact sum over ``axes``, divided by the count and truncated toward zero."""
+    moved = np.moveaxis(x, axes, tuple(range(x.ndim - len(axes), x.ndim)))
+    flat = moved.reshape(*moved.shape[: x.ndim - len(axes)], -1)
+    out = np.empty(flat.shape[:-1], x.dtype)
+    for idx in np.ndindex(out.shape):
+        vals = [int(v) for v in flat[idx]]
+        total, n = sum(vals), len(vals)
+        out[idx] = abs(total) // n * (1 if total >= 0 else -1)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ops.MEAN_INT_DTYPES, ids=str)
+@settings(max_examples=15, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4), data=st.data())
+def test_int_mean_truncates_toward_zero(device: str, dtype: Any, shape: tuple[int, ...], data: Any) -> None:
+    lo = 0 if np.dtype(dtype).kind == "u" else -1000
+    x = np.random.default_rng(data.draw(st.integers(0, 2**16))).integers(lo, 1000, size=shape).astype(dtype)
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1))))
+    got = ops.mean(x, axis=axes, device=device)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, _trunc_mean_reference(x, axes))
+
+
+def test_int_mean_errors() -> None:
+    with pytest.raises(OpError, match=r"mean: argument 'x' expected a non-empty dimension to average"):
+        ops.mean(np.zeros((2, 0), np.int32), axis=1)
+    with pytest.raises(OpError, match=r"mean: argument 'x' expected one of .*got int8"):
+        ops.mean(np.zeros(3, np.int8))

@@ -17,7 +17,9 @@ def _tagged(tag: str):
     """A kernel that returns ``(tag, x)`` so a test can see which one ran."""
 
     def kernel(x, *, scale=1):
-        return tag, np.asarray(x) * scale
+        x = np.asarray(x)
+        # scale in x's dtype: numpy < 2 promotes a 0-d float32 times a Python int to float64
+        return tag, x * np.asarray(scale, x.dtype)
 
     kernel.__name__ = f"kernel_{tag}"
     return kernel

@@ -374,3 +374,52 @@ def test_cpu_returns_views_and_ref_returns_copies() -> None:
 def test_errors_name_op_and_argument(device, fn, pattern) -> None:
     with pytest.raises(ops.OpError, match=pattern):
         fn(device)
+
+
+# ---------------------------------------------------------------- ONNX string tensors (object arrays)
+
+_WORDS = np.array(["", "a", "bb", "ccc", "d", "ee"], dtype=object)
+
+
+def _strings(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return _WORDS[rng.integers(0, len(_WORDS), size=shape)].astype(object)
+
+
+_STRING_CASES = {  # op -> (call, numpy reference) on a (2, 3) string array x
+    "reshape": (lambda x, d: ops.reshape(x, shape=(3, 2), device=d), lambda x: x.reshape(3, 2)),
+    "transpose": (lambda x, d: ops.transpose(x, perm=(1, 0), device=d), lambda x: x.T),
+    "concat": (lambda x, d: ops.concat([x, x], axis=1, device=d), lambda x: np.concatenate([x, x], 1)),
+    "split": (lambda x, d: ops.split(x, [1, 2], axis=1, device=d)[1], lambda x: x[:, 1:]),
+    "slice": (lambda x, d: ops.slice(x, starts=[0], ends=[1], axes=[0], device=d), lambda x: x[:1]),
+    "expand": (lambda x, d: ops.expand(x, shape=(2, 2, 3), device=d), lambda x: np.broadcast_to(x, (2, 2, 3))),
+    "gather": (lambda x, d: ops.gather(x, np.array([2, 0]), axis=1, device=d), lambda x: x[:, [2, 0]]),
+    "tile": (lambda x, d: ops.tile(x, [2, 1], device=d), lambda x: np.tile(x, (2, 1))),
+    "pad": (lambda x, d: ops.pad(x, [0, 1, 0, 0], device=d), lambda x: np.pad(x, ((0, 0), (1, 0)), constant_values="")),
+    "where": (
+        lambda x, d: ops.where(np.array([True, False, True]), x, np.array("-", object), device=d),
+        lambda x: np.where([True, False, True], x, "-").astype(object),
+    ),
+    "equal": (lambda x, d: ops.equal(x, x[::-1], device=d), lambda x: (x == x[::-1]).astype(bool)),
+}  # fmt: skip
+
+
+@DEVICES
+@pytest.mark.parametrize("op", sorted(_STRING_CASES))
+@given(seed=seeds)
+@SETTINGS
+def test_data_movement_kernels_take_strings(op: str, device: str, seed: int) -> None:
+    """Data movement and selection accept ONNX string tensors and equal numpy on the object array."""
+    call, reference = _STRING_CASES[op]
+    x = _strings((2, 3), seed)
+    got, want = call(x, device), reference(x)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.tolist() == want.tolist()
+
+
+def test_arithmetic_still_refuses_strings() -> None:
+    x = _strings((2, 3), 0)
+    assert ops.STRING_DTYPE in ops.TENSOR_DTYPES and ops.STRING_DTYPE not in ops.ALL_DTYPES
+    with pytest.raises(ops.OpError, match=r"add: argument 'a' expected one of .*got object"):
+        ops.add(x, x)
+    with pytest.raises(ops.OpError, match=r"pad: argument 'value' expected a str to pad a string tensor"):
+        ops.pad(x, [0, 1, 0, 0], value=3)

@@ -2,7 +2,8 @@
 
 tests/data/onnx_backend_expected.txt lists the cases that pass (as shipped, or adapted: run-time
 axes/shape inputs frozen); each must keep passing. Every other case must fail with a clear, named
-RuntimeFailure — never a wrong answer, never a stray exception. float8/float4/int4 cases are skipped.
+RuntimeFailure — never a wrong answer, never a stray exception. float8/float4/int2 cases are skipped, and
+random ops' cases are run but checked for shape and dtype only.
 Regenerate the list and the doc with ``python packages/runtime/benchmarks/onnx_backend.py``.
 """
 
@@ -35,6 +36,39 @@ def _expected() -> dict[str, str]:
 
 EXPECTED = _expected()
 
+#: The onnx whose backend cases the list above was made from (docs/onnx-backend.md). An older onnx (the
+#: lowest session installs the declared minimum) ships fewer cases and, for a few, outdated outputs.
+LIST_ONNX = "1.23.2"
+#: Cases whose expected outputs an older onnx ships wrong -> the first onnx with corrected (or no) data,
+#: found by comparing each case's data across onnx releases 1.16 ... 1.23.
+STALE_DATA = {
+    # onnx 1.16/1.17: outputs of the AveragePool reference before its ceil_mode + dilations fix
+    "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True": "1.18",
+    # onnx <= 1.21: int8 outputs that onnx 1.22 recomputed (the uint8 cases' data is unchanged)
+    "test_qlinearmatmul_2D_int8_float16": "1.22",
+    "test_qlinearmatmul_2D_int8_float32": "1.22",
+    "test_qlinearmatmul_3D_int8_float16": "1.22",
+    "test_qlinearmatmul_3D_int8_float32": "1.22",
+    # onnx <= 1.18 expects numpy's shortest repr ('0.6048455'); the spec does not pin float-to-string
+    # digits and onnx 1.19 dropped the cases; opstrata writes 9 significant digits ('0.60484552')
+    "test_cast_FLOAT_to_STRING": "1.19",
+    "test_castlike_FLOAT_to_STRING": "1.19",
+}
+
+
+def _onnx_older(version: str) -> bool:
+    import onnx
+    from packaging.version import Version
+
+    return Version(onnx.__version__) < Version(version)
+
+
+def _stale(name: str) -> bool:
+    """Whether the installed onnx ships outdated expected outputs for case ``name`` (see STALE_DATA; an
+    ``_expanded`` case, the op's function body, shares its op case's data)."""
+    base = name.removesuffix("_expanded")
+    return base in STALE_DATA and _onnx_older(STALE_DATA[base])
+
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, onnx_backend.CaseResult]:
@@ -51,6 +85,13 @@ def test_the_whole_suite_runs(results) -> None:
     assert len(ops) == len(onnx_backend.suite_ops()) > 150  # every op with a node test, not a fixed list
     assert {"Relu", "Scan", "LabelEncoder", "Resize"} <= ops
     present = [n for n in EXPECTED if n in results]
+    if len(present) < 0.9 * len(EXPECTED) and _onnx_older(LIST_ONNX):
+        import onnx
+
+        pytest.skip(
+            f"installed onnx {onnx.__version__} ships {len(present)} of the {len(EXPECTED)} cases listed from "
+            f"onnx {LIST_ONNX}: the presence check needs that onnx or newer (the cases it has still ran above)"
+        )
     assert len(present) >= 0.9 * len(EXPECTED), f"only {len(present)} of {len(EXPECTED)} listed cases exist"
 
 
@@ -58,13 +99,17 @@ def test_listed_cases_still_pass(results) -> None:
     regressed = {
         n: f"{r.op} {r.status}: {r.detail[:200]}"
         for n, r in results.items()
-        if n in EXPECTED and not (r.status == "pass" or r.status == EXPECTED[n])
+        if n in EXPECTED and not (r.status == "pass" or r.status == EXPECTED[n]) and not _stale(n)
     }
     assert not regressed, f"{len(regressed)} listed cases no longer pass: {regressed}"
 
 
 def test_no_wrong_answer_and_no_stray_exception(results) -> None:
-    bad = {n: (r.op, r.status, r.detail[:300]) for n, r in results.items() if r.status in ("wrong", "crash")}
+    bad = {
+        n: (r.op, r.status, r.detail[:300])
+        for n, r in results.items()
+        if r.status in ("wrong", "crash") and not (r.status == "wrong" and _stale(n))
+    }
     assert not bad, bad
 
 
@@ -77,17 +122,26 @@ def test_unsupported_cases_fail_with_a_named_error_and_a_fix(results) -> None:
         assert r.reason and len(r.reason) < 130, r
 
 
-def test_float8_float4_int4_cases_are_skipped_with_the_reason(results) -> None:
-    for name in (
-        "test_cast_FLOAT_to_FLOAT8E4M3FN",
-        "test_cast_FLOAT_to_FLOAT4E2M1",
-        "test_cast_FLOAT_to_INT4",
-    ):
+def test_float8_float4_cases_are_skipped_with_the_reason(results) -> None:
+    for name in ("test_cast_FLOAT_to_FLOAT8E4M3FN", "test_cast_FLOAT_to_FLOAT4E2M1"):
         if name in results:
-            assert results[name].status == "skipped" and "float8/float6/float4/int4" in results[name].reason
+            assert results[name].status == "skipped" and "float8/float6/float4/int2" in results[name].reason
     assert results["test_cast_FLOAT_to_FLOAT16"].status != "skipped"
     table = onnx_backend.format_report(list(results.values()))
     assert "**Skipped**" in table and "| Cast |" in table.split("**Skipped**")[1]
+
+
+def test_int4_quantization_cases_run_and_pass(results) -> None:
+    """int4/uint4 are ops dtypes (ml_dtypes): the 4-bit QuantizeLinear/DequantizeLinear cases run."""
+    int4 = [r for n, r in results.items() if n.startswith(("test_quantizelinear_", "test_dequantizelinear_"))
+            and "int4" in n]  # fmt: skip
+    assert int4 and all(r.status == "pass" for r in int4), [r for r in int4 if r.status != "pass"]
+
+
+def test_random_op_cases_are_run_and_checked_for_shape_and_dtype(results) -> None:
+    bern = [r for n, r in results.items() if n.startswith("test_bernoulli")]
+    assert bern and all(r.status == "skipped" and r.reason == onnx_backend.RANDOM_REASON for r in bern)
+    assert all(r.detail.startswith("random ops ") for r in bern)
 
 
 def test_old_opset_cases_pass_as_shipped(results) -> None:
@@ -157,11 +211,45 @@ def test_report_counts_per_op() -> None:
     )
 
 
+def _ort_max_ir_version() -> int:
+    """The newest model IR version the installed onnxruntime loads, asked of onnxruntime itself: an
+    Identity model stamped with each IR version from onnx's own down (an older onnxruntime refuses newer
+    ones with "Unsupported model IR version")."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper as oh
+
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    for ir in range(onnx.IR_VERSION, 6, -1):
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=ir)
+        try:
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            if "Unsupported model IR version" not in str(exc):
+                raise
+            continue
+        return ir
+    raise AssertionError(
+        f"onnxruntime {ort.__version__} loads no IR version from {onnx.IR_VERSION} down to 7"
+    )
+
+
 @pytest.mark.skipif(not HAVE_ORT, reason="onnxruntime is not installed")
 def test_onnxruntime_column(results) -> None:
-    """onnxruntime runs every case as shipped; a case both pass gives the same outputs in both."""
+    """onnxruntime runs every case as shipped; a case both pass gives the same outputs in both.
+
+    The pass-rate floor counts the cases whose IR version the installed onnxruntime loads at all: an
+    onnxruntime older than the installed onnx (onnxruntime 1.30 loads IR <= 13, onnx 1.23 writes the
+    newest cases at IR 14) refuses the rest before running anything.
+    """
     assert all(r.ort_status in ("pass", "fail", "refused") for r in results.values() if r.status != "skipped")
-    assert sum(r.ort_status == "pass" for r in results.values()) > 0.75 * len(results)
+    max_ir = _ort_max_ir_version()
+    loadable = {c.name for _, c in onnx_backend.collect_cases() if c.model.ir_version <= max_ir}
+    considered = [r for n, r in results.items() if n in loadable]
+    assert len(considered) > 0.5 * len(results), f"onnxruntime loads IR <= {max_ir}: too few cases to judge"
+    assert sum(r.ort_status == "pass" for r in considered) > 0.75 * len(considered)
     for name in ("test_relu", "test_reduce_sum_keepdims_random", "test_and2d", "test_softmax_axis_1"):
         r = results[name]
         assert r.status in ("pass", "adapted") and r.ort_status == "pass" and r.ort == "agree", r

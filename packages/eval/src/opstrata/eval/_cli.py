@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _demo, _info, _run, _zoo_cli
+from . import _bench_cli, _conformance_cli, _demo, _diff_cli, _info, _report_cli, _run, _zoo_cli
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -51,6 +51,30 @@ COMMANDS: tuple[Command, ...] = (
         "well-known models built in code (torchvision, transformers), exported by torch.onnx, checked here",
         _zoo_cli.add_arguments,
         _zoo_cli.run,
+    ),
+    Command(
+        "diff",
+        "layer diff: every node output against onnxruntime, ref, float64, bf16/fp16 or another model; --drift",
+        _diff_cli.add_arguments,
+        _diff_cli.run,
+    ),
+    Command(
+        "conformance",
+        "every registered op x dtype on a device against the ref device: native/fallback/missing/deviates",
+        _conformance_cli.add_arguments,
+        _conformance_cli.run,
+    ),
+    Command(
+        "bench",
+        "interleaved timings with the machine fingerprint; --save, --compare with a bootstrap regression gate",
+        _bench_cli.add_arguments,
+        _bench_cli.run,
+    ),
+    Command(
+        "report",
+        "one self-contained HTML report (and markdown) from diff, drift, bench, conformance results and traces",
+        _report_cli.add_arguments,
+        _report_cli.run,
     ),
 )
 

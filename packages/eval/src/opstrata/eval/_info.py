@@ -193,6 +193,18 @@ def native_info() -> dict[str, Any]:
     return {k: getattr(status, k) for k in ("mode", "available", "library", "compiler", "reason")}
 
 
+def session_threads() -> dict[str, Any]:
+    """The intra-op / inter-op threads an InferenceSession would use now (runtime's ``thread_info``)."""
+    import opstrata.runtime as rt
+
+    if not hasattr(rt, "thread_info"):  # an opstrata-runtime before 0.5.2: BLAS decides on its own
+        return {"available": False, "reason": "this opstrata-runtime sets no thread counts (added in 0.5.2)"}
+    try:
+        return {"available": True, **rt.thread_info()}
+    except Exception as e:  # a bad OPSTRATA_NUM_THREADS: reported, not raised
+        return {"available": False, "reason": str(e)}
+
+
 def collect(cwd: Path | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The whole `opstrata info` report as a JSON-able dict; `ok` is False on any unmet range or lock mismatch."""
     packages = installed_packages()
@@ -205,6 +217,7 @@ def collect(cwd: Path | None = None, environ: Mapping[str, str] = os.environ) ->
         **platform_info(),
         "cache_dir": cache_dir(environ),
         "native": native_info(),
+        "session_threads": session_threads(),
     }
 
 
@@ -243,6 +256,15 @@ def format_text(info: Mapping[str, Any]) -> str:
         )
     else:
         lines.append(f"native kernels: off, numpy kernels run ({nat['reason']})")
+    th = info.get("session_threads") or {"available": False, "reason": "not collected"}
+    if th["available"]:
+        lines.append(
+            f"session threads: intra-op {th['intra_op_num_threads']} ({th['intra_op_source']}), inter-op "
+            f"{th['inter_op_num_threads']}, physical cores {th['physical_cores']}; GEMMs under "
+            f"{th['gemm_single_thread_below_flops']:,} FLOPs run on one thread"
+        )
+    else:
+        lines.append(f"session threads: {th['reason']}")
     lines.append("status: ok" if info["ok"] else "status: PROBLEMS FOUND (see the lines marked !)")
     return "\n".join(lines)
 

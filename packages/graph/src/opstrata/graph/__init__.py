@@ -45,6 +45,12 @@ from .onnx.export import (
 
 # --- ONNX front end and back end (need the [onnx] extra at call time) ---
 from .onnx.importer import from_onnx as from_onnx, supported_onnx_ops as supported_onnx_ops
+from .onnx.types import (
+    array_from_tensor as array_from_tensor,
+    dtype_from_onnx as dtype_from_onnx,
+    dtype_to_onnx as dtype_to_onnx,
+    tensor_from_array as tensor_from_array,
+)
 from .opdefs import fused as _fused_ops  # noqa: F401  (registers shape rules and exporters of the fused ops)
 from .opdefs.fused_codegen import fused_kernel as fused_kernel
 from .opdefs.registry import (
@@ -113,9 +119,12 @@ __all__ = [
     "Value",
     "__version__",
     "absent",
+    "array_from_tensor",
     "broadcast_shapes",
     "compile",
     "define_op",
+    "dtype_from_onnx",
+    "dtype_to_onnx",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "export_as_function",
@@ -150,6 +159,7 @@ __all__ = [
     "simulate_tensor_parallel",
     "supported_onnx_ops",
     "supported_ops",
+    "tensor_from_array",
     "to_onnx",
     "to_sequence",
     "undefine_op",

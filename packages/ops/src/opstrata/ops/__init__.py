@@ -19,6 +19,8 @@ from ._dtypes import (
     FLOAT_DTYPES as FLOAT_DTYPES,
     INT_DTYPES as INT_DTYPES,
     LOW_PRECISION_DTYPES as LOW_PRECISION_DTYPES,
+    STRING_DTYPE as STRING_DTYPE,
+    TENSOR_DTYPES as TENSOR_DTYPES,
     accumulation_dtype as accumulation_dtype,
     as_dtype as as_dtype,
     bfloat16 as bfloat16,
@@ -226,6 +228,7 @@ from .kernels.quantize import (
 )
 from .kernels.recurrent import gru as gru, lstm as lstm, rnn as rnn
 from .kernels.reduce import (
+    MEAN_INT_DTYPES as MEAN_INT_DTYPES,
     argmax as argmax,
     max as max,
     mean as mean,
@@ -276,6 +279,7 @@ from .kernels.signal import (
     stft as stft,
 )
 from .kernels.softmax import log_softmax as log_softmax, softmax as softmax
+from .native.build import NativeLibrary as NativeLibrary, build_library as build_library
 from .native.kernels import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
 from .native.library import (
     NativeBuildError as NativeBuildError,
@@ -306,9 +310,12 @@ __all__ = [
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "LOW_PRECISION_DTYPES",
+    "MEAN_INT_DTYPES",
     "ROI_ALIGN_MODES",
     "SELU_ALPHA",
     "SELU_GAMMA",
+    "STRING_DTYPE",
+    "TENSOR_DTYPES",
     "AutotuneCacheWarning",
     "AutotuneStats",
     "DevicePluginError",
@@ -319,6 +326,7 @@ __all__ = [
     "KernelEntry",
     "NativeBuildError",
     "NativeBuildWarning",
+    "NativeLibrary",
     "NativeStatus",
     "NoKernelError",
     "OpError",
@@ -363,6 +371,7 @@ __all__ = [
     "bitwise_xor",
     "blackman_window",
     "bool_",
+    "build_library",
     "call",
     "cast",
     "causal_conv_with_state",

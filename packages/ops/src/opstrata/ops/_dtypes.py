@@ -30,6 +30,9 @@ float16 = np.dtype(np.float16)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+#: 4-bit integers (ml_dtypes; one value per byte in memory, packed two per byte only in ONNX files)
+int4 = np.dtype(ml_dtypes.int4)
+uint4 = np.dtype(ml_dtypes.uint4)
 int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
 int16 = np.dtype(np.int16)
@@ -49,6 +52,11 @@ INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int16, uint16, int32, uint32, i
 INDEX_DTYPES: tuple[np.dtype, ...] = (int32, int64)
 NUMERIC_DTYPES: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES
 ALL_DTYPES: tuple[np.dtype, ...] = (*NUMERIC_DTYPES, bool_)
+#: ONNX string tensors: numpy object arrays holding ``str`` (numpy has no variable-length string dtype
+#: before 2.0, and ONNX strings have no fixed width).
+STRING_DTYPE = np.dtype(object)
+#: Every ONNX tensor dtype, strings included: the dtypes of pure data movement (reshape, gather, pad, ...).
+TENSOR_DTYPES: tuple[np.dtype, ...] = (*ALL_DTYPES, STRING_DTYPE)
 
 DTYPES_BY_NAME: dict[str, np.dtype] = {
     "float64": float64,

@@ -1,4 +1,10 @@
-"""opstrata.quant — observers, calibration, int8/int4/fp8 schemes, quantized kernels, graph quantization."""
+"""opstrata.quant — observers, calibration, int8/int4/fp8 schemes, quantized kernels, graph quantization.
+
+>>> import numpy as np
+>>> p = params_from_range(-1.0, 1.0, "int8", symmetric=True)
+>>> quantize(np.array([0.5, -2.0], np.float32), p).tolist()
+[64, -128]
+"""
 
 from __future__ import annotations
 
@@ -6,4 +12,92 @@ from opstrata.ops.compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-quant")
 
-__all__ = ["__version__"]
+from ._calibrate import calibrate as calibrate
+from ._dtypes import QDType as QDType, qdtype as qdtype
+from ._dynamic import quantize_dynamic as quantize_dynamic
+from ._errors import (
+    AccuracyError as AccuracyError,
+    CalibrationError as CalibrationError,
+    QuantError as QuantError,
+)
+from ._kernels import (
+    get_qgemm_threads as get_qgemm_threads,
+    install as _install_kernels,
+    set_qgemm_threads as set_qgemm_threads,
+)
+from ._observers import (
+    OBSERVERS as OBSERVERS,
+    EntropyObserver as EntropyObserver,
+    MinMaxObserver as MinMaxObserver,
+    MovingAverageMinMaxObserver as MovingAverageMinMaxObserver,
+    MSEObserver as MSEObserver,
+    Observer as Observer,
+    PercentileObserver as PercentileObserver,
+    make_observer as make_observer,
+)
+from ._packing import pack_int4 as pack_int4, unpack_int4 as unpack_int4
+from ._qgemm import (
+    NativeUnavailableError as NativeUnavailableError,
+    PackedWeight as PackedWeight,
+    prepack_weight as prepack_weight,
+    qgemm as qgemm,
+)
+from ._qparams import (
+    QuantParams as QuantParams,
+    dequantize as dequantize,
+    params_from_range as params_from_range,
+    quantize as quantize,
+)
+from ._report import (
+    OutputMetrics as OutputMetrics,
+    QuantReport as QuantReport,
+    accuracy_report as accuracy_report,
+)
+from ._static import quantize_static as quantize_static
+from ._weights import quantize_weights as quantize_weights
+from .native._library import (
+    QGemmStatus as QGemmStatus,
+    native_status as native_status,
+    reset_native_stats as reset_native_stats,
+)
+
+_install_kernels()  # quant's native matmul_integer / qlinear_matmul on ops' cpu device
+
+__all__ = [
+    "OBSERVERS",
+    "AccuracyError",
+    "CalibrationError",
+    "EntropyObserver",
+    "MSEObserver",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "NativeUnavailableError",
+    "Observer",
+    "OutputMetrics",
+    "PackedWeight",
+    "PercentileObserver",
+    "QDType",
+    "QGemmStatus",
+    "QuantError",
+    "QuantParams",
+    "QuantReport",
+    "__version__",
+    "accuracy_report",
+    "calibrate",
+    "dequantize",
+    "get_qgemm_threads",
+    "make_observer",
+    "native_status",
+    "pack_int4",
+    "params_from_range",
+    "prepack_weight",
+    "qdtype",
+    "qgemm",
+    "quantize",
+    "quantize_dynamic",
+    "quantize_static",
+    "quantize_weights",
+    "reset_native_stats",
+    "set_qgemm_threads",
+    "unpack_int4",
+]

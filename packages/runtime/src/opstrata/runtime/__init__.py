@@ -22,6 +22,11 @@ from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as Pag
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
 from ._session import InferenceSession as InferenceSession, NodeArg as NodeArg
+from ._threads import (
+    ThreadSettings as ThreadSettings,
+    physical_cores as physical_cores,
+    thread_info as thread_info,
+)
 
 __all__ = [
     "Arena",
@@ -43,7 +48,10 @@ __all__ = [
     "Profiler",
     "RuntimeFailure",
     "SessionOptions",
+    "ThreadSettings",
     "__version__",
     "generate",
     "node_flops",
+    "physical_cores",
+    "thread_info",
 ]

@@ -7,7 +7,7 @@ whose ops kernels take ``out=``, writes straight into its slot; every other resu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, KernelBinding, No
 
 from ._allocator import CachingAllocator
 from ._arena import _RESHAPES, Arena
+from ._blas import BLAS
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
 from ._into import into_kernel
@@ -206,17 +207,31 @@ class Schedule:
                     self._store(st, k, vals[s], res[k], arena)
         return args
 
-    def run_arena(self, vals: list[Any], arena: Arena, prof: Profiler | None, run_id: int) -> None:
-        """Execute every step in plan order; intermediates are the arena views already in ``vals``."""
+    def run_arena(
+        self,
+        vals: list[Any],
+        arena: Arena,
+        prof: Profiler | None,
+        run_id: int,
+        switch_at: Mapping[int, int] | None = None,
+    ) -> None:
+        """Execute every step in plan order; intermediates are the arena views already in ``vals``.
+
+        ``switch_at``: step index -> BLAS thread count to set before it (small GEMMs, see _gemm_threads).
+        """
         alias = self.alias_slots(arena)
         skip = self.view_steps(arena)
         if prof is None:
             for i, st in enumerate(self.steps):
+                if switch_at and i in switch_at:
+                    BLAS.set(switch_at[i])
                 if i not in skip:
                     self.exec_arena(st, vals, alias, arena)
             return
         dynamic = set(arena.plan.dynamic)
         for i, st in enumerate(self.steps):
+            if switch_at and i in switch_at:
+                BLAS.set(switch_at[i])
             t0 = time.perf_counter_ns()
             if i in skip:  # recorded (as the near-zero cost it is) so the profile lists every node
                 args = [vals[s] if s >= 0 else None for s in st.ins]
@@ -261,13 +276,23 @@ class Schedule:
         return args
 
     def run_allocator(
-        self, vals: list[Any], alloc: CachingAllocator, prof: Profiler | None, run_id: int
+        self,
+        vals: list[Any],
+        alloc: CachingAllocator,
+        prof: Profiler | None,
+        run_id: int,
+        switch_at: Mapping[int, int] | None = None,
     ) -> list[np.ndarray]:
-        """Execute every step with each result in an allocator block, freed after its last reader."""
+        """Execute every step with each result in an allocator block, freed after its last reader.
+
+        ``switch_at`` as in :meth:`run_arena`.
+        """
         live: list[np.ndarray] = []  # blocks still held at the end (graph outputs), freed by the caller
         held: dict[int, np.ndarray] = {}
         try:
-            for st in self.steps:
+            for i, st in enumerate(self.steps):
+                if switch_at and i in switch_at:
+                    BLAS.set(switch_at[i])
                 t0 = time.perf_counter_ns() if prof is not None else 0
                 args = self.exec_alloc(st, vals, held, alloc)
                 if prof is not None:

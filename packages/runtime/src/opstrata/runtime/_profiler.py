@@ -4,6 +4,10 @@ The trace follows the Trace Event Format (complete events, ``ph: "X"``, microsec
 Perfetto and chrome://tracing open. Runs sit on their own track (tid 0, "session"); node events on one
 track per stream (tid ``1 + stream``, "stream k"), so concurrent branches show as overlapping bars;
 each cross-stream event a node waited on is a flow arrow from its producer to it.
+
+The trace's top-level ``metadata`` (the Trace Event Format's place for it) holds what the session set
+in :attr:`Profiler.metadata`: its thread settings (intra-op, inter-op, per-stream BLAS threads, the
+GEMM threshold, the BLAS libraries); each run span's args carry the BLAS thread count it started with.
 """
 
 from __future__ import annotations
@@ -53,13 +57,19 @@ class Profiler:
         self.runs: list[tuple[int, int, int]] = []  # (run index, start ns, duration ns)
         #: cross-stream events a node waited on: (run, producer node, consumer node); drawn as flow arrows
         self.flows: list[tuple[int, str, str]] = []
+        #: JSON-ready facts about the session (its thread settings), written as the trace's ``metadata``
+        self.metadata: dict[str, Any] = {}
+        self.run_threads: dict[int, int] = {}  # run index -> BLAS threads it started with
         self._t0 = time.perf_counter_ns()
         self._pid = os.getpid()
 
-    def add_run(self, start_ns: int, dur_ns: int) -> int:
-        """Record one ``run`` span; returns its index."""
-        self.runs.append((len(self.runs), start_ns, dur_ns))
-        return len(self.runs) - 1
+    def add_run(self, start_ns: int, dur_ns: int, blas_threads: int | None = None) -> int:
+        """Record one ``run`` span (and the BLAS thread count it started with); returns its index."""
+        i = len(self.runs)
+        self.runs.append((i, start_ns, dur_ns))
+        if blas_threads is not None:
+            self.run_threads[i] = blas_threads
+        return i
 
     def trace(self) -> dict[str, Any]:
         """The Chrome trace (Trace Event Format) as a JSON-ready dict."""
@@ -75,8 +85,11 @@ class Profiler:
             ev.append({"name": "thread_sort_index", "ph": "M", "pid": self._pid, "tid": tid,
                        "args": {"sort_index": tid}})  # fmt: skip
         for i, start, dur in self.runs:
+            args: dict[str, Any] = {"run": i}
+            if i in self.run_threads:
+                args["blas_threads"] = self.run_threads[i]
             ev.append({"name": f"run {i}", "cat": "session", "ph": "X", "ts": us(start), "dur": dur / 1000.0,
-                       "pid": self._pid, "tid": SESSION_TID, "args": {"run": i}})  # fmt: skip
+                       "pid": self._pid, "tid": SESSION_TID, "args": args})  # fmt: skip
         for e in self.events:
             ev.append({
                 "name": e.name, "cat": e.op_type, "ph": "X", "ts": us(e.start_ns), "dur": e.dur_ns / 1000.0,
@@ -99,7 +112,7 @@ class Profiler:
                        "tid": STREAM_TID0 + a.stream, "ts": end})  # fmt: skip
             ev.append({"name": "event", "cat": "stream-event", "ph": "f", "bp": "e", "id": k, "pid": self._pid,
                        "tid": STREAM_TID0 + b.stream, "ts": us(b.start_ns)})  # fmt: skip
-        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+        return {"traceEvents": ev, "displayTimeUnit": "ms", "metadata": dict(self.metadata)}
 
     def write(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the trace atomically (temp file + rename) to ``path`` or ``<prefix>_<time>.json``."""
@@ -128,8 +141,17 @@ class Profiler:
             by_node[e.name].append(e)
             by_op[e.op_type] += e.dur_ns
         total = sum(by_op.values()) or 1
-        lines = [f"profile: {len(self.runs)} runs, {len(self.events)} node events, {total / 1e6:.3f} ms in nodes",
-                 "", "hottest nodes:",
+        lines = [
+            f"profile: {len(self.runs)} runs, {len(self.events)} node events, {total / 1e6:.3f} ms in nodes"
+        ]
+        th = self.metadata.get("threads")
+        if th:
+            lines.append(
+                f"threads: intra-op {th['intra_op_num_threads']} ({th['intra_op_source']}), inter-op "
+                f"{th['inter_op_num_threads']}, BLAS per stream {th['blas_threads_per_stream']}, GEMMs below "
+                f"{th['gemm_single_thread_below_flops'] / 1e6:g} MFLOP single-threaded"
+            )
+        lines += ["", "hottest nodes:",
                  f"  {'node':<28} {'op':<20} {'calls':>5} {'total ms':>9} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}  kernels"]  # fmt: skip
         rows = sorted(by_node.items(), key=lambda kv: -sum(e.dur_ns for e in kv[1]))[:top]
         for name, evs in rows:

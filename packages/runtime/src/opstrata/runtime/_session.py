@@ -25,9 +25,11 @@ from opstrata.graph import absent, is_absent, sequence_items, to_sequence
 
 from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases
+from ._blas import BLAS
 from ._bound import BoundProgram, bind_arena, release, run_bound
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
+from ._gemm_threads import ThreadPlan, thread_plan, with_switches
 from ._options import SessionOptions
 from ._profiler import Profiler
 from ._streams import (
@@ -39,6 +41,7 @@ from ._streams import (
     step_preds,
     stream_memory_plan,
 )
+from ._threads import ThreadSettings
 
 __all__ = ["InferenceSession", "NodeArg"]
 
@@ -144,6 +147,10 @@ class InferenceSession:
                 "InferenceSession", f"unknown device {device!r}", f"use one of {ops.list_devices()}"
             )
         self.device = device
+        #: intra-op / inter-op thread counts as resolved now (OPSTRATA_NUM_THREADS, physical cores)
+        self.threads = ThreadSettings.resolve(opts.intra_op_num_threads, opts.inter_op_num_threads)
+        BLAS.refresh_if_imported()  # a BLAS loaded since the last session (torch's, say) is limited too
+        BLAS.claim()  # this thread controls the BLAS count (threadpoolctl lets one thread at a time)
         with self._policy():
             self.plan = _load(model, opts.graph_optimization_level, device)
         self.graph = self.plan.graph
@@ -156,7 +163,9 @@ class InferenceSession:
         self._dtypes = {k: v.dtype for k, v in self.graph.values.items()}
         # arena runs without the profiler: each shape's steps bound once to zero-argument calls
         self._bound: dict[tuple[tuple[int, ...], ...], BoundProgram] = {}
-        self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
+        self._profiler = self._new_profiler() if opts.enable_profiling else None
+        # per input-shape signature: the BLAS threads its runs start with and where they switch
+        self._thread_plans: dict[tuple[tuple[int, ...], ...], ThreadPlan] = {}
         self._last_profiler: Profiler | None = None  # kept by end_profiling for profile_summary
         self._lock = threading.Lock()  # one arena per shape: concurrent runs take turns
         self._inputs = [self._arg(x) for x in self.graph.inputs]
@@ -172,8 +181,8 @@ class InferenceSession:
         self._pool: StreamPool | None = None
         self._stream_programs: dict[tuple[tuple[int, ...], ...], StreamProgram] = {}
         self._closed = False
-        if opts.num_streams > 1:
-            self._pool = StreamPool(self._schedule, opts.num_streams, opts.stream_timeout_s)
+        if self.threads.inter_op > 1:
+            self._pool = StreamPool(self._schedule, self.threads.inter_op, opts.stream_timeout_s)
             self._preds = step_preds(self._schedule)
             # an unclosed, collected session still stops its workers (at exit, daemon workers just end)
             weakref.finalize(self, self._pool.close).atexit = False
@@ -204,6 +213,15 @@ class InferenceSession:
         return {k: a for k, (a, _) in self._programs.items()}
 
     # ------------------------------------------------------------------ run
+
+    def thread_info(self) -> dict[str, Any]:
+        """The session's thread settings and the BLAS libraries it limits (JSON-ready; in profiles too)."""
+        return {**self.threads.as_dict(), "blas": BLAS.describe()}
+
+    def _new_profiler(self) -> Profiler:
+        prof = Profiler(self.options.profile_file_prefix)
+        prof.metadata["threads"] = self.thread_info()
+        return prof
 
     def _policy(self) -> contextlib.AbstractContextManager[Any]:
         p = self.options.fallback_policy
@@ -305,6 +323,7 @@ class InferenceSession:
             old, _ = self._programs.popitem(last=False)
             self._bound.pop(old, None)
             self._stream_programs.pop(old, None)
+            self._thread_plans.pop(old, None)
             self.plan.forget_memory(dict(zip(self.graph.inputs, old, strict=True)))
         arena: Arena | None = None
         mp: og.MemoryPlan | None = None
@@ -315,18 +334,18 @@ class InferenceSession:
                 mp = None
             if mp is not None and mp.dynamic and self._pool is not None:
                 mp = None  # stream programs lay out every value: the allocator runs them instead
+        shapes = slot_shapes_from_plan(self._schedule, mp, key)
+        parallel = False
         if self._pool is not None:  # streams: assign nodes once per shape, lay the arena out for it
-            asg = assign_streams(
-                self._preds,
-                step_costs(self._schedule, slot_shapes_from_plan(self._schedule, mp, key)),
-                self.options.num_streams,
-            )
+            asg = assign_streams(self._preds, step_costs(self._schedule, shapes), self.threads.inter_op)
             if mp is not None:
                 smp, aliases = stream_memory_plan(self.graph, self._schedule, mp, asg)
                 arena = Arena(smp, self._dtypes, aliases)
-            self._stream_programs[key] = StreamProgram(self._schedule, asg, arena)
+            sprog = self._stream_programs[key] = StreamProgram(self._schedule, asg, arena)
+            parallel = sprog.parallel
         elif mp is not None:
             arena = Arena(mp, self._dtypes, view_aliases(self.graph, mp))
+        self._thread_plans[key] = thread_plan(self._schedule.steps, shapes, self.threads, parallel)
         vals = list(self._schedule.template)
         if arena is not None:  # every planned value is its arena view, fixed for this shape
             for name, view in arena.views.items():
@@ -374,49 +393,70 @@ class InferenceSession:
         return self._run(slots, feeds)
 
     def _run(self, slots: list[int], feeds: list[np.ndarray]) -> list[Any]:
+        """One run with BLAS limited to the plan's thread count; the previous count is restored after it,
+        also when a kernel raises."""
         key = tuple(f.shape for f in feeds)
-        sch = self._schedule
-        prof = self._profiler
         with self._lock, self._policy(), ops.device(self.device):
             if self._closed:
                 raise InvalidArgument(
                     "InferenceSession.run", "the session is closed", "create a new InferenceSession"
                 )
             t0 = time.perf_counter_ns()
-            run_id = len(prof.runs) if prof is not None else 0
             arena, template = self._program(key)
-            sprog = self._stream_programs.get(key) if self._pool is not None else None
-            if arena is not None and prof is None and (sprog is None or not sprog.parallel):
-                bound = self._bound.get(key)
-                if bound is None or bound.generation != ops.registry_generation():
-                    bound = self._bound[key] = bind_arena(sch, arena, template)  # (re)resolve kernels
-                bvals = run_bound(sch, bound, feeds)
-                try:
-                    return [np.array(bvals[s], copy=True) for s in slots]
-                finally:
-                    release(bound)
-            vals = list(template)
-            for s, f in zip(sch.input_slots, feeds, strict=True):
-                vals[s] = f
-            if sprog is not None and sprog.parallel:
-                held = self._pool.run(sprog, vals, prof, run_id, self.allocator)  # type: ignore[union-attr]
-                try:
-                    result = [np.array(vals[s], copy=True) for s in slots]
-                finally:
-                    for arr in held:
-                        self.allocator.free(arr)
-            elif arena is not None:
-                sch.run_arena(vals, arena, prof, run_id)
+            tplan = self._thread_plans[key]
+            saved = BLAS.enter(tplan.start)
+            try:
+                return self._run_program(key, arena, template, tplan, slots, feeds, t0)
+            finally:
+                BLAS.exit(saved)
+
+    def _run_program(
+        self,
+        key: tuple[tuple[int, ...], ...],
+        arena: Arena | None,
+        template: list[Any],
+        tplan: ThreadPlan,
+        slots: list[int],
+        feeds: list[np.ndarray],
+        t0: int,
+    ) -> list[Any]:
+        """Run one shape's program: bound calls, stream workers, arena or allocator steps."""
+        sch = self._schedule
+        prof = self._profiler
+        run_id = len(prof.runs) if prof is not None else 0
+        sprog = self._stream_programs.get(key) if self._pool is not None else None
+        if arena is not None and prof is None and (sprog is None or not sprog.parallel):
+            bound = self._bound.get(key)
+            if bound is None or bound.generation != ops.registry_generation():
+                bound = self._bound[key] = bind_arena(sch, arena, template)  # (re)resolve kernels
+                bound.calls = with_switches(bound.calls, bound.index, tplan, BLAS.set)
+            bvals = run_bound(sch, bound, feeds)
+            try:
+                return [np.array(bvals[s], copy=True) for s in slots]
+            finally:
+                release(bound)
+        vals = list(template)
+        for s, f in zip(sch.input_slots, feeds, strict=True):
+            vals[s] = f
+        if sprog is not None and sprog.parallel:
+            held = self._pool.run(sprog, vals, prof, run_id, self.allocator)  # type: ignore[union-attr]
+            try:
                 result = [np.array(vals[s], copy=True) for s in slots]
-            else:
-                held = sch.run_allocator(vals, self.allocator, prof, run_id)
-                try:
-                    result = [np.array(vals[s], copy=True) for s in slots]
-                finally:
-                    for arr in held:
-                        self.allocator.free(arr)
-            if prof is not None:
-                prof.add_run(t0, time.perf_counter_ns() - t0)
+            finally:
+                for arr in held:
+                    self.allocator.free(arr)
+        elif arena is not None:
+            sch.run_arena(vals, arena, prof, run_id, tplan.switch_at)
+            result = [np.array(vals[s], copy=True) for s in slots]
+        else:
+            held = sch.run_allocator(vals, self.allocator, prof, run_id, tplan.switch_at)
+            try:
+                result = [np.array(vals[s], copy=True) for s in slots]
+            finally:
+                for arr in held:
+                    self.allocator.free(arr)
+        if prof is not None:
+            prof.add_run(t0, time.perf_counter_ns() - t0, tplan.start)
         return result
 
     # ------------------------------------------------------------------ profiling

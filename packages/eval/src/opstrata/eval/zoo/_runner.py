@@ -162,7 +162,20 @@ def _export_and_check(result: ZooResult, spec: ModelSpec, out: Path, bench: bool
         expected_torch = [model(torch.from_numpy(x)).numpy() for x in feeds]
     if any(np.ptp(t) == 0 for t in expected_torch):  # a constant output makes every comparison vacuous
         result.notes.append("torch's output is constant for an input: the comparison proves little")
-    ort_sess, expected_ort = _run_ort(result, spec, path, feeds)
+    ort_sess, ort_outputs = _run_ort(result, spec, path, feeds)
+    baked: list[tuple[tuple[int, ...], BaseException]] = []
+    expected_ort: list[np.ndarray] | None = None
+    if ort_outputs is not None:  # shapes onnxruntime cannot run: the exporter fixed a dynamic dimension
+        baked = [
+            (s, o) for s, o in zip(result.shapes, ort_outputs, strict=True) if isinstance(o, BaseException)
+        ]
+        keep = [i for i, o in enumerate(ort_outputs) if not isinstance(o, BaseException)]
+        feeds, expected_torch = [feeds[i] for i in keep], [expected_torch[i] for i in keep]
+        expected_ort = [ort_outputs[i] for i in keep]  # type: ignore[misc]
+        if baked:
+            _check_baked(result, spec, path, baked)
+            if result.status != "ok":
+                return
     if expected_ort is not None:
         result.ort_vs_torch = _worst(expected_ort, expected_torch)
     ran = _run_opstrata(result, spec, path, feeds, ort_ran=expected_ort is not None)
@@ -178,6 +191,16 @@ def _export_and_check(result: ZooResult, spec: ModelSpec, out: Path, bench: bool
     elif result.err_vs_torch > TOLERANCE_TORCH:
         _fail(result, "wrong", _wrong_text(actual, expected_torch, "torch", result.err_vs_torch))
         return
+    if baked:
+        agreed = ", ".join(str(list(np.shape(x))) for x in feeds)
+        shape, exc = baked[0]
+        reason = (
+            f"{result.exporter} exporter: the file runs only at some of its declared dynamic shapes: "
+            f"onnxruntime and opstrata both fail at input {list(shape)} ({short_reason(exc, limit=160)}); "
+            f"at {agreed} opstrata agrees with onnxruntime"
+        )
+        _fail(result, "export-failed", reason)
+        return
     if bench and ort_sess is not None:
         feed = {spec.input_name: feeds[0]}
         with _thread_cap(result.threads):
@@ -187,16 +210,31 @@ def _export_and_check(result: ZooResult, spec: ModelSpec, out: Path, bench: bool
 
 def _run_ort(
     result: ZooResult, spec: ModelSpec, path: Path, feeds: list[np.ndarray]
-) -> tuple[Any, list[np.ndarray] | None]:
-    """onnxruntime's session and outputs, or (None, None) with a note saying why it could not run."""
+) -> tuple[Any, list[np.ndarray | BaseException] | None]:
+    """onnxruntime's session and per-shape outputs (an exception where it failed at that shape).
+
+    (None, None) with a note saying why when onnxruntime is absent, cannot load the file or runs none
+    of the shapes.
+    """
     try:
         sess = _ort_session(path, result.threads)
-        return sess, [sess.run(None, {spec.input_name: x})[0] for x in feeds]
     except ImportError:
         result.notes.append("onnxruntime not installed: compared against torch only")
+        return None, None
     except Exception as exc:  # the reference itself failed: say so, judge against torch
-        result.notes.append(f"onnxruntime could not run the model: {short_reason(exc, limit=240)}")
-    return None, None
+        result.notes.append(f"onnxruntime could not load the model: {short_reason(exc, limit=240)}")
+        return None, None
+    outputs: list[np.ndarray | BaseException] = []
+    for x in feeds:
+        try:
+            outputs.append(sess.run(None, {spec.input_name: x})[0])
+        except Exception as exc:
+            outputs.append(exc)
+    failures = [o for o in outputs if isinstance(o, BaseException)]
+    if len(failures) == len(outputs):
+        result.notes.append(f"onnxruntime could not run the model: {short_reason(failures[0], limit=240)}")
+        return None, None
+    return sess, outputs
 
 
 def _run_opstrata(
@@ -231,6 +269,35 @@ def _run_opstrata(
             return None
     result.fallbacks = len(sess.plan.fallbacks)
     return sess, actual
+
+
+def _check_baked(
+    result: ZooResult, spec: ModelSpec, path: Path, baked: list[tuple[tuple[int, ...], BaseException]]
+) -> None:
+    """At the shapes onnxruntime cannot run, opstrata must decline too; running them is a wrong row.
+
+    A file that onnxruntime runs at the traced shape but not at another shape of its declared dynamic
+    axes was broken by the exporter (e.g. the TorchScript exporter baking nn.MultiheadAttention's
+    sequence length into a Reshape: pytorch/pytorch#117209), so failing there is agreement, not a refusal.
+    """
+    with _thread_cap(result.threads):
+        try:
+            sess = InferenceSession(og.from_onnx(str(path)), _session_options(result.threads))
+        except REFUSALS as exc:
+            _refuse(result, exc)
+            return
+        for shape, _ in baked:
+            x = example_input(spec, shape, seed=0).numpy()
+            try:
+                out = sess.run(None, {spec.input_name: x})[0]
+            except REFUSALS:
+                continue
+            except Exception as exc:
+                _fail(result, "crashed", f"opstrata raised {short_reason(exc)}", str(exc))
+                return
+            reason = f"opstrata gives an output {list(np.shape(out))} at input {list(shape)}, where onnxruntime fails"
+            _fail(result, "wrong", reason)
+            return
 
 
 def _declined(exc: BaseException | None) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 from .._errors import GraphError, UnsupportedOpError
 from .._ir import Graph, Node
 from ..opdefs import registry
-from .types import dtype_from_onnx, require_onnx
+from .types import array_from_tensor, dtype_from_onnx, require_onnx
 
 __all__ = ["ImportContext", "Importer", "importer", "passthrough", "tensor_array"]
 
@@ -134,7 +134,7 @@ def tensor_array(t: Any, where: str) -> np.ndarray:
         )
     dtype_from_onnx(t.data_type, where)
     try:
-        arr = onnx.numpy_helper.to_array(t)
+        arr = array_from_tensor(t)
     except Exception as exc:
         raise GraphError(
             where, f"tensor '{t.name}' cannot be decoded: {exc}", "the model file may be corrupt"

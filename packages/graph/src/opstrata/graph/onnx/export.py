@@ -17,7 +17,7 @@ import numpy as np
 from .._errors import GraphError
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .._symbolic import Shape, dims_equal
-from .types import dtype_to_onnx, require_onnx, tensor_type_of
+from .types import dtype_to_onnx, require_onnx, tensor_from_array, tensor_type_of
 
 __all__ = ["ExportContext", "export_as_function", "export_subgraph", "register_export", "to_onnx"]
 
@@ -32,11 +32,11 @@ def register_export(op_type: str, fn: ExportFn, *, domain: str = "") -> None:
 
 
 def _attr_value(v: Any) -> Any:
-    onnx = require_onnx()
+    require_onnx()
     if isinstance(v, np.dtype):
         return dtype_to_onnx(v)
     if isinstance(v, np.ndarray):
-        return onnx.numpy_helper.from_array(v)
+        return tensor_from_array(v)
     if isinstance(v, (bool, np.bool_)):
         return int(v)
     if isinstance(v, np.generic):
@@ -75,13 +75,13 @@ class ExportContext:
 
     def const(self, array: Any, hint: str = "const") -> str:
         """A value holding ``array`` (an initializer, or a Constant node inside a function body)."""
-        onnx = require_onnx()
+        require_onnx()
         name = self.fresh(hint)
         arr = np.asarray(array)
         if self.in_function:
             self.emit("Constant", [], [name], value=arr)
         else:
-            self.initializers.append(onnx.numpy_helper.from_array(arr, name))
+            self.initializers.append(tensor_from_array(arr, name))
         return name
 
     def ints(self, values: Sequence[int], hint: str = "ints") -> str:
@@ -538,7 +538,7 @@ def export_subgraph(sub: Graph, outer: ExportContext, bound: dict[str, str]) -> 
         alias = ctx.fresh(f"{out}_out")
         ctx.emit("Identity", [out], [alias])
         outputs.append(alias)
-    inits = [onnx.numpy_helper.from_array(a, n) for n, a in sub.initializers.items()]
+    inits = [tensor_from_array(a, n) for n, a in sub.initializers.items()]
 
     def info(name: str, like: str) -> Any:
         v = sub.values.get(like)
@@ -582,13 +582,11 @@ def to_onnx(graph: Graph, *, opset: int | None = None, producer: str = "opstrata
     for i, out in enumerate(outputs):
         if out in graph.initializers:  # an ONNX graph output must be computed: copy the constant
             alias = state.fresh(out + "_const")
-            ctx.initializers.append(onnx.numpy_helper.from_array(graph.initializers[out], alias))
+            ctx.initializers.append(tensor_from_array(graph.initializers[out], alias))
             ctx.emit("Identity", [alias], [out])
             outputs[i] = out
     inits = [
-        onnx.numpy_helper.from_array(arr, name)
-        for name, arr in graph.initializers.items()
-        if name not in graph.outputs
+        tensor_from_array(arr, name) for name, arr in graph.initializers.items() if name not in graph.outputs
     ]
 
     def info(name: str) -> Any:

@@ -132,7 +132,7 @@ def _convert(model: Any, opset: int, where: str) -> Any:
     from onnx import version_converter
 
     try:
-        return version_converter.convert_version(model, MIN_OPSET)
+        converted = version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:  # the converter raises RuntimeError/InferenceError/ValueError with C++ text
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         text = text.rsplit("failed: ", 1)[-1].strip()  # drop the C++ file:line and assertion prefix
@@ -144,6 +144,17 @@ def _convert(model: Any, opset: int, where: str) -> Any:
             f"re-export the model with opset {MIN_OPSET} or newer"
             + (f", or rewrite {nodes[0][1]} in its opset-{MIN_OPSET} form" if nodes else ""),
         ) from None
+    # onnx < 1.21's converter drops the types of sequence/optional graph inputs and outputs (the value's
+    # type becomes empty); the converter renames nothing, so the original model's types are put back
+    for new_values, old_values in (
+        (converted.graph.input, model.graph.input),
+        (converted.graph.output, model.graph.output),
+    ):
+        types = {v.name: v.type for v in old_values}
+        for v in new_values:
+            if v.type.WhichOneof("value") is None and types.get(v.name) is not None:
+                v.type.CopyFrom(types[v.name])
+    return converted
 
 
 _SCAN8 = "ai.opstrata.scan8"  # the domain a Scan-8 node hides in while onnx.version_converter runs

@@ -10,11 +10,13 @@ from .._errors import GraphError
 from .._symbolic import Dim, Shape
 
 __all__ = [
+    "array_from_tensor",
     "dtype_from_onnx",
     "dtype_to_onnx",
     "kind_from_type",
     "require_onnx",
     "shape_from_type",
+    "tensor_from_array",
     "tensor_type_of",
 ]
 
@@ -28,6 +30,33 @@ def require_onnx() -> Any:
             "opstrata.graph's ONNX front end needs the 'onnx' package. Fix: pip install 'opstrata-graph[onnx]'"
         ) from exc
     return onnx
+
+
+# ONNX elem types computed with ml_dtypes. onnx < 1.19 maps these to its storage types instead (BFLOAT16
+# and FLOAT8* to float32, INT4/UINT4 to int8/uint8), which would silently compute a bfloat16 model in
+# float32; onnx >= 1.19 returns the ml_dtypes types. This table gives the same answer on both.
+_ML_DTYPES = {
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+    23: "float4_e2m1fn",
+    24: "float8_e8m0fnu",
+}
+_ML_DTYPE_ELEM = {name: elem for elem, name in _ML_DTYPES.items()}
+
+
+def _ml_dtype(elem_type: int) -> np.dtype | None:
+    """The ml_dtypes dtype of an ONNX elem type in ``_ML_DTYPES``, None for others (or an older ml_dtypes)."""
+    name = _ML_DTYPES.get(elem_type)
+    if name is None:
+        return None
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else None
 
 
 def dtype_from_onnx(elem_type: int, where: str) -> np.dtype:
@@ -45,6 +74,9 @@ def dtype_from_onnx(elem_type: int, where: str) -> np.dtype:
         raise GraphError(
             where, f"tensor element type {name} is not supported", "use a numeric, bool or string tensor type"
         )
+    ml = _ml_dtype(elem_type)
+    if ml is not None:
+        return ml
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, ValueError, TypeError):
@@ -56,7 +88,43 @@ def dtype_from_onnx(elem_type: int, where: str) -> np.dtype:
 def dtype_to_onnx(dtype: Any) -> int:
     """ONNX TensorProto elem type of a numpy dtype."""
     onnx = require_onnx()
-    return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    dtype = np.dtype(dtype)
+    if dtype.name in _ML_DTYPE_ELEM and _ml_dtype(_ML_DTYPE_ELEM[dtype.name]) == dtype:
+        return _ML_DTYPE_ELEM[dtype.name]  # onnx < 1.19 does not know the ml_dtypes types
+    return int(onnx.helper.np_dtype_to_tensor_dtype(dtype))
+
+
+def tensor_from_array(arr: np.ndarray, name: str | None = None) -> Any:
+    """``onnx.numpy_helper.from_array``, also for the ml_dtypes arrays (bfloat16, float8) onnx < 1.19
+    cannot convert: those are written as raw little-endian bytes of their elem type."""
+    onnx = require_onnx()
+    from onnx import numpy_helper  # a submodule `import onnx` does not load
+
+    arr = np.asarray(arr)
+    elem = _ML_DTYPE_ELEM.get(arr.dtype.name)
+    if elem is None:
+        return numpy_helper.from_array(arr, name)
+    try:
+        return numpy_helper.from_array(arr, name)
+    except (KeyError, ValueError, TypeError, RuntimeError):  # onnx < 1.19: "data type not understood"
+        if elem == 23:  # float4: packed two per byte, and no numpy view to write it from
+            raise
+        if elem in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):  # make_tensor packs two per byte
+            wide = np.int8 if elem == onnx.TensorProto.INT4 else np.uint8
+            return onnx.helper.make_tensor(name or "", elem, arr.shape, arr.astype(wide).ravel().tolist())
+        raw = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").tobytes()
+        return onnx.helper.make_tensor(name or "", elem, arr.shape, raw, raw=True)
+
+
+def array_from_tensor(tensor: Any) -> np.ndarray:
+    """``onnx.numpy_helper.to_array`` in the dtype ``dtype_from_onnx`` gives: onnx < 1.19 decodes
+    BFLOAT16/FLOAT8 to float32 (exactly) and INT4/UINT4 to int8/uint8, cast back here."""
+    require_onnx()
+    from onnx import numpy_helper  # a submodule `import onnx` does not load
+
+    arr = numpy_helper.to_array(tensor)
+    ml = _ml_dtype(tensor.data_type)
+    return arr.astype(ml) if ml is not None and arr.dtype != ml else arr
 
 
 def kind_from_type(tp: Any, where: str) -> str:

@@ -172,7 +172,7 @@ define(
 )  # fmt: skip
 define(
     "Attention", OPSTRATA_DOMAIN, shape=_attention_rule, kernel=_run_attention, uses=("attention",),
-    onnx=False, doc="(B, H, S, D) q/k/v, causal, scale, additive or boolean mask",
+    onnx=False, layout="attention", doc="(B, H, S, D) q/k/v, causal, scale, additive or boolean mask",
 )  # fmt: skip
 
 

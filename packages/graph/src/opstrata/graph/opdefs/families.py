@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     math,
     norm,
     quantize,
+    random,
     recurrent,
     reduce,
     roi,

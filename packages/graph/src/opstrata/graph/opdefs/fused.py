@@ -259,4 +259,4 @@ define(
     inplace=True,
     onnx=False, doc="a generated elementwise chain (its steps' kernels are listed per device by the plan)",
 )  # fmt: skip
-define("RMSNorm", _O, shape=unary_float, kernel=_run_rms_norm, uses=("rms_norm",), onnx=False)
+define("RMSNorm", _O, shape=unary_float, kernel=_run_rms_norm, uses=("rms_norm",), onnx=False, layout="norm")

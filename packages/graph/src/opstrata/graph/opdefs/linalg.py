@@ -62,7 +62,9 @@ def _run_gemm(n: Node, x: list[Any]) -> list[Arr]:
     ]  # fmt: skip
 
 
-define("MatMul", shape=_matmul_rule, kernel=one(ops.matmul), uses=("matmul",), dtypes="float")
+define(
+    "MatMul", shape=_matmul_rule, kernel=one(ops.matmul), uses=("matmul",), dtypes="float", layout="matmul"
+)
 define(
     "Gemm", attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, shape=_gemm_rule, kernel=_run_gemm,
     uses=("gemm",), dtypes="float",

@@ -207,7 +207,7 @@ define(
 )  # fmt: skip
 define(
     "LayerNormalization", importer=_import_layer_norm, shape=_layer_norm_rule, kernel=_run_layer_norm,
-    uses=("layer_norm", "layer_norm_stats"), dtypes="float",
+    uses=("layer_norm", "layer_norm_stats"), dtypes="float", layout="norm",
 )  # fmt: skip
 define(
     "InstanceNormalization", attrs={"epsilon": 1e-5}, shape=unary_float, kernel=_run_instance_norm,
@@ -231,6 +231,10 @@ define(
 )  # fmt: skip
 define("RMSNormalization", importer=_import_rms_normalization, doc="imported as ai.opstrata::RMSNorm")
 define(
-    "Softmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("softmax",), inplace=True
-)
-define("LogSoftmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("log_softmax",))
+    "Softmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("softmax",), inplace=True,
+    layout="softmax",
+)  # fmt: skip
+define(
+    "LogSoftmax", attrs={"axis": -1}, shape=_softmax_rule, kernel=_run_softmax, uses=("log_softmax",),
+    layout="softmax",
+)  # fmt: skip

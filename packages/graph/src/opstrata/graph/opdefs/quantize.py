@@ -15,7 +15,7 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from .._ir import Node
+from .._ir import OPSTRATA_DOMAIN, Node
 from .._shape_rules import RuleContext, TypeShape, float_dtype, matmul_shape
 from ..onnx.context import ImportContext
 from ..onnx.export import register_export
@@ -163,6 +163,25 @@ def _run_qlinear_conv(n: Node, x: list[Arr]) -> list[Arr]:
     return [ops.qlinear_conv(*x[:8], _opt(x, 8), **_window(n, x[0], x[3]))]
 
 
+# --------------------------------------------------------------------------- QMatMul (fused QDQ MatMul / Gemm)
+
+
+def _qmatmul_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    ctx.need_dtype(0, "iu", "int8/uint8 activations")
+    ctx.need_dtype(2, "iu", "an int8/uint8 weight")
+    return [(np.dtype(np.float32), matmul_shape(ctx, ctx.shape(0), ctx.shape(2)))]
+
+
+def _run_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
+    """``matmul_integer(a, w, a_zp, w_zp) * scale (+ bias)``: the exact int32 product, scaled once."""
+    acc = ops.matmul_integer(x[0], x[2], x[1], x[3])
+    y = acc.astype(np.float32) * n.attrs["scale"]
+    bias = n.attrs.get("bias")
+    if bias is not None:
+        y += bias
+    return [y]
+
+
 # --------------------------------------------------------------------------- BitCast
 
 
@@ -217,6 +236,11 @@ define(
 )  # fmt: skip
 register_export("ConvInteger", _export_window)
 register_export("QLinearConv", _export_window)
+define(
+    "QMatMul", OPSTRATA_DOMAIN, shape=_qmatmul_rule, kernel=_run_qmatmul, uses=("matmul_integer",),
+    onnx=False, dtypes="int8/uint8 -> float32",
+    doc="a QDQ MatMul/Gemm fused: (a_q, a_zp, w_q (K, N), w_zp), attrs scale, bias; exact int32 product, scaled once",
+)  # fmt: skip
 define(
     "BitCast", shape=_bitcast_rule, kernel=_run_bitcast, uses=(HOST,), dtypes="all",
     doc="reinterprets the bytes (same width)",

@@ -108,8 +108,14 @@ def _runtime_reduce_shape(n: Node, ctx: RuleContext) -> Shape | None:
     return (None,) * (len(x) - k[0]) if k[0] <= len(x) else None
 
 
+#: Integer dtypes ReduceMean takes (ONNX opset 18): ops.mean truncates toward zero, as onnxruntime does.
+_INT_MEAN_DTYPES = ops.MEAN_INT_DTYPES
+
+
 def _reduce_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
-    dt = float_dtype(ctx) if n.op_type == "ReduceMean" else ctx.dtype(0)
+    dt = ctx.dtype(0)
+    if n.op_type == "ReduceMean" and dt not in _INT_MEAN_DTYPES:
+        dt = float_dtype(ctx)
     if dt is not None and dt == np.bool_ and n.op_type not in ("ReduceMax", "ReduceMin"):
         raise ctx.fail(f"{n.op_type} does not take bool input", "insert a Cast to int64")
     axes, known = _reduce_axes(n, ctx)
@@ -224,13 +230,16 @@ _REDUCE_KERNELS = {
 }  # fmt: skip
 for _name, _fn in _REDUCE_KERNELS.items():
     _dts = (
-        "float"
+        "float, int32, int64, uint32, uint64"
         if _name == "ReduceMean"
         else "numeric, bool"
         if _name in ("ReduceMax", "ReduceMin")
         else "numeric"
     )
-    define(_name, importer=_import_reduce, shape=_reduce_rule, kernel=_run_reduce, uses=(_fn,), dtypes=_dts)
+    define(
+        _name, importer=_import_reduce, shape=_reduce_rule, kernel=_run_reduce, uses=(_fn,), dtypes=_dts,
+        layout="reduce",
+    )  # fmt: skip
     register_export(_name, _export_reduce)  # axes back to an input from opset 18
 define("ArgMax", importer=_import_argmax, shape=_argmax_rule, kernel=_run_argmax, uses=("argmax",))
 define("ArgMin", importer=_import_argmax, shape=_argmax_rule, kernel=_run_argmax, uses=("argmin",))

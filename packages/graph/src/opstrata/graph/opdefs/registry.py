@@ -42,6 +42,12 @@ HOST = "host"
 #: Elementwise classes: ``unary``/``binary`` ops may join a FusedElementwise chain (with a codegen
 #: name); every classed op follows a tensor-parallel split of its inputs.
 ELEMENTWISE_CLASSES = ("unary", "binary", "variadic", "other")
+#: Tensor-parallel layout rules (partition/rules.py): how a split input flows through the op.
+#: Elementwise ops follow the "elementwise" rule without naming it; other ops name theirs in ``layout``.
+LAYOUT_CLASSES = (
+    "elementwise", "transpose", "unsqueeze", "squeeze", "softmax", "norm", "reduce", "split", "reshape",
+    "expand", "matmul", "attention", "shape",
+)  # fmt: skip
 
 Importer = Callable[[Any], None]  # (ImportContext) -> None
 Rule = Callable[[Any, Any], list]  # (Node, RuleContext) -> [(dtype, shape), ...]
@@ -68,9 +74,16 @@ class OpDef:
     onnx: bool = True  # the ONNX op of this name imports (default domain only)
     inplace: bool = False  # the output may take the buffer of an input that dies here (same shape, itemsize)
     view: bool = False  # the cpu kernel returns input 0's bytes with a new shape (memory plan: one buffer)
+    nondeterministic: bool = False  # outputs differ run to run (random ops): never folded nor merged by CSE
+    layout: str | None = None  # tensor-parallel layout rule (LAYOUT_CLASSES); None: partition stops here
     dtypes: str = ""  # the dtypes the kernel takes, for docs ("float", "numeric", "all", ...)
     doc: str = ""  # one line for docs/ir-ops.md
     module: str = ""  # the module that defined the op (set by define)
+
+    @property
+    def layout_rule(self) -> str | None:
+        """The partition rule a split input follows here: ``layout``, else "elementwise" for elementwise ops."""
+        return self.layout or ("elementwise" if self.elementwise else None)
 
     @property
     def qualified(self) -> str:
@@ -133,6 +146,8 @@ def define(name: str, domain: str = "", **facts: Any) -> OpDef:
         raise ValueError(
             f"define({name!r}): elementwise={facts['elementwise']!r}; use one of {ELEMENTWISE_CLASSES}"
         )
+    if facts.get("layout") not in (None, *LAYOUT_CLASSES):
+        raise ValueError(f"define({name!r}): layout={facts['layout']!r}; use one of {LAYOUT_CLASSES}")
     facts.setdefault("module", sys._getframe(1).f_globals.get("__name__", ""))
     undefine(name, domain)
     d = OpDef(name, domain, **facts)

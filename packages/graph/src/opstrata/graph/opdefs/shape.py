@@ -452,28 +452,36 @@ def _run_constant_of_shape(n: Node, x: list[Arr]) -> list[Arr]:
 
 def _run_trilu(n: Node, x: list[Any]) -> list[Arr]:
     k = int(x[1]) if len(x) > 1 and x[1] is not None else 0
-    return [np.triu(x[0], k) if n.attrs.get("upper", 1) else np.tril(x[0], k)]
+    a = np.asarray(x[0])
+    if a.ndim < 2:  # shape inference rejects it; a direct call gets the same message
+        raise ValueError(f"Trilu needs an input of rank >= 2, got shape {a.shape}")
+    rows, cols = np.indices(a.shape[-2:])
+    keep = cols - rows >= k if n.attrs.get("upper", 1) else cols - rows <= k
+    zero = np.zeros((), a.dtype) if a.dtype != object else np.array("", object)  # strings: the empty string
+    return [np.where(keep, a, zero)]
 
 
-define("Shape", importer=_import_shape, shape=_shape_rule, kernel=_run_shape, uses=(HOST,))
+define("Shape", importer=_import_shape, shape=_shape_rule, kernel=_run_shape, uses=(HOST,), layout="shape")
 define("Size", shape=_size_rule, kernel=_run_size, uses=(HOST,))
-define("Reshape", shape=_reshape_rule, kernel=_run_reshape, uses=("reshape",), view=True)
+define("Reshape", shape=_reshape_rule, kernel=_run_reshape, uses=("reshape",), view=True, layout="reshape")
 define(
-    "Transpose", importer=_import_transpose, shape=_transpose_rule, kernel=_run_transpose, uses=("transpose",)
-)
+    "Transpose", importer=_import_transpose, shape=_transpose_rule, kernel=_run_transpose, uses=("transpose",),
+    layout="transpose",
+)  # fmt: skip
 define("Flatten", attrs={"axis": 1}, shape=_flatten_rule, kernel=_run_flatten, uses=("reshape",), view=True)
 define(
-    "Squeeze", importer=_import_axes, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",), view=True
-)
+    "Squeeze", importer=_import_axes, shape=_squeeze_rule, kernel=_run_squeeze, uses=("reshape",), view=True,
+    layout="squeeze",
+)  # fmt: skip
 define(
     "Unsqueeze", importer=_import_axes, shape=_unsqueeze_rule, kernel=_run_unsqueeze, uses=("reshape",),
-    view=True,
+    view=True, layout="unsqueeze",
 )  # fmt: skip
 define("Concat", shape=_concat_rule, kernel=_run_concat, uses=("concat",))
-define("Split", importer=_import_split, shape=_split_rule, kernel=_run_split, uses=("split",))
+define("Split", importer=_import_split, shape=_split_rule, kernel=_run_split, uses=("split",), layout="split")
 define("Slice", shape=_slice_rule, kernel=_run_slice, uses=("slice",))
 define("Gather", attrs={"axis": 0}, shape=_gather_rule, kernel=_run_gather, uses=("gather",))
-define("Expand", shape=_expand_rule, kernel=_run_expand, uses=("expand",))
+define("Expand", shape=_expand_rule, kernel=_run_expand, uses=("expand",), layout="expand")
 define("Range", shape=_range_rule, kernel=_run_range, uses=(HOST,))
 define(
     "ConstantOfShape", importer=_import_constant_of_shape, shape=_constant_of_shape_rule,

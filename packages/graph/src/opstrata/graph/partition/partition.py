@@ -32,7 +32,7 @@ from .._ir import OPSTRATA_DOMAIN, Graph, Node, Value
 from .._shape_infer import infer_shapes
 from .._symbolic import Shape, dim_div, dims_equal
 from .collective import ALL_REDUCE
-from .rules import RULES, Shard, divisors, is_elementwise, split_sizes
+from .rules import Shard, divisors, ops_with_rules, rule_for, split_sizes
 
 __all__ = ["partition"]
 
@@ -174,8 +174,7 @@ class _Analysis:
         if not sharded:
             return
         region = self.union({s.region for _, _, s in sharded})
-        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        rule = RULES.get("elementwise" if is_elementwise(key) else key)
+        rule = rule_for(n)
         if rule is None:
             x, s = sharded[0][1], sharded[0][2]
             self.fail(
@@ -184,7 +183,8 @@ class _Analysis:
                 f"it reads '{x}', which is split along axis {s.axis} by column-parallel "
                 f"'{self.head_of(region)}', and partition has no rule to split {n.qualified_type}",
                 "between the linear layers, use ops partition follows: elementwise ops, "
-                + ", ".join(sorted(k for k in RULES if k != "elementwise")),
+                + ", ".join(ops_with_rules())
+                + " (an op's layout rule is its OpDef's `layout`)",
             )
             return
         rule(self, n, sharded, region)

@@ -16,20 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._ir import OPSTRATA_DOMAIN, Node
+from .._ir import Node
 from .._symbolic import Dim, Shape, dim_mul, dim_prod, dims_equal
 from ..opdefs import registry
 
 if TYPE_CHECKING:
     from .partition import _Analysis
 
-__all__ = ["RULES", "Shard", "divisors", "is_elementwise", "split_sizes"]
-
-
-def is_elementwise(qualified: str) -> bool:
-    """An op whose output follows a split of its (broadcasting) inputs: its OpDef has an elementwise class."""
-    d = registry.DEFS.get(tuple(qualified.split("::")) if "::" in qualified else ("", qualified))  # type: ignore[arg-type]
-    return d is not None and d.elementwise is not None
+__all__ = ["RULES", "Shard", "divisors", "ops_with_rules", "rule_for", "split_sizes"]
 
 
 @dataclass(frozen=True)
@@ -246,26 +240,35 @@ def _shape(a: _Analysis, n: Node, sharded: list[tuple[int, str, Shard]], region:
             return
 
 
+#: layout class (an OpDef's ``layout_rule``, registry.LAYOUT_CLASSES) -> rule
 RULES: dict[str, Rule] = {
     "elementwise": _elementwise,
-    "Transpose": _transpose,
-    "Unsqueeze": _unsqueeze,
-    "Squeeze": _squeeze,
-    "Softmax": _softmax,
-    "LogSoftmax": _softmax,
-    "LayerNormalization": _norm,
-    f"{OPSTRATA_DOMAIN}::RMSNorm": _norm,
-    "ReduceSum": _reduce,
-    "ReduceMean": _reduce,
-    "ReduceMax": _reduce,
-    "ReduceMin": _reduce,
-    "Split": _split,
-    "Reshape": _reshape,
-    "Expand": _expand,
-    "MatMul": _matmul,
-    f"{OPSTRATA_DOMAIN}::Attention": _attention,
-    "Shape": _shape,
+    "transpose": _transpose,
+    "unsqueeze": _unsqueeze,
+    "squeeze": _squeeze,
+    "softmax": _softmax,
+    "norm": _norm,
+    "reduce": _reduce,
+    "split": _split,
+    "reshape": _reshape,
+    "expand": _expand,
+    "matmul": _matmul,
+    "attention": _attention,
+    "shape": _shape,
 }
+assert set(RULES) == set(registry.LAYOUT_CLASSES), "every layout class has a rule"
+
+
+def rule_for(n: Node) -> Rule | None:
+    """The layout rule of ``n``'s op (its OpDef's ``layout_rule``), or None when partition has none."""
+    d = registry.lookup(n.op_type, n.domain)
+    cls = d.layout_rule if d is not None else None
+    return RULES[cls] if cls is not None else None
+
+
+def ops_with_rules() -> list[str]:
+    """Qualified names of the non-elementwise ops that name a layout rule (for error messages)."""
+    return sorted(d.qualified for d in registry.DEFS.values() if d.layout is not None)
 
 
 # --------------------------------------------------------------------------- small helpers

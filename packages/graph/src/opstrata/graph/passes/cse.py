@@ -11,6 +11,7 @@ import hashlib
 import numpy as np
 
 from .._ir import Graph, Node
+from ..opdefs import registry
 
 __all__ = ["eliminate_common_subexpressions"]
 
@@ -52,6 +53,9 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     _merge_initializers(g)
     seen: dict[tuple, Node] = {}
     for node in list(g.nodes):
+        d = registry.lookup(node.op_type, node.domain)
+        if d is not None and d.nondeterministic:
+            continue  # two random draws are two samples, not one
         k = _key(node)
         first = seen.get(k)
         if first is None:

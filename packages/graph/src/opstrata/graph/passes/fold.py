@@ -11,6 +11,9 @@ import numpy as np
 from .._errors import GraphError
 from .._execute import KERNELS
 from .._ir import Graph, Node
+from ..opdefs import registry
+from .fuse_qdq import is_fusable_weight_dq
+from .pattern import Matcher, is_onnx
 
 __all__ = ["fold_constants"]
 
@@ -25,11 +28,18 @@ def _evaluate(node: Node, args: list[np.ndarray]) -> list[np.ndarray] | None:
     try:
         return [np.asarray(r) for r in fn(node, list(args))]
     except Exception as exc:  # the node would fail the same way at run time: say so now
+        own_fix = getattr(exc, "fix", None)  # an OpError's fix is the specific one: keep it, once
+        text = str(exc).removesuffix(f". Fix: {own_fix}") if own_fix else str(exc)
         raise GraphError(
             f"node '{node.name}' ({node.qualified_type})",
-            f"fails on its constant inputs {[a.shape for a in args]}: {exc}",
-            "fix the constants or the node's attributes",
+            f"fails on its constant inputs {[a.shape for a in args]}: {text}",
+            own_fix or "fix the constants or the node's attributes",
         ) from exc
+
+
+def _nondeterministic(node: Node) -> bool:
+    d = registry.lookup(node.op_type, node.domain)
+    return d is not None and d.nondeterministic
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -42,10 +52,15 @@ def fold_constants(graph: Graph) -> Graph:
     [-1.0, -1.0]
     """
     g = graph.copy()
+    matcher = Matcher(g)  # for the QDQ weights fuse_qdq_matmul consumes (their consumers are never folded)
     for node in list(g.nodes):
         ins = [x for x in node.inputs if x]
         if not ins or not all(x in g.initializers for x in ins):
             continue
+        if _nondeterministic(node):
+            continue  # a random op draws anew every run
+        if is_onnx(node, "DequantizeLinear") and is_fusable_weight_dq(matcher, node):
+            continue  # an int8 weight the extended level multiplies as integers (as onnxruntime keeps DQ)
         if any(o in g.values and g.values[o].kind != "tensor" for o in node.outputs):
             continue  # sequences/optionals are no initializers (Value.kind)
         args = [g.initializers[x] if x else None for x in node.inputs]

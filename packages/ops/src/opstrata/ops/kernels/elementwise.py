@@ -25,6 +25,7 @@ from .._dtypes import (
     FLOAT_DTYPES,
     INT_DTYPES,
     LOW_PRECISION_DTYPES,
+    TENSOR_DTYPES,
     as_dtype,
     bool_,
     compute_dtype,
@@ -39,6 +40,7 @@ FLOATS: tuple[np.dtype, ...] = FLOAT_DTYPES
 NUMERIC: tuple[np.dtype, ...] = FLOAT_DTYPES + INT_DTYPES
 SIGNED_NUMERIC: tuple[np.dtype, ...] = FLOAT_DTYPES + tuple(d for d in INT_DTYPES if d.kind == "i")
 ANY: tuple[np.dtype, ...] = ALL_DTYPES
+ANY_TENSOR: tuple[np.dtype, ...] = TENSOR_DTYPES  # select and equality also move/compare strings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,9 +123,10 @@ def operands(
     if type(first) is np.ndarray and all(type(a) is np.ndarray and a.dtype == first.dtype for a in args[1:]):
         if first.dtype in _allowed_set(allowed) and all(a.shape == first.shape for a in args[1:]):
             return list(args)  # fast path: same dtype and shape, nothing to promote or broadcast
+    tensor_types = ANY_TENSOR if allowed is ANY_TENSOR else ANY  # strings only where the op moves them
     for name, a in zip(names, args, strict=True):
         if not is_weak(a):
-            checked(op, name, a, ANY)
+            checked(op, name, a, tensor_types)
     dt = promoted_dtype(*args)
     if dt not in _allowed_set(allowed):
         for name, a in zip(names, args, strict=True):
@@ -360,7 +363,7 @@ def pow_cpu(a: Any, b: Any, *, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def _public_compare(op: str, a: Any, b: Any, device: str | None) -> Any:
-    a, b = operands(op, ("a", "b"), (a, b), ANY)
+    a, b = operands(op, ("a", "b"), (a, b), ANY_TENSOR if op == "equal" else ANY)  # strings: equality only
     return call(op, a, b, device=device)
 
 
@@ -396,12 +399,12 @@ def _ref_compare(fn: Callable[[np.ndarray, np.ndarray], Any], a: Any, b: Any) ->
     return nd(fn(upcast(a), upcast(b)))  # low-precision values are exact in float32
 
 
-@register("equal", device="ref", dtypes=ANY)
+@register("equal", device="ref", dtypes=ANY_TENSOR)
 def equal_ref(a: Any, b: Any) -> np.ndarray:
     return _ref_compare(lambda x, y: x == y, a, b)
 
 
-@register("equal", device="cpu", dtypes=ANY)
+@register("equal", device="cpu", dtypes=ANY_TENSOR)
 def equal_cpu(a: Any, b: Any) -> np.ndarray:
     return nd(np.equal(*promote(a, b)))
 
@@ -658,7 +661,7 @@ def where(cond: Any, a: Any, b: Any, *, device: str | None = None) -> np.ndarray
     array([1, 0])
     """
     cond = checked("where", "cond", cond, (bool_,))
-    a, b = operands("where", ("a", "b"), (a, b), ANY)
+    a, b = operands("where", ("a", "b"), (a, b), ANY_TENSOR)
     try:
         np.broadcast_shapes(cond.shape, a.shape, b.shape)
     except ValueError:
@@ -667,7 +670,7 @@ def where(cond: Any, a: Any, b: Any, *, device: str | None = None) -> np.ndarray
     return call("where", cond, a, b, device=device)
 
 
-@register("where", device="ref", dtypes=ANY, dtype_arg=1)
+@register("where", device="ref", dtypes=ANY_TENSOR, dtype_arg=1)
 def where_ref(cond: Any, a: Any, b: Any) -> np.ndarray:
     a, b = promote(a, b)
     c, a, b = np.broadcast_arrays(nd(cond), a, b)
@@ -676,7 +679,7 @@ def where_ref(cond: Any, a: Any, b: Any) -> np.ndarray:
     return r
 
 
-@register("where", device="cpu", dtypes=ANY, dtype_arg=1)
+@register("where", device="cpu", dtypes=ANY_TENSOR, dtype_arg=1)
 def where_cpu(cond: Any, a: Any, b: Any) -> np.ndarray:
     return nd(np.where(cond, *promote(a, b)))
 

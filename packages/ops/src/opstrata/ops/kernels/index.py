@@ -8,11 +8,19 @@ Out-of-range indices raise :class:`OpError` naming the first bad index, never wr
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import numpy as np
 
-from .._dtypes import ALL_DTYPES, INDEX_DTYPES, NUMERIC_DTYPES, accumulation_dtype, compute_dtype
+from .._dtypes import (
+    ALL_DTYPES,
+    INDEX_DTYPES,
+    NUMERIC_DTYPES,
+    TENSOR_DTYPES,
+    accumulation_dtype,
+    compute_dtype,
+)
 from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 from .shape import normalize_axis
@@ -70,7 +78,7 @@ def _check_gather(x: np.ndarray, indices: np.ndarray, axis: Any) -> int:
     return ax
 
 
-@register("gather", device="ref", dtypes=ALL_DTYPES)
+@register("gather", device="ref", dtypes=TENSOR_DTYPES)
 def gather_ref(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     ax = _check_gather(x, indices, axis)
@@ -78,7 +86,7 @@ def gather_ref(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     return x[(slice(None),) * ax + (idx,)]  # (*x.shape[:ax], *indices.shape, *x.shape[ax+1:])
 
 
-@register("gather", device="cpu", dtypes=ALL_DTYPES)
+@register("gather", device="cpu", dtypes=TENSOR_DTYPES)
 def gather_cpu(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     ax = _check_gather(x, indices, axis)
@@ -345,8 +353,8 @@ def _one_hot(indices: Any, depth: Any, values: Any, *, axis: int = -1) -> np.nda
     return np.where(hot, values[1], values[0]).astype(values.dtype)  # out of range: all off
 
 
-register("one_hot", device="ref", dtypes=ALL_DTYPES, dtype_arg=2)(_one_hot)
-register("one_hot", device="cpu", dtypes=ALL_DTYPES, dtype_arg=2)(_one_hot)
+register("one_hot", device="ref", dtypes=TENSOR_DTYPES, dtype_arg=2)(_one_hot)
+register("one_hot", device="cpu", dtypes=TENSOR_DTYPES, dtype_arg=2)(_one_hot)
 
 
 def argmin(
@@ -398,21 +406,28 @@ def _compress(x: Any, condition: Any, *, axis: int | None = None) -> np.ndarray:
     return np.compress(cond, x, axis=ax)  # entries past the condition's length are dropped, as ONNX says
 
 
-register("compress", device="ref", dtypes=ALL_DTYPES)(_compress)
-register("compress", device="cpu", dtypes=ALL_DTYPES)(_compress)
+register("compress", device="ref", dtypes=TENSOR_DTYPES)(_compress)
+register("compress", device="cpu", dtypes=TENSOR_DTYPES)(_compress)
 
 
 def _unique(
     x: Any, *, axis: int | None = None, sorted: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     x = np.asarray(x)
-    check_dtype("unique", "x", x, ALL_DTYPES)
+    check_dtype("unique", "x", x, TENSOR_DTYPES)
     src = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else normalize_axis("unique", axis, x.ndim)
     key = src.astype(compute_dtype(x.dtype), copy=False) if x.dtype.kind not in "biu" else src
+    if x.dtype.kind == "O":
+        # numpy < 2 refuses np.unique(axis=) on object (string) arrays: number the slices along the axis
+        # by their lexicographic rank (what np.unique sorts by) and find the unique ranks instead
+        rows = [tuple(r) for r in np.moveaxis(src, ax, 0).reshape(src.shape[ax], -1)]
+        row_rank = {r: i for i, r in enumerate(builtins.sorted(set(rows)))}
+        key, ax = np.array([row_rank[r] for r in rows], np.int64), 0
     _, first, inverse, counts = np.unique(
         key, return_index=True, return_inverse=True, return_counts=True, axis=ax
     )
+    ax = 0 if axis is None else normalize_axis("unique", axis, x.ndim)
     if not sorted:  # ONNX sorted=0: unique entries in the order of their first occurrence
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
@@ -422,8 +437,8 @@ def _unique(
     return y, first.astype(np.int64), inverse.reshape(-1).astype(np.int64), counts.astype(np.int64)
 
 
-register("unique", device="ref", dtypes=ALL_DTYPES)(_unique)
-register("unique", device="cpu", dtypes=ALL_DTYPES)(_unique)
+register("unique", device="ref", dtypes=TENSOR_DTYPES)(_unique)
+register("unique", device="cpu", dtypes=TENSOR_DTYPES)(_unique)
 
 
 def compress(x: Any, condition: Any, *, axis: int | None = None, device: str | None = None) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import ALL_DTYPES, NUMERIC_DTYPES
+from .._dtypes import ALL_DTYPES, NUMERIC_DTYPES, STRING_DTYPE, TENSOR_DTYPES
 from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 from .shape import _ints, normalize_axis
@@ -37,7 +37,7 @@ __all__ = [
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-def _both(name: str, dtypes: Any = ALL_DTYPES) -> Any:
+def _both(name: str, dtypes: Any = TENSOR_DTYPES) -> Any:
     """Register one implementation on ``ref`` and ``cpu`` (rare ops: the numpy code is the oracle)."""
 
     def deco(fn: Any) -> Any:
@@ -76,6 +76,12 @@ def pad_kernel(x: Any, pads: Any, *, mode: str = "constant", value: Any = 0) -> 
     x = x[crop]  # negative pads remove entries first
     width = [(max(p[d], 0), max(p[d + r], 0)) for d in range(r)]
     if mode == "constant":
+        if x.dtype == STRING_DTYPE and not isinstance(value, str):
+            if value != 0:
+                raise OpError(
+                    "pad", "value", "a str to pad a string tensor (default: the empty string)", repr(value)
+                )
+            value = ""  # ONNX: the default constant is 0, the empty string or False by dtype
         return np.pad(x, width, mode="constant", constant_values=np.asarray(value, x.dtype))
     return np.pad(x, width, mode=mode)
 

@@ -185,6 +185,11 @@ def _blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
     matmul would otherwise call BLAS once per leading index (slower for the (batch, seq, hidden)
     activations of transformer linears).
     """
+    if out is not None and not out.flags.c_contiguous:
+        # numpy < 2 multiplies into a non-contiguous ``out=`` with its own loop instead of BLAS, which
+        # rounds differently from the BLAS product the same call returns without ``out``: compute, copy
+        np.copyto(out, _blas_matmul(a, b))
+        return out
     acc = accumulation_dtype(a.dtype)
     if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous and (out is None or out.flags.c_contiguous):
         rows = math.prod(a.shape[:-1])

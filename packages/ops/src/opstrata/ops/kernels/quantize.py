@@ -12,18 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .._dtypes import (
+    ALL_DTYPES,
     FLOAT_DTYPES,
     float8_e4m3fn,
     float8_e5m2,
     float32,
     float64,
+    int4,
     int8,
     int16,
     int32,
     int64,
+    uint4,
     uint8,
     uint16,
 )
@@ -43,7 +47,7 @@ __all__ = [
 ]
 
 #: Integer dtypes QuantizeLinear/DequantizeLinear produce and take.
-QUANT_INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int16, uint16, int32)
+QUANT_INT_DTYPES: tuple[np.dtype, ...] = (int8, uint8, int16, uint16, int32, int4, uint4)
 #: Float8 dtypes (ml_dtypes) QuantizeLinear/DequantizeLinear produce and take.
 QUANT_FLOAT8_DTYPES: tuple[np.dtype, ...] = (float8_e4m3fn, float8_e5m2)
 QUANT_DTYPES: tuple[np.dtype, ...] = QUANT_INT_DTYPES + QUANT_FLOAT8_DTYPES
@@ -99,7 +103,7 @@ def _block(op: str, block_size: Any) -> int:
 
 
 def _saturate_int(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    info = np.iinfo(dtype)
+    info = ml_dtypes.iinfo(dtype)  # numpy's iinfo does not know int4/uint4
     return np.clip(v, info.min, info.max).astype(dtype)
 
 
@@ -229,8 +233,9 @@ def _dequantize_linear(
     return np.asarray(d * s_b).astype(out)
 
 
-register("dequantize_linear", device="ref")(_dequantize_linear)
-register("dequantize_linear", device="cpu")(_dequantize_linear)
+_DQX_DTYPES = (*ALL_DTYPES, int4, uint4)  # x's dtype dispatches; the public function checks QUANT_DTYPES
+register("dequantize_linear", device="ref", dtypes=_DQX_DTYPES)(_dequantize_linear)
+register("dequantize_linear", device="cpu", dtypes=_DQX_DTYPES)(_dequantize_linear)
 
 
 def dequantize_linear(
@@ -324,8 +329,22 @@ def _matmul_integer(a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any 
     return np.matmul(ra.astype(int64), rb.astype(int64)).astype(int32)
 
 
+def _matmul_integer_blas(a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None) -> np.ndarray:
+    """The same product through float64 BLAS: exact, since |a - zp|, |b - zp| <= 255 makes every partial
+    sum a multiple-of-one below 255 * 255 * K < 2**53 for any K numpy can hold (numpy's int64 matmul has
+    no BLAS and runs ~100x slower)."""
+    a, b = np.asarray(a), np.asarray(b)
+    ra = _centered(
+        "matmul_integer", "a", a, a_zero_point, "a_zero_point", a.ndim - 2 if a.ndim >= 2 else None
+    )
+    rb = _centered(
+        "matmul_integer", "b", b, b_zero_point, "b_zero_point", b.ndim - 1 if b.ndim >= 2 else None
+    )
+    return np.matmul(ra.astype(float64), rb.astype(float64)).astype(int32)
+
+
 register("matmul_integer", device="ref", dtypes=MM_DTYPES)(_matmul_integer)
-register("matmul_integer", device="cpu", dtypes=MM_DTYPES)(_matmul_integer)
+register("matmul_integer", device="cpu", dtypes=MM_DTYPES)(_matmul_integer_blas)
 
 
 def _check_int8(op: str, name: str, x: Any) -> np.ndarray:

@@ -111,31 +111,57 @@ def sum_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     )
 
 
-def mean(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
-    """Arithmetic mean over ``axis``; floats; accumulates as :func:`sum` and returns x's dtype.
+#: Integer dtypes mean takes (ONNX ReduceMean, opset 18): the result is truncated toward zero.
+MEAN_INT_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64))
+_MEAN_DTYPES = FLOATS + MEAN_INT_DTYPES
 
-    The mean of an empty reduction is NaN (as torch and numpy).
+
+def mean(x: Any, *, axis: Axis = None, keepdims: bool = False, device: str | None = None) -> np.ndarray:
+    """Arithmetic mean over ``axis``; accumulates as :func:`sum` and returns x's dtype.
+
+    The mean of an empty float reduction is NaN (as torch and numpy). For int32/int64/uint32/uint64
+    (ONNX ReduceMean) the exact 64-bit sum is divided by the count and truncated toward zero, as
+    onnxruntime's C++ division does; an empty integer reduction is an :class:`OpError` (no NaN in ints).
 
     >>> mean(np.array([1.0, 2.0, 6.0]))
     array(3.)
+    >>> mean(np.array([-7, 0, 0], dtype=np.int32))
+    array(-2, dtype=int32)
     """
-    return call("mean", checked("mean", "x", x, FLOATS), axis=axis, keepdims=keepdims, device=device)
+    return call("mean", checked("mean", "x", x, _MEAN_DTYPES), axis=axis, keepdims=keepdims, device=device)
 
 
-@register("mean", device="ref", dtypes=FLOATS)
+def _int_mean(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """sum // count rounded toward zero, in 64-bit integers, returned in x's dtype."""
+    n = reduced_count(x, axes)
+    if n == 0:
+        raise OpError("mean", "x", "a non-empty dimension to average (an integer mean of nothing is undefined)",
+                      f"shape {x.shape}, axes {axes}")  # fmt: skip
+    wide = np.uint64 if x.dtype.kind == "u" else np.int64
+    total = np.asarray(np.sum(x, axis=axes, keepdims=keepdims, dtype=wide))
+    if wide is np.uint64:
+        return (total // np.uint64(n)).astype(x.dtype)
+    return (np.sign(total) * (np.abs(total) // n)).astype(x.dtype)
+
+
+@register("mean", device="ref", dtypes=_MEAN_DTYPES)
 @ieee
 def mean_ref(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     x = nd(x)
     axes = normalize_axes("mean", x, axis)
+    if x.dtype.kind in "iu":
+        return _int_mean(x, axes, keepdims)
     total = np.sum(x.astype(accumulation_dtype(x.dtype)), axis=axes, keepdims=keepdims)
     return cast_back(total / reduced_count(x, axes), x.dtype)
 
 
-@register("mean", device="cpu", dtypes=FLOATS)
+@register("mean", device="cpu", dtypes=_MEAN_DTYPES)
 @ieee
 def mean_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray:
     x = nd(x)
     axes = normalize_axes("mean", x, axis)
+    if x.dtype.kind in "iu":
+        return _int_mean(x, axes, keepdims)
     return cast_back(mean_over(x, axes, keepdims, dtype=accumulation_dtype(x.dtype)), x.dtype)
 
 

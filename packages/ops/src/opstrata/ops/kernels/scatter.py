@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import ALL_DTYPES
+from .._dtypes import TENSOR_DTYPES
 from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 from .index import _check_indices
@@ -70,7 +70,7 @@ def _check_gather_elements(x: np.ndarray, indices: np.ndarray, axis: Any) -> int
     return ax
 
 
-@register("gather_elements", device="ref", dtypes=ALL_DTYPES)
+@register("gather_elements", device="ref", dtypes=TENSOR_DTYPES)
 def gather_elements_ref(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     ax = _check_gather_elements(x, indices, axis)
@@ -83,7 +83,7 @@ def gather_elements_ref(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     return out
 
 
-@register("gather_elements", device="cpu", dtypes=ALL_DTYPES)
+@register("gather_elements", device="cpu", dtypes=TENSOR_DTYPES)
 def gather_elements_cpu(x: Any, indices: Any, *, axis: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     ax = _check_gather_elements(x, indices, axis)
@@ -105,7 +105,7 @@ def _check_scatter_elements(
     return ax, _check_reduction(op, reduction, x)
 
 
-@register("scatter_elements", device="ref", dtypes=ALL_DTYPES)
+@register("scatter_elements", device="ref", dtypes=TENSOR_DTYPES)
 def scatter_elements_ref(
     x: Any, indices: Any, updates: Any, *, axis: int = 0, reduction: str = "none"
 ) -> np.ndarray:
@@ -128,7 +128,7 @@ def _element_targets(indices: np.ndarray, ax: int, n: int) -> tuple[np.ndarray, 
     return tuple(np.broadcast_to(g, indices.shape) for g in grids)
 
 
-@register("scatter_elements", device="cpu", dtypes=ALL_DTYPES)
+@register("scatter_elements", device="cpu", dtypes=TENSOR_DTYPES)
 def scatter_elements_cpu(
     x: Any, indices: Any, updates: Any, *, axis: int = 0, reduction: str = "none"
 ) -> np.ndarray:
@@ -182,7 +182,7 @@ def _nd_tuples(x: np.ndarray, indices: np.ndarray, b: int, k: int) -> tuple[np.n
     return tuple(np.broadcast_to(g, lead) for g in (*batch, *cols))
 
 
-@register("gather_nd", device="ref", dtypes=ALL_DTYPES)
+@register("gather_nd", device="ref", dtypes=TENSOR_DTYPES)
 def gather_nd_ref(x: Any, indices: Any, *, batch_dims: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     k = _check_nd("gather_nd", x, indices, batch_dims)
@@ -195,7 +195,7 @@ def gather_nd_ref(x: Any, indices: Any, *, batch_dims: int = 0) -> np.ndarray:
     return out
 
 
-@register("gather_nd", device="cpu", dtypes=ALL_DTYPES)
+@register("gather_nd", device="cpu", dtypes=TENSOR_DTYPES)
 def gather_nd_cpu(x: Any, indices: Any, *, batch_dims: int = 0) -> np.ndarray:
     x, indices = np.asarray(x), np.asarray(indices)
     k = _check_nd("gather_nd", x, indices, batch_dims)
@@ -215,7 +215,7 @@ def _check_scatter_nd(
     return k, _check_reduction(op, reduction, x)
 
 
-@register("scatter_nd", device="ref", dtypes=ALL_DTYPES)
+@register("scatter_nd", device="ref", dtypes=TENSOR_DTYPES)
 def scatter_nd_ref(x: Any, indices: Any, updates: Any, *, reduction: str = "none") -> np.ndarray:
     x, indices, updates = np.asarray(x), np.asarray(indices), np.asarray(updates)
     _, ufunc = _check_scatter_nd(x, indices, updates, reduction)
@@ -226,7 +226,7 @@ def scatter_nd_ref(x: Any, indices: Any, updates: Any, *, reduction: str = "none
     return out
 
 
-@register("scatter_nd", device="cpu", dtypes=ALL_DTYPES)
+@register("scatter_nd", device="cpu", dtypes=TENSOR_DTYPES)
 def scatter_nd_cpu(x: Any, indices: Any, updates: Any, *, reduction: str = "none") -> np.ndarray:
     x, indices, updates = np.asarray(x), np.asarray(indices), np.asarray(updates)
     k, ufunc = _check_scatter_nd(x, indices, updates, reduction)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import ALL_DTYPES
+from .._dtypes import TENSOR_DTYPES
 from .._errors import OpError, check_ndim
 from .._registry import call, register
 
@@ -71,7 +71,7 @@ def _check_concat(arrays: Any, axis: Any) -> tuple[list[np.ndarray], int]:
     return arrs, ax
 
 
-@register("concat", device="ref", dtypes=ALL_DTYPES)
+@register("concat", device="ref", dtypes=TENSOR_DTYPES)
 def concat_ref(arrays: Sequence[Any], *, axis: int = 0) -> np.ndarray:
     arrs, ax = _check_concat(arrays, axis)
     shape = list(arrs[0].shape)
@@ -85,7 +85,7 @@ def concat_ref(arrays: Sequence[Any], *, axis: int = 0) -> np.ndarray:
     return out
 
 
-@register("concat", device="cpu", dtypes=ALL_DTYPES)
+@register("concat", device="cpu", dtypes=TENSOR_DTYPES)
 def concat_cpu(arrays: Sequence[Any], *, axis: int = 0) -> np.ndarray:
     arrs, ax = _check_concat(arrays, axis)
     return np.concatenate(arrs, axis=ax)
@@ -111,7 +111,7 @@ def _split_sizes(x: np.ndarray, sections: Any, axis: Any) -> tuple[list[int], in
     return sizes, ax
 
 
-@register("split", device="ref", dtypes=ALL_DTYPES)
+@register("split", device="ref", dtypes=TENSOR_DTYPES)
 def split_ref(x: Any, sections: Any, *, axis: int = 0) -> list[np.ndarray]:
     x = np.asarray(x)
     sizes, ax = _split_sizes(x, sections, axis)
@@ -119,7 +119,7 @@ def split_ref(x: Any, sections: Any, *, axis: int = 0) -> list[np.ndarray]:
     return [np.take(x, np.arange(starts[i], starts[i + 1]), axis=ax) for i in range(len(sizes))]
 
 
-@register("split", device="cpu", dtypes=ALL_DTYPES)
+@register("split", device="cpu", dtypes=TENSOR_DTYPES)
 def split_cpu(x: Any, sections: Any, *, axis: int = 0) -> list[np.ndarray]:
     x = np.asarray(x)
     sizes, ax = _split_sizes(x, sections, axis)
@@ -158,7 +158,7 @@ def _slice_params(
     return out
 
 
-@register("slice", device="ref", dtypes=ALL_DTYPES)
+@register("slice", device="ref", dtypes=TENSOR_DTYPES)
 def slice_ref(x: Any, *, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> np.ndarray:
     x = np.asarray(x)
     out = x.copy()
@@ -167,7 +167,7 @@ def slice_ref(x: Any, *, starts: Any, ends: Any, axes: Any = None, steps: Any = 
     return out
 
 
-@register("slice", device="cpu", dtypes=ALL_DTYPES)
+@register("slice", device="cpu", dtypes=TENSOR_DTYPES)
 def slice_cpu(x: Any, *, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> np.ndarray:
     x = np.asarray(x)
     index = [builtins.slice(None)] * x.ndim
@@ -192,7 +192,7 @@ def _perm(x: np.ndarray, perm: Any) -> list[int]:
     return p
 
 
-@register("transpose", device="ref", dtypes=ALL_DTYPES)
+@register("transpose", device="ref", dtypes=TENSOR_DTYPES)
 def transpose_ref(x: Any, *, perm: Any = None) -> np.ndarray:
     x = np.asarray(x)
     p = _perm(x, perm)
@@ -202,7 +202,7 @@ def transpose_ref(x: Any, *, perm: Any = None) -> np.ndarray:
     return out
 
 
-@register("transpose", device="cpu", dtypes=ALL_DTYPES)
+@register("transpose", device="cpu", dtypes=TENSOR_DTYPES)
 def transpose_cpu(x: Any, *, perm: Any = None) -> np.ndarray:
     x = np.asarray(x)
     return np.transpose(x, _perm(x, perm))
@@ -231,14 +231,14 @@ def _target_shape(x: np.ndarray, shape: Any) -> tuple[int, ...]:
     return tuple(dims)
 
 
-@register("reshape", device="ref", dtypes=ALL_DTYPES)
+@register("reshape", device="ref", dtypes=TENSOR_DTYPES)
 def reshape_ref(x: Any, *, shape: Any) -> np.ndarray:
     x = np.asarray(x)
     target = _target_shape(x, shape)
     return np.array(x.ravel(order="C")).reshape(target)
 
 
-@register("reshape", device="cpu", dtypes=ALL_DTYPES)
+@register("reshape", device="cpu", dtypes=TENSOR_DTYPES)
 def reshape_cpu(x: Any, *, shape: Any) -> np.ndarray:
     x = np.asarray(x)
     return x.reshape(_target_shape(x, shape))
@@ -254,7 +254,7 @@ def _expand_shape(x: np.ndarray, shape: Any) -> tuple[int, ...]:
         ) from None
 
 
-@register("expand", device="ref", dtypes=ALL_DTYPES)
+@register("expand", device="ref", dtypes=TENSOR_DTYPES)
 def expand_ref(x: Any, *, shape: Any) -> np.ndarray:
     x = np.asarray(x)
     target = _expand_shape(x, shape)
@@ -263,7 +263,7 @@ def expand_ref(x: Any, *, shape: Any) -> np.ndarray:
     return xx[np.ix_(*index)] if target else xx.copy()
 
 
-@register("expand", device="cpu", dtypes=ALL_DTYPES)
+@register("expand", device="cpu", dtypes=TENSOR_DTYPES)
 def expand_cpu(x: Any, *, shape: Any) -> np.ndarray:
     x = np.asarray(x)
     return np.broadcast_to(x, _expand_shape(x, shape))  # read-only view

@@ -1,0 +1,140 @@
+"""fuse_qdq_matmul: QDQ MatMul / Gemm -> ai.opstrata::QMatMul (exact int32 product, scaled once), equal
+to the unfused QDQ graph and to onnxruntime; what it must leave alone; constant folding keeps its weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+onnx = pytest.importorskip("onnx")
+
+import onnx.helper as oh  # noqa: E402
+from onnx import numpy_helper as nh  # noqa: E402
+
+import opstrata.graph as og  # noqa: E402
+
+T = onnx.TensorProto
+
+
+def _qdq_model(
+    k: int,
+    n: int,
+    *,
+    act_dtype: Any = np.uint8,
+    per_column: bool = True,
+    gemm: bool = False,
+    w_zero: bool = False,
+    seed: int = 0,
+    block: int = 0,
+) -> Any:
+    """x (float) -> QuantizeLinear -> DequantizeLinear -> MatMul / Gemm(transB, bias) with an int8 weight."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, size=(n, k) if gemm else (k, n)).astype(np.int8)
+    cols = n if per_column else 1
+    w_scale = (rng.random(cols) * 0.02 + 0.005).astype(np.float32).reshape(-1 if per_column else ())
+    zp_a = np.array(128 if act_dtype == np.uint8 else 3, act_dtype)
+    inits = [
+        nh.from_array(np.array(0.05, np.float32), "x_scale"),
+        nh.from_array(zp_a, "x_zp"),
+        nh.from_array(w, "w_q"),
+        nh.from_array(w_scale if not block else np.full((n, k // block) if gemm else (k // block, n), 0.01, np.float32), "w_scale"),
+    ]  # fmt: skip
+    dq_w_inputs = ["w_q", "w_scale"]
+    if w_zero:
+        inits.append(nh.from_array(np.zeros(w_scale.shape, np.int8), "w_zp"))
+        dq_w_inputs.append("w_zp")
+    dq_attrs = {"axis": (0 if gemm else 1)} if per_column else {}
+    if block:
+        dq_attrs = {"axis": 1 if gemm else 0, "block_size": block}
+    nodes = [
+        oh.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["x_q"], name="q_x"),
+        oh.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x_dq"], name="dq_x"),
+        oh.make_node("DequantizeLinear", dq_w_inputs, ["w_dq"], name="dq_w", **dq_attrs),
+    ]
+    if gemm:
+        inits.append(nh.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+        nodes.append(oh.make_node("Gemm", ["x_dq", "w_dq", "bias"], ["y"], name="fc", transB=1))
+    else:
+        nodes.append(oh.make_node("MatMul", ["x_dq", "w_dq"], ["y"], name="fc"))
+    g = oh.make_graph(
+        nodes, "qdq", [oh.make_tensor_value_info("x", T.FLOAT, ["batch", k])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["batch", n])], inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 21 if block else 17)])
+
+
+def _ops(graph: og.Graph) -> list[str]:
+    return [n.op_type for n in graph.nodes]
+
+
+def _run(model: Any, level: int, x: np.ndarray) -> np.ndarray:
+    g, _ = og.optimize(og.from_onnx(model), level)
+    return og.run_graph(g, {"x": x})["y"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    k=st.integers(1, 40),
+    n=st.integers(1, 24),
+    batch=st.integers(1, 5),
+    act=st.sampled_from([np.uint8, np.int8]),
+    per_column=st.booleans(),
+    gemm=st.booleans(),
+    w_zero=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_equals_the_qdq_graph(k, n, batch, act, per_column, gemm, w_zero, seed) -> None:
+    m = _qdq_model(k, n, act_dtype=act, per_column=per_column, gemm=gemm, w_zero=w_zero, seed=seed)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["QuantizeLinear", "QMatMul"] and report.matched("fuse_qdq_matmul") == 1
+    x = np.random.default_rng(seed + 1).standard_normal((batch, k)).astype(np.float32)
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_fused_matches_onnxruntime() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    m = _qdq_model(64, 32, gemm=True, seed=3)
+    x = np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_allclose(_run(m, 2, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_keeps_fusable_weight_dq_and_folds_the_rest() -> None:
+    """Level 1 keeps a weight DequantizeLinear the extended level fuses (onnxruntime's constant folding
+    skips DQ too); a weight-only DQ (float activations) is folded into a float weight."""
+    basic, _ = og.optimize(og.from_onnx(_qdq_model(8, 4)), 1)
+    assert _ops(basic).count("DequantizeLinear") == 2
+    m = _qdq_model(8, 4)
+    m.graph.node[3].input[0] = "x"  # MatMul reads the float input: weight-only quantization
+    g, _ = og.optimize(og.from_onnx(m), 2)
+    assert "QMatMul" not in _ops(g) and "DequantizeLinear" not in _ops(g)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["block", "shared_weight", "per_axis_activation", "gemm_alpha"],
+)
+def test_patterns_it_leaves_alone(change: str) -> None:
+    m = _qdq_model(8, 4, gemm=change == "gemm_alpha", block=4 if change == "block" else 0)
+    if change == "shared_weight":  # the dequantized weight is also a graph output: it must stay float
+        m.graph.output.append(oh.make_tensor_value_info("w_dq", T.FLOAT, [8, 4]))
+    if change == "per_axis_activation":
+        m.graph.initializer[0].CopyFrom(nh.from_array(np.full(8, 0.05, np.float32), "x_scale"))
+        m.graph.initializer[1].CopyFrom(nh.from_array(np.full(8, 128, np.uint8), "x_zp"))
+        for node in m.graph.node[:2]:
+            node.attribute.append(oh.make_attribute("axis", 1))
+    if change == "gemm_alpha":
+        m.graph.node[3].attribute.append(oh.make_attribute("alpha", 0.5))
+    g, _ = og.optimize(og.from_onnx(m), 2)
+    assert "QMatMul" not in _ops(g)
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_allclose(og.run_graph(g, {"x": x})["y"], _run(m, 0, x), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,178 @@
+"""Dynamic quantization: int8 per-channel weights, activations quantized at run time by
+DynamicQuantizeLinear (uint8, per-tensor). ``form="integer"`` writes onnxruntime's MatMulInteger graph
+(DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul by both scales); ``form="qdq"`` keeps the float op
+behind DequantizeLinear (and is used for nodes the integer form cannot express)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ._common import finish_model, needed_opset, quantize_weight, require_float32
+from ._dtypes import qdtype
+from ._errors import QuantError
+from ._model import ModelInfo, ensure_opset, load_model
+from ._qdq import Rewriter
+from ._report import enforce, precheck
+from ._select import Target, _attr, channel_axis, select_targets
+
+__all__ = ["quantize_dynamic"]
+
+_WHERE = "quantize_dynamic"
+_FORMS = ("integer", "qdq")
+
+
+def _dql(rw: Rewriter, tensor: str, before: str) -> tuple[str, str, str]:
+    """One DynamicQuantizeLinear per activation tensor: (uint8 values, scale, zero point)."""
+
+    def make() -> tuple[str, str, str]:
+        outs = [
+            rw.fresh(f"{tensor}_quantized"),
+            rw.fresh(f"{tensor}_scale"),
+            rw.fresh(f"{tensor}_zero_point"),
+        ]
+        rw.node("DynamicQuantizeLinear", [tensor], outs, before, f"{tensor}_DynamicQuantizeLinear")
+        return outs[0], outs[1], outs[2]
+
+    return rw.cached(("dql", tensor), make)
+
+
+def _dql_dq(rw: Rewriter, tensor: str, before: str) -> str:
+    """``tensor`` quantized at run time and dequantized again (the QDQ form's activation)."""
+
+    def make() -> str:
+        q, s, z = _dql(rw, tensor, before)
+        dq = rw.fresh(f"{tensor}_dequantized")
+        rw.node("DequantizeLinear", [q, s, z], [dq], before, f"{tensor}_DequantizeLinear")
+        return dq
+
+    return rw.cached(("dql_dq", tensor), make)
+
+
+def _integer_ok(t: Target, info: ModelInfo) -> bool:
+    """Whether MatMulInteger can express the node: activation A, 2-D int8/uint8 weight B, no transA."""
+    n, s = t.node, t.settings
+    if t.activations != [0] or t.weights != [1] or s["form"] != "integer":
+        return False
+    if qdtype(s["weight_dtype"]).name not in ("int8", "uint8"):
+        return False
+    if n.op_type == "Gemm" and _attr(n, "transA", 0):
+        return False
+    return n.op_type in ("MatMul", "Gemm") and info.array(n.input[1]).ndim == 2
+
+
+def _integer_node(t: Target, info: ModelInfo, rw: Rewriter) -> None:
+    """Replace MatMul/Gemm by DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul (-> Add for Gemm's C)."""
+    n, s = t.node, t.settings
+    w = info.array(n.input[1])
+    alpha, beta = 1.0, 1.0
+    if n.op_type == "Gemm":
+        alpha, beta = float(_attr(n, "alpha", 1.0)), float(_attr(n, "beta", 1.0))
+        if _attr(n, "transB", 0):
+            w = w.T
+    axis = 1 if s["per_channel"] else None
+    base = n.input[1]
+    key = ("int_w", base, n.op_type == "Gemm" and bool(_attr(n, "transB", 0)), str(s["weight_dtype"]),
+           bool(s["weight_symmetric"]), axis, alpha)  # fmt: skip
+
+    def make() -> tuple[str, str | None, str]:
+        q, p = quantize_weight(w, dtype=s["weight_dtype"], symmetric=bool(s["weight_symmetric"]), axis=axis,
+                               node=t.name, tensor=base)  # fmt: skip
+        rw.replaced(base)
+        zp = None
+        if np.any(np.asarray(p.zero_point).astype(np.int32) != 0):
+            zp = rw.init(f"{base}_zero_point", p.zero_point)
+        w_scale = rw.init(f"{base}_scale", (np.asarray(p.scale, np.float64) * alpha).astype(np.float32))
+        return rw.init(f"{base}_quantized", q), zp, w_scale
+
+    q_name, zp_name, w_scale = rw.cached(key, make)
+    aq, a_s, a_z = _dql(rw, n.input[0], n.name)
+    mm_in = [aq, q_name, a_z] + ([zp_name] if zp_name else [])
+    acc, accf, scale = rw.fresh(f"{n.name}_int32"), rw.fresh(f"{n.name}_float"), rw.fresh(f"{n.name}_scale")
+    nodes = [
+        helper.make_node("MatMulInteger", mm_in, [acc], name=rw.fresh(f"{n.name}_MatMulInteger")),
+        helper.make_node("Cast", [acc], [accf], name=rw.fresh(f"{n.name}_Cast"), to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", [a_s, w_scale], [scale], name=rw.fresh(f"{n.name}_scale_Mul")),
+    ]
+    y = n.output[0]
+    has_c = n.op_type == "Gemm" and len(n.input) > 2 and n.input[2]
+    prod = rw.fresh(f"{n.name}_product") if has_c else y
+    nodes.append(helper.make_node("Mul", [accf, scale], [prod], name=rw.fresh(f"{n.name}_Mul")))
+    if has_c:
+        c = n.input[2]
+        if beta != 1.0:
+            if info.is_const(c):
+                rw.replaced(c)
+                c = rw.init(f"{c}_beta", (info.array(c) * np.float32(beta)).astype(np.float32))
+            else:
+                cb, b = rw.fresh(f"{c}_beta"), rw.init(f"{n.name}_beta", np.array(beta, np.float32))
+                nodes.append(helper.make_node("Mul", [c, b], [cb], name=rw.fresh(f"{n.name}_beta_Mul")))
+                c = cb
+        nodes.append(helper.make_node("Add", [prod, c], [y], name=rw.fresh(f"{n.name}_Add")))
+    rw.replace(n.name, nodes)
+
+
+def _qdq_node(t: Target, info: ModelInfo, rw: Rewriter) -> None:
+    """Keep the float op; activations through DynamicQuantizeLinear + DequantizeLinear, weights behind DQ."""
+    n, s = t.node, t.settings
+    for pos in t.activations:
+        n.input[pos] = _dql_dq(rw, n.input[pos], n.name)
+    for pos in t.weights:
+        w_name = n.input[pos]
+        w = info.array(w_name)
+        axis = channel_axis(n, pos, w.ndim) if s["per_channel"] else None
+        make = partial(quantize_weight, w, dtype=s["weight_dtype"], symmetric=bool(s["weight_symmetric"]),
+                       axis=axis, node=t.name, tensor=w_name)  # fmt: skip
+        key = (str(s["weight_dtype"]), bool(s["weight_symmetric"]), axis)
+        n.input[pos] = rw.weight(w_name, make, n.name, key=key)
+
+
+def quantize_dynamic(
+    model: Any,
+    *,
+    op_types: Iterable[str] = ("MatMul", "Gemm"),
+    exclude: Iterable[str] = (),
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    weight_dtype: Any = "int8",
+    weight_symmetric: bool = True,
+    per_channel: bool = True,
+    form: str = "integer",
+    eval_data: Any = None,
+    min_cosine: float | None = None,
+) -> onnx.ModelProto:
+    """Dynamic W8A8 (no calibration): int8 weights per output channel, uint8 activations quantized per
+    tensor at run time. MatMul/Gemm with a 2-D weight take the MatMulInteger form unless ``form="qdq"``;
+    other nodes (Conv, activation x activation MatMul, transA Gemm) use the QDQ form.
+
+    ``overrides={node: {setting: value}}`` changes weight_dtype, weight_symmetric, per_channel or form
+    for one node; ``min_cosine`` checks every output against float on ``eval_data``.
+    """
+    if form not in _FORMS:
+        raise QuantError(f"{_WHERE}(form)", f"unknown form {form!r}", f"use one of {', '.join(_FORMS)}")
+    precheck(eval_data, min_cosine, _WHERE)
+    src = load_model(model, f"{_WHERE}(model)")
+    defaults = {"weight_dtype": weight_dtype, "weight_symmetric": weight_symmetric, "per_channel": per_channel,
+                "form": form}  # fmt: skip
+    for name, o in (overrides or {}).items():
+        if isinstance(o, Mapping) and o.get("form", form) not in _FORMS:
+            raise QuantError(f"{_WHERE}(overrides)", f"node {name!r}: unknown form {o['form']!r}",
+                             f"use one of {', '.join(_FORMS)}")  # fmt: skip
+    targets = select_targets(ModelInfo(src), op_types=op_types, exclude=exclude, overrides=overrides,
+                             defaults=defaults, where=_WHERE)  # fmt: skip
+    m = ensure_opset(src, needed_opset([t.settings for t in targets], ("weight_dtype",), False), _WHERE)
+    info = ModelInfo(m)
+    targets = select_targets(info, op_types=op_types, exclude=exclude, overrides=overrides, defaults=defaults,
+                             where=_WHERE)  # fmt: skip
+    rw = Rewriter(m, info)
+    for t in targets:
+        for pos in (*t.activations, *t.weights):
+            require_float32(info, t.node.input[pos], t.name, _WHERE)
+        (_integer_node if _integer_ok(t, info) else _qdq_node)(t, info, rw)
+    out = finish_model(rw.finish(), "w8a8-dynamic", _WHERE)
+    enforce(src, out, eval_data, min_cosine, _WHERE)
+    return out

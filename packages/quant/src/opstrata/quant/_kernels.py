@@ -1,0 +1,232 @@
+"""quant's native int8 kernels registered into opstrata.ops on ``cpu``: ``matmul_integer`` (ONNX
+MatMulInteger) and ``qlinear_matmul`` (ONNX QLinearMatMul).
+
+Importing opstrata.quant registers them at :data:`KERNEL_PRIORITY`, above ops' numpy kernels (priority
+0), which stay registered: each native kernel hands what it does not cover (a batched ``b``, per-row
+activation scales, zero points of another dtype, errors) and everything when the library is
+unavailable (``OPSTRATA_NATIVE=off``, no compiler under ``auto``) to the kernel it displaced, counting
+both paths in :func:`opstrata.quant.native_status`. Under ``OPSTRATA_NATIVE=on`` a failed build raises
+instead. Results are bit-identical to ops' reference kernels.
+
+Weights: ``b`` is packed once and the packing reused while that array object lives (dropped with it).
+A read-only ``b`` (``b.flags.writeable == False``, and so is every array it views, down to memory of
+its own or a ``bytes`` object) is trusted not to change; any other is re-verified on every call by a
+64-bit content fingerprint (one read of the weight, ~1/8 of packing it) and repacked when it changed. :func:`set_qgemm_threads` sets the threads these kernels use (default 1).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import opstrata.ops as ops
+
+from ._qgemm import PackedWeight, prepack_weight, qgemm
+from .native._library import count, library
+
+__all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
+
+KERNEL_PRIORITY = 1
+_U8, _S8 = np.dtype(np.uint8), np.dtype(np.int8)
+_INT8S = (_U8, _S8)
+_state: dict[str, Any] = {"threads": 1}
+_displaced: dict[str, Callable[..., Any]] = {}
+
+
+def set_qgemm_threads(n: int) -> None:
+    """Threads the registered int8 kernels split rows over (default 1; opstrata.runtime's intra-op
+    setting is meant to drive it)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"set_qgemm_threads: n must be an int >= 1, got {n!r}")
+    _state["threads"] = int(n)
+
+
+def get_qgemm_threads() -> int:
+    """Threads the registered int8 kernels use."""
+    return int(_state["threads"])
+
+
+# --------------------------------------------------------------------------- packed-weight cache
+
+_cache_lock = threading.Lock()
+#: id(b) -> (weakref to b, layout + zero-point key, content fingerprint or None if read-only, packed)
+_packed: dict[int, tuple[weakref.ref[np.ndarray], tuple[Any, ...], int | None, PackedWeight]] = {}
+
+
+def _layout_key(b: np.ndarray, zp: Any) -> tuple[Any, ...]:
+    z = None if zp is None else (np.asarray(zp).dtype.str, np.shape(zp), np.asarray(zp).tobytes())
+    return (b.ctypes.data, b.shape, b.strides, b.dtype.str, z)
+
+
+def _fingerprint(b: np.ndarray) -> int:
+    lib = library()
+    assert lib is not None  # callers hold a loaded library
+    if b.ndim != 2 or b.strides[1] != 1 or (b.shape[0] > 1 and b.strides[0] < b.shape[1]):
+        b = np.ascontiguousarray(b)
+    ld = b.strides[0] if b.shape[0] else b.shape[1]
+    return int(lib.opstrata_qgemm_fingerprint(b.ctypes.data, ld, b.shape[0], b.shape[1]))
+
+
+def _immutable(b: np.ndarray) -> bool:
+    """Read-only all the way down: b and every array it views are read-only and the memory at the bottom
+    is b's own or a ``bytes`` object (a read-only view of a writeable array can still change)."""
+    x: Any = b
+    while isinstance(x, np.ndarray):
+        if x.flags.writeable:
+            return False
+        x = x.base
+    return x is None or isinstance(x, bytes)
+
+
+def _pack(b: np.ndarray, zp: Any) -> PackedWeight:
+    """The packed form of ``b`` (K, N), cached per array object: trusted when read-only, verified by
+    its content fingerprint when writeable (a changed weight is packed again)."""
+    key, layout = id(b), _layout_key(b, zp)
+    fp = None if _immutable(b) else _fingerprint(b)
+    with _cache_lock:
+        hit = _packed.get(key)
+        if hit is not None and hit[0]() is b and hit[1] == layout and hit[2] == fp:
+            return hit[3]
+    w = prepack_weight(b, zp)
+    with _cache_lock:
+        _packed[key] = (weakref.ref(b, lambda _r, k=key: _packed.pop(k, None)), layout, fp, w)
+    return w
+
+
+def packed_cache_size() -> int:
+    """How many weights the registered kernels hold packed (tests, diagnostics)."""
+    with _cache_lock:
+        return len(_packed)
+
+
+# --------------------------------------------------------------------------- the kernels
+
+
+def _zp_fits(zp: Any, dtype: np.dtype, sizes: tuple[int, ...]) -> bool:
+    """None, or a zero point of ``dtype`` with one of the sizes (1, or one per row / column), 0-D or 1-D."""
+    if zp is None:
+        return True
+    z = np.asarray(zp)
+    return z.dtype == dtype and z.ndim <= 1 and z.size in sizes
+
+
+def _a_rows(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """``a`` as 2-D rows and its per-matrix row count (the per-row zero point's length)."""
+    return (a.reshape(1, -1), 1) if a.ndim == 1 else (a, a.shape[-2])
+
+
+def _native_zp_a(zp: Any, a: np.ndarray, rows: int) -> Any:
+    """The per-row zero point of an N-D ``a`` repeated over its batch (ONNX broadcasts it)."""
+    if zp is None or np.asarray(zp).size == 1 or a.ndim <= 2:
+        return zp
+    return np.tile(np.asarray(zp).reshape(-1), a.size // (rows * a.shape[-1]))
+
+
+def _mm_fits(a: np.ndarray, b: np.ndarray, a_zp: Any, b_zp: Any) -> bool:
+    if a.dtype not in _INT8S or b.dtype not in _INT8S or b.ndim != 2 or a.ndim < 1:
+        return False
+    if a.shape[-1] != b.shape[0]:
+        return False
+    rows = 1 if a.ndim == 1 else a.shape[-2]
+    return _zp_fits(a_zp, a.dtype, (1, rows)) and _zp_fits(b_zp, b.dtype, (1, b.shape[1]))
+
+
+def _matmul_integer_native(a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None) -> np.ndarray:
+    """ONNX MatMulInteger on the native int8 GEMM: a (..., K) or (K,), b (K, N), zero points per tensor,
+    per row (a) or per column (b); anything else goes to ops' numpy kernel."""
+    a, b = np.asarray(a), np.asarray(b)
+    lib = library() if _mm_fits(a, b, a_zero_point, b_zero_point) else None
+    if lib is None:
+        count("matmul_integer", "numpy")
+        return _displaced["matmul_integer"](a, b, a_zero_point, b_zero_point)
+    a2, rows = _a_rows(a)
+    w = _pack(b, b_zero_point)
+    out = qgemm(a2, w, _native_zp_a(a_zero_point, a2, rows), threads=_state["threads"])
+    count("matmul_integer", "native")
+    return out.reshape(b.shape[1]) if a.ndim == 1 else out
+
+
+def _float_scale(s: Any, sizes: tuple[int, ...]) -> bool:
+    v = np.asarray(s)
+    return v.dtype.kind == "f" and v.ndim <= 1 and v.size in sizes and bool(np.all(np.isfinite(v)))
+
+
+def _qlinear_matmul_native(
+    a: Any,
+    a_scale: Any,
+    a_zero_point: Any,
+    b: Any,
+    b_scale: Any,
+    b_zero_point: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+) -> np.ndarray:
+    """ONNX QLinearMatMul on the native int8 GEMM with the requantizing epilogue fused (per-tensor
+    a/y scales, b's per tensor or per column); anything else goes to ops' numpy kernel."""
+    a, b = np.asarray(a), np.asarray(b)
+    fits = _mm_fits(a, b, a_zero_point, b_zero_point)
+    if fits:
+        n = b.shape[1]
+        yz = None if y_zero_point is None else np.asarray(y_zero_point)
+        fits = (
+            _float_scale(a_scale, (1,))
+            and _float_scale(b_scale, (1, n))
+            and _float_scale(y_scale, (1,))
+            and (yz is None or (yz.dtype in _INT8S and yz.size == 1))
+        )
+    lib = library() if fits else None
+    if lib is None:
+        count("qlinear_matmul", "numpy")
+        return _displaced["qlinear_matmul"](
+            a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point
+        )
+    a2, rows = _a_rows(a)
+    yzp = np.asarray(y_zero_point) if y_zero_point is not None else np.zeros((), a.dtype)  # ONNX: a's dtype
+    sa, sb, sy = (np.asarray(v).astype(np.float32) for v in (a_scale, b_scale, y_scale))
+    out = qgemm(
+        a2, _pack(b, b_zero_point), _native_zp_a(a_zero_point, a2, rows), a_scale=sa, b_scale=sb,
+        y_scale=sy, y_zero_point=yzp, threads=_state["threads"],
+    )  # fmt: skip
+    count("qlinear_matmul", "native")
+    return out.reshape(b.shape[1]) if a.ndim == 1 else out
+
+
+_KERNELS: dict[str, Callable[..., Any]] = {
+    "matmul_integer": _matmul_integer_native,
+    "qlinear_matmul": _qlinear_matmul_native,
+}
+
+
+def _current_cpu_kernel(op: str) -> Callable[..., Any] | None:
+    """The kernel ``cpu`` dispatches ``op`` to for int8 now (the one ours displaces)."""
+    for e in ops.kernels(op):
+        if e.device == "cpu" and e.fn not in _KERNELS.values() and (e.dtypes is None or _U8 in e.dtypes):
+            return e.fn
+    return None
+
+
+def install() -> list[str]:
+    """Register the native kernels on ``cpu`` above ops' own (done on import); the ops they cover."""
+    done = []
+    for op, fn in _KERNELS.items():
+        if op not in ops.list_ops():  # an opstrata-ops without the op: nothing to accelerate
+            continue
+        prev = _current_cpu_kernel(op)
+        if prev is None:
+            continue
+        _displaced[op] = prev
+        if not any(e.fn is fn for e in ops.kernels(op)):  # idempotent
+            ops.register(op, device="cpu", dtypes=_INT8S, priority=KERNEL_PRIORITY)(fn)
+        done.append(op)
+    return done
+
+
+def uninstall() -> None:
+    """Remove quant's kernels again, leaving ops' own (tests; a user who wants the numpy path back)."""
+    for op, fn in _KERNELS.items():
+        if op in _displaced:
+            ops.unregister(op, device="cpu", kernel=fn)

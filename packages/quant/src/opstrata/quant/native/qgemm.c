@@ -1,0 +1,688 @@
+/* opstrata-quant: exact int8 GEMM (u8/s8 x s8/u8 -> int32) with fused epilogues.
+
+   Compiled on first use by opstrata.quant.native (through opstrata.ops.build_library) WITHOUT
+   -march=native: the vector code paths carry per-function target attributes and are chosen at run time
+   with __builtin_cpu_supports, so one build runs on any x86-64 (and the portable path on anything).
+
+   Paths (QG_PATH_*):
+     avx512vnni  vpdpbusd on zmm (64 u8*s8 MACs per instruction), 6 rows x 64 columns per micro-tile
+     avxvnni     vpdpbusd on ymm: the VEX form (AVX-VNNI) or, where only AVX-512 VNNI exists, the EVEX
+                 form of the same 256-bit kernel (so the code is exercised on both kinds of CPU)
+     avx2        exact widening path: bytes sign/zero-extended to int16 and multiplied with
+                 vpmaddwd (int16 pairs -> int32); vpmaddubsw is NOT used: it saturates to int16
+     portable    plain C (B widened to int16 per k-group; compilers vectorize the row loops)
+   All accumulate modulo 2^32 (the ONNX int32 result of an int64 sum, wrapped), so every path is
+   bit-identical to an int64 reference cast to int32.
+
+   Math. A (M x K, u8 or s8, zero point za per tensor or per row), B (K x N, s8 or u8, zero point zb per
+   tensor or per column). The kernels multiply Au = A as u8 (s8 is shifted by +128) with Bs = B as s8
+   (u8 is shifted by -128):
+       sum_k (A - za)(B - zb) = sum_k (Au - za')(Bs - zb')      za' = za + 128*a_signed,
+                                                                 zb' = zb - 128*b_unsigned
+                              = dot(Au, Bs) - za' colsum(Bs) - zb' (rowsum(Au) - K za')
+   B is packed once (opstrata_qgemm_pack_b): panels of 64 columns, K in groups of 4 bytes (the vpdpbusd
+   layout: for each k-group, 64 columns x 4 consecutive k), zero padded in K and N, with colsum(Bs) and
+   zb'. opstrata_qgemm splits rows (or panels, when rows are few) over pthreads and applies the
+   epilogue (int32, float32 dequantize + bias + ReLU, or int8/uint8 requantize) per micro-tile.
+   opstrata_qgemm_fingerprint hashes a weight's bytes so a caller can tell an unchanged one cheaply.
+*/
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <pthread.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(QG_NO_X86) /* -DQG_NO_X86: portable only */
+#define QG_X86 1
+#include <immintrin.h>
+#else
+#define QG_X86 0
+#endif
+
+#define QG_ABI 1
+#define NR 64 /* columns per packed panel */
+#define KG 4  /* k per group */
+
+enum { QG_PATH_PORTABLE = 0, QG_PATH_AVX2 = 1, QG_PATH_AVXVNNI = 2, QG_PATH_AVX512VNNI = 3, QG_NPATHS = 4 };
+enum { QG_OUT_I32 = 0, QG_OUT_F32 = 1, QG_OUT_U8 = 2, QG_OUT_S8 = 3 };
+enum { QG_OK = 0, QG_ERR_PATH = -1, QG_ERR_ARGS = -2, QG_ERR_NOMEM = -3 };
+
+int opstrata_qgemm_abi(void) { return QG_ABI; }
+
+/* ------------------------------------------------------------------ CPU features */
+
+static int qg_avx512vnni(void) {
+#if QG_X86
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+static int qg_avxvnni_vex(void) {
+#if QG_X86 && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+    return __builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+static int qg_avx2(void) {
+#if QG_X86
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* bit i set: path i runs on this CPU */
+int opstrata_qgemm_paths(void) {
+    int m = 1 << QG_PATH_PORTABLE;
+    if (qg_avx2()) m |= 1 << QG_PATH_AVX2;
+    if (qg_avxvnni_vex() || qg_avx512vnni()) m |= 1 << QG_PATH_AVXVNNI;
+    if (qg_avx512vnni()) m |= 1 << QG_PATH_AVX512VNNI;
+    return m;
+}
+
+int opstrata_qgemm_best_path(void) {
+    int m = opstrata_qgemm_paths();
+    for (int p = QG_NPATHS - 1; p > 0; --p)
+        if (m & (1 << p)) return p;
+    return QG_PATH_PORTABLE;
+}
+
+/* ------------------------------------------------------------------ packing */
+
+static inline int64_t qg_kpad(int64_t K) { return (K + KG - 1) / KG * KG; }
+
+int64_t opstrata_qgemm_packed_size(int64_t K, int64_t N) {
+    return ((N + NR - 1) / NR) * qg_kpad(K) * NR;
+}
+
+/* B: K x N bytes with row stride ldb (elements); b_signed: 1 s8, 0 u8; zb: n_zb (1 or N) int32 zero
+   points. Writes packed (opstrata_qgemm_packed_size bytes), colsum[N] = sum_k Bs, zbe[N] = zb'. */
+int opstrata_qgemm_pack_b(const uint8_t *B, int64_t ldb, int b_signed, const int32_t *zb, int64_t n_zb,
+                          int64_t K, int64_t N, int8_t *packed, int32_t *colsum, int32_t *zbe) {
+    if (K < 0 || N < 0 || (n_zb != 1 && n_zb != N) || (N && K && !B) || !packed) return QG_ERR_ARGS;
+    const int64_t kp = qg_kpad(K), panels = (N + NR - 1) / NR;
+    const uint8_t flip = b_signed ? 0 : 0x80; /* u8 -> s8: b - 128 == b ^ 0x80 as a byte */
+    for (int64_t j = 0; j < N; ++j) zbe[j] = (n_zb == 1 ? zb[0] : zb[j]) - (b_signed ? 0 : 128);
+    for (int64_t p = 0; p < panels; ++p) { /* written in order; each k-group reads 4 rows of B */
+        const int64_t c0 = p * NR, nc = N - c0 < NR ? N - c0 : NR;
+        int8_t *dst = packed + p * kp * NR;
+        for (int64_t k0 = 0; k0 < kp; k0 += KG, dst += NR * KG) {
+            int64_t c = 0;
+#if defined(__SSE2__) && !defined(QG_NO_X86)
+            if (k0 + KG <= K) { /* 4 full rows: interleave 16 columns at a time (SSE2 is x86-64 baseline) */
+                const __m128i fl = _mm_set1_epi8((char)flip);
+                const uint8_t *r = B + k0 * ldb + c0;
+                for (; c + 16 <= nc; c += 16) {
+                    const __m128i r0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(r + c)), fl);
+                    const __m128i r1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(r + ldb + c)), fl);
+                    const __m128i r2 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(r + 2 * ldb + c)), fl);
+                    const __m128i r3 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(r + 3 * ldb + c)), fl);
+                    const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+                    const __m128i e = _mm_unpacklo_epi8(r2, r3), f = _mm_unpackhi_epi8(r2, r3);
+                    _mm_storeu_si128((__m128i *)(dst + c * KG), _mm_unpacklo_epi16(a, e));
+                    _mm_storeu_si128((__m128i *)(dst + c * KG + 16), _mm_unpackhi_epi16(a, e));
+                    _mm_storeu_si128((__m128i *)(dst + c * KG + 32), _mm_unpacklo_epi16(b, f));
+                    _mm_storeu_si128((__m128i *)(dst + c * KG + 48), _mm_unpackhi_epi16(b, f));
+                }
+            }
+#endif
+            memset(dst + c * KG, 0, (size_t)((NR - c) * KG));
+            for (int t = 0; t < KG && k0 + t < K; ++t) {
+                const uint8_t *row = B + (k0 + t) * ldb + c0;
+                for (int64_t cc = c; cc < nc; ++cc) dst[cc * KG + t] = (int8_t)(row[cc] ^ flip);
+            }
+        }
+    }
+    uint32_t *cs = (uint32_t *)colsum; /* column sums of B as int8, modulo 2^32 (row by row: vectorizes) */
+    for (int64_t j = 0; j < N; ++j) cs[j] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+        const uint8_t *row = B + k * ldb;
+        for (int64_t j = 0; j < N; ++j) cs[j] += (uint32_t)(int32_t)(int8_t)(row[j] ^ flip);
+    }
+    return QG_OK;
+}
+
+/* A 64-bit content fingerprint of a K x N byte matrix (row stride ldb). 32 independent 32-bit lanes
+   (four 8-lane vectors: GCC vector extensions, AVX2 where the CPU has it), each updated by a bijective
+   round (multiply, rotate, multiply: a change in a word always changes its lane); the 1024-bit state
+   is then folded into 64 bits with xxHash64's avalanche. Lets a caller reuse a packed weight whose
+   array is writeable but unchanged at a fraction of the cost of packing it again. */
+typedef uint32_t qg_v8u __attribute__((vector_size(32)));
+#define QG_FPB 128 /* bytes per step */
+#define QG_FP_ROUND(v, w)                                                                             \
+    do {                                                                                              \
+        qg_v8u x_ = (v) + (w) * 0x85EBCA77u;                                                          \
+        x_ = (x_ << 13) | (x_ >> 19);                                                                 \
+        (v) = x_ * 0x9E3779B1u;                                                                       \
+    } while (0)
+static inline __attribute__((always_inline)) uint64_t qg_fp_body(const uint8_t *B, int64_t ldb, int64_t K,
+                                                                 int64_t N) {
+    qg_v8u v0 = {1, 2, 3, 4, 5, 6, 7, 8}, v1 = v0 + 8, v2 = v0 + 16, v3 = v0 + 24;
+    for (int64_t k = 0; k < K; ++k) {
+        const uint8_t *row = B + k * ldb;
+        int64_t j = 0;
+        for (; j + QG_FPB <= N; j += QG_FPB) {
+            qg_v8u w0, w1, w2, w3;
+            memcpy(&w0, row + j, 32);
+            memcpy(&w1, row + j + 32, 32);
+            memcpy(&w2, row + j + 64, 32);
+            memcpy(&w3, row + j + 96, 32);
+            QG_FP_ROUND(v0, w0);
+            QG_FP_ROUND(v1, w1);
+            QG_FP_ROUND(v2, w2);
+            QG_FP_ROUND(v3, w3);
+        }
+        if (j < N || N == 0) { /* the row's tail, zero padded, its length marked (also marks empty rows) */
+            uint8_t t[QG_FPB];
+            qg_v8u w0, w1, w2, w3;
+            memset(t, 0, sizeof t);
+            memcpy(t, row + j, (size_t)(N - j));
+            t[QG_FPB - 1] ^= (uint8_t)(N - j) | 0x80;
+            memcpy(&w0, t, 32);
+            memcpy(&w1, t + 32, 32);
+            memcpy(&w2, t + 64, 32);
+            memcpy(&w3, t + 96, 32);
+            QG_FP_ROUND(v0, w0);
+            QG_FP_ROUND(v1, w1);
+            QG_FP_ROUND(v2, w2);
+            QG_FP_ROUND(v3, w3);
+        }
+    }
+    uint32_t lanes[32];
+    memcpy(lanes, &v0, 32);
+    memcpy(lanes + 8, &v1, 32);
+    memcpy(lanes + 16, &v2, 32);
+    memcpy(lanes + 24, &v3, 32);
+    uint64_t h = (uint64_t)K * 0x165667B19E3779F9ULL ^ (uint64_t)N;
+    for (int l = 0; l < 32; ++l) {
+        h ^= lanes[l];
+        h *= 0xC2B2AE3D27D4EB4FULL;
+        h ^= h >> 31;
+    }
+    h ^= h >> 33;
+    h *= 0xC2B2AE3D27D4EB4FULL;
+    h ^= h >> 29;
+    h *= 0x165667B19E3779F9ULL;
+    h ^= h >> 32;
+    return h;
+}
+static uint64_t qg_fp_generic(const uint8_t *B, int64_t ldb, int64_t K, int64_t N) {
+    return qg_fp_body(B, ldb, K, N);
+}
+#if QG_X86
+__attribute__((target("avx2"))) static uint64_t qg_fp_avx2(const uint8_t *B, int64_t ldb, int64_t K,
+                                                           int64_t N) {
+    return qg_fp_body(B, ldb, K, N);
+}
+#endif
+
+uint64_t opstrata_qgemm_fingerprint(const uint8_t *B, int64_t ldb, int64_t K, int64_t N) {
+#if QG_X86
+    if (qg_avx2()) return qg_fp_avx2(B, ldb, K, N);
+#endif
+    return qg_fp_generic(B, ldb, K, N);
+}
+
+/* ------------------------------------------------------------------ epilogue */
+
+typedef struct {
+    int kind;            /* QG_OUT_* */
+    void *out;           /* M x N, row stride ldo (elements) */
+    int64_t ldo;
+    const int32_t *colsum, *zbe; /* per column (N) */
+    const int32_t *zae;  /* za' per row (M) */
+    const int32_t *rterm;/* rowsum(Au) - K za' per row (M) */
+    const float *a_scale; int a_scale_rows; /* 1 or M values */
+    const float *b_scale; int b_scale_cols; /* 1 or N values (f32: b's scale; u8/s8: the multiplier) */
+    const float *bias;   /* N or NULL */
+    int relu;
+    int32_t y_zp;
+} qg_epi;
+
+/* tile: mr x nc int32 dot products (row stride NR) for rows r0.., columns c0..; writes the output */
+static inline __attribute__((always_inline)) void qg_epilogue(const qg_epi *e, const int32_t *tile, int mr,
+                                                              int64_t r0, int64_t c0, int nc) {
+    const int32_t *cs = e->colsum + c0, *zb = e->zbe + c0;
+    for (int r = 0; r < mr; ++r) {
+        const int64_t i = r0 + r;
+        const uint32_t za = (uint32_t)e->zae[i], rt = (uint32_t)e->rterm[i];
+        const int32_t *t = tile + r * NR;
+        int32_t acc[NR];
+        for (int c = 0; c < nc; ++c) /* wrapping int32 arithmetic: exact modulo 2^32 */
+            acc[c] = (int32_t)((uint32_t)t[c] - za * (uint32_t)cs[c] - (uint32_t)zb[c] * rt);
+        if (e->kind == QG_OUT_I32) {
+            memcpy((int32_t *)e->out + i * e->ldo + c0, acc, sizeof(int32_t) * (size_t)nc);
+        } else if (e->kind == QG_OUT_F32) {
+            float *o = (float *)e->out + i * e->ldo + c0;
+            const float sa = e->a_scale[e->a_scale_rows ? i : 0];
+            const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
+            const int sbs = e->b_scale_cols ? 1 : 0;
+            const float *bias = e->bias ? e->bias + c0 : NULL;
+            for (int c = 0; c < nc; ++c) {
+                float v = (float)acc[c] * (sa * sb[c * sbs]);
+                if (bias) v += bias[c];
+                if (e->relu) v = v > 0.0f ? v : 0.0f;
+                o[c] = v;
+            }
+        } else { /* requantize: saturate(rint(acc * multiplier) + y_zp), multiplier float32, product double */
+            const float *mul = e->b_scale + (e->b_scale_cols ? c0 : 0);
+            const int ms = e->b_scale_cols ? 1 : 0;
+            const double lo = e->kind == QG_OUT_U8 ? 0.0 : -128.0, hi = e->kind == QG_OUT_U8 ? 255.0 : 127.0;
+            double v[NR];
+            for (int c = 0; c < nc; ++c) {
+                double d = nearbyint((double)acc[c] * (double)mul[c * ms]) + (double)e->y_zp;
+                v[c] = d < lo ? lo : (d > hi ? hi : d);
+            }
+            if (e->kind == QG_OUT_U8) {
+                uint8_t *o = (uint8_t *)e->out + i * e->ldo + c0;
+                for (int c = 0; c < nc; ++c) o[c] = (uint8_t)(int)v[c];
+            } else {
+                int8_t *o = (int8_t *)e->out + i * e->ldo + c0;
+                for (int c = 0; c < nc; ++c) o[c] = (int8_t)(int)v[c];
+            }
+        }
+    }
+}
+
+static inline int64_t qg_load8(const uint8_t *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline int32_t qg_load4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ------------------------------------------------------------------ micro-kernels
+   A: u8 rows (stride lda, padded to a multiple of 4 bytes with zeros), Bp: one panel (kg groups of
+   NR*KG bytes). Each writes an mr x NR int32 tile (row stride NR); nv = 16-column vectors used (1..4). */
+
+#define MR_MAX 6
+
+static void qg_mk_portable(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t kg, int mr, int nv,
+                           int32_t *tile) {
+    /* per k-group, B's 4 x nc bytes are widened once into contiguous int16 rows (bw[t][c]); each row of
+       A then adds a_t * bw[t][c] over contiguous columns, which compilers vectorize for any target
+       (16 x 16 -> 32-bit widening multiplies). Products fit int16; sums wrap modulo 2^32. */
+    const int nc = nv * 16;
+    int32_t acc[MR_MAX][NR];
+    int16_t bw[KG][NR];
+    for (int r = 0; r < mr; ++r)
+        for (int c = 0; c < nc; ++c) acc[r][c] = 0;
+    for (int64_t g = 0; g < kg; ++g) {
+        const int8_t *b = Bp + g * (NR * KG);
+        for (int c = 0; c < nc; ++c)
+            for (int t = 0; t < KG; ++t) bw[t][c] = b[KG * c + t];
+        for (int r = 0; r < mr; ++r) {
+            const uint8_t *a = A + r * lda + KG * g;
+            for (int t = 0; t < KG; ++t) {
+                const int32_t at = a[t];
+                int32_t *restrict o = acc[r];
+                const int16_t *restrict bt = bw[t];
+                for (int c = 0; c < nc; ++c) o[c] = (int32_t)((uint32_t)o[c] + (uint32_t)(at * (int32_t)bt[c]));
+            }
+        }
+    }
+    for (int r = 0; r < mr; ++r) memcpy(tile + r * NR, acc[r], sizeof(int32_t) * (size_t)nc);
+}
+
+#if QG_X86
+
+/* ---- AVX-512 VNNI: up to 6 rows x 4 zmm (64 columns) of accumulators */
+#define T512 __attribute__((target("avx512vnni,avx512bw,avx512f,avx512vl,avx2,fma")))
+
+/* explicit accumulator variables (not arrays): GCC keeps them in registers; MR / NV are constants
+   after inlining, so the guards fold away */
+#define R512_DECL(r)                                                                                  \
+    __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
+#define R512_STEP(r)                                                                                  \
+    if (MR > r) {                                                                                     \
+        const __m512i a = _mm512_set1_epi32(qg_load4(A + r * lda + 4 * g));                          \
+        c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, b0);                                                \
+        if (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, b1);                                    \
+        if (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, b2);                                    \
+        if (NV > 3) c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, b3);                                    \
+    }
+#define R512_STORE(r)                                                                                 \
+    if (MR > r) {                                                                                     \
+        _mm512_storeu_si512((void *)(tile + r * NR), c##r##0);                                        \
+        if (NV > 1) _mm512_storeu_si512((void *)(tile + r * NR + 16), c##r##1);                       \
+        if (NV > 2) _mm512_storeu_si512((void *)(tile + r * NR + 32), c##r##2);                       \
+        if (NV > 3) _mm512_storeu_si512((void *)(tile + r * NR + 48), c##r##3);                       \
+    }
+
+static inline __attribute__((always_inline)) T512 void qg_mk512_body(const uint8_t *A, int64_t lda,
+                                                                    const int8_t *Bp, int64_t kg,
+                                                                    const int MR, const int NV,
+                                                                    int32_t *tile) {
+    R512_DECL(0) R512_DECL(1) R512_DECL(2) R512_DECL(3) R512_DECL(4) R512_DECL(5)
+    for (int64_t g = 0; g < kg; ++g) {
+        const int8_t *b = Bp + g * (NR * KG);
+        const __m512i b0 = _mm512_loadu_si512((const void *)b);
+        const __m512i b1 = NV > 1 ? _mm512_loadu_si512((const void *)(b + 64)) : b0;
+        const __m512i b2 = NV > 2 ? _mm512_loadu_si512((const void *)(b + 128)) : b0;
+        const __m512i b3 = NV > 3 ? _mm512_loadu_si512((const void *)(b + 192)) : b0;
+        R512_STEP(0) R512_STEP(1) R512_STEP(2) R512_STEP(3) R512_STEP(4) R512_STEP(5)
+    }
+    R512_STORE(0) R512_STORE(1) R512_STORE(2) R512_STORE(3) R512_STORE(4) R512_STORE(5)
+}
+
+#define MK512(MRv, NVv)                                                                               \
+    static T512 void qg_mk512_##MRv##_##NVv(const uint8_t *A, int64_t lda, const int8_t *Bp,          \
+                                            int64_t kg, int32_t *tile) {                              \
+        qg_mk512_body(A, lda, Bp, kg, MRv, NVv, tile);                                                \
+    }
+#define MK512_ROW(MRv) MK512(MRv, 1) MK512(MRv, 2) MK512(MRv, 3) MK512(MRv, 4)
+MK512_ROW(1) MK512_ROW(2) MK512_ROW(3) MK512_ROW(4) MK512_ROW(5) MK512_ROW(6)
+
+typedef void (*qg_mk_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, int32_t *);
+#define MKTAB(P) {{P##_1_1, P##_1_2, P##_1_3, P##_1_4}, {P##_2_1, P##_2_2, P##_2_3, P##_2_4},        \
+                  {P##_3_1, P##_3_2, P##_3_3, P##_3_4}, {P##_4_1, P##_4_2, P##_4_3, P##_4_4},        \
+                  {P##_5_1, P##_5_2, P##_5_3, P##_5_4}, {P##_6_1, P##_6_2, P##_6_3, P##_6_4}}
+static const qg_mk_fn qg_mk512_tab[6][4] = MKTAB(qg_mk512);
+
+/* ---- 256-bit VNNI: up to 6 rows x 2 ymm (16 columns), looped over the panel's 16-column slices */
+#define R256_STEP(r, DPBUSD)                                                                          \
+    if (MR > r) {                                                                                     \
+        const __m256i a = _mm256_set1_epi32(qg_load4(A + r * lda + 4 * g));                          \
+        c##r##0 = DPBUSD(c##r##0, a, b0);                                                             \
+        c##r##1 = DPBUSD(c##r##1, a, b1);                                                             \
+    }
+#define R256_STORE(r)                                                                                 \
+    if (MR > r) {                                                                                     \
+        _mm256_storeu_si256((__m256i *)(tile + r * NR + 8 * s), c##r##0);                             \
+        _mm256_storeu_si256((__m256i *)(tile + r * NR + 8 * s + 8), c##r##1);                         \
+    }
+#define QG_MK256_VNNI_BODY(DPBUSD)                                                                    \
+    for (int s = 0; s < 2 * NV; s += 2) {                                                             \
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;  \
+        __m256i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                     \
+        for (int64_t g = 0; g < kg; ++g) {                                                            \
+            const int8_t *b = Bp + g * (NR * KG) + 32 * s;                                            \
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)b);                                \
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(b + 32));                         \
+            R256_STEP(0, DPBUSD) R256_STEP(1, DPBUSD) R256_STEP(2, DPBUSD)                            \
+            R256_STEP(3, DPBUSD) R256_STEP(4, DPBUSD) R256_STEP(5, DPBUSD)                            \
+        }                                                                                             \
+        R256_STORE(0) R256_STORE(1) R256_STORE(2) R256_STORE(3) R256_STORE(4) R256_STORE(5)          \
+    }
+
+#define T256E __attribute__((target("avx512vnni,avx512vl,avx512f,avx2")))
+static inline __attribute__((always_inline)) T256E void qg_mk256e_body(const uint8_t *A, int64_t lda,
+                                                                      const int8_t *Bp, int64_t kg,
+                                                                      const int MR, const int NV,
+                                                                      int32_t *tile) {
+    QG_MK256_VNNI_BODY(_mm256_dpbusd_epi32)
+}
+#define MK256E(MRv, NVv)                                                                              \
+    static T256E void qg_mk256e_##MRv##_##NVv(const uint8_t *A, int64_t lda, const int8_t *Bp,        \
+                                              int64_t kg, int32_t *tile) {                            \
+        qg_mk256e_body(A, lda, Bp, kg, MRv, NVv, tile);                                               \
+    }
+#define MK256E_ROW(MRv) MK256E(MRv, 1) MK256E(MRv, 2) MK256E(MRv, 3) MK256E(MRv, 4)
+MK256E_ROW(1) MK256E_ROW(2) MK256E_ROW(3) MK256E_ROW(4) MK256E_ROW(5) MK256E_ROW(6)
+static const qg_mk_fn qg_mk256e_tab[6][4] = MKTAB(qg_mk256e);
+
+#if defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#define QG_HAVE_AVXVNNI 1
+#define T256V __attribute__((target("avxvnni,avx2")))
+static inline __attribute__((always_inline)) T256V void qg_mk256v_body(const uint8_t *A, int64_t lda,
+                                                                      const int8_t *Bp, int64_t kg,
+                                                                      const int MR, const int NV,
+                                                                      int32_t *tile) {
+    QG_MK256_VNNI_BODY(_mm256_dpbusd_avx_epi32)
+}
+#define MK256V(MRv, NVv)                                                                              \
+    static T256V void qg_mk256v_##MRv##_##NVv(const uint8_t *A, int64_t lda, const int8_t *Bp,        \
+                                              int64_t kg, int32_t *tile) {                            \
+        qg_mk256v_body(A, lda, Bp, kg, MRv, NVv, tile);                                               \
+    }
+#define MK256V_ROW(MRv) MK256V(MRv, 1) MK256V(MRv, 2) MK256V(MRv, 3) MK256V(MRv, 4)
+MK256V_ROW(1) MK256V_ROW(2) MK256V_ROW(3) MK256V_ROW(4) MK256V_ROW(5) MK256V_ROW(6)
+static const qg_mk_fn qg_mk256v_tab[6][4] = MKTAB(qg_mk256v);
+#else
+#define QG_HAVE_AVXVNNI 0
+#endif
+
+/* ---- AVX2, exact: u8 and s8 widened to int16, vpmaddwd sums pairs of products into int32.
+   Per 8-column slice and k-group: the 32 packed bytes (8 columns x 4 k) become two int16 vectors
+   (columns 0-3, 4-7); A comes pre-widened to u16 rows, its 4 values broadcast as [a0 a1 a2 a3] x 4.
+   vpmaddwd leaves two partial sums per column; vphaddd + a 64-bit permute finish them at the end. */
+#define T2 __attribute__((target("avx2,fma")))
+static inline __attribute__((always_inline)) T2 void qg_mk2_body(const uint8_t *A, int64_t lda,
+                                                                const int8_t *Bp, int64_t kg,
+                                                                const int MR, const int NV,
+                                                                int32_t *tile) {
+    for (int s = 0; s < 2 * NV; ++s) { /* 8-column slices */
+        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+#pragma GCC unroll 4
+        for (int64_t g = 0; g < kg; ++g) {
+            const int8_t *bs = Bp + g * (NR * KG) + 32 * s; /* vpmovsxbw straight from memory */
+            const __m256i b_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)bs));
+            const __m256i b_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bs + 16)));
+#define R2_STEP(r)                                                                                    \
+    if (MR > r) {                                                                                     \
+        const __m256i a = _mm256_set1_epi64x(qg_load8(A + r * lda + 8 * g));                          \
+        l##r = _mm256_add_epi32(l##r, _mm256_madd_epi16(a, b_lo));                                    \
+        h##r = _mm256_add_epi32(h##r, _mm256_madd_epi16(a, b_hi));                                    \
+    }
+            R2_STEP(0) R2_STEP(1) R2_STEP(2) R2_STEP(3)
+        }
+#define R2_STORE(r)                                                                                   \
+    if (MR > r)                                                                                       \
+        _mm256_storeu_si256((__m256i *)(tile + r * NR + 8 * s),                                       \
+                            _mm256_permute4x64_epi64(_mm256_hadd_epi32(l##r, h##r), 0xD8));
+        R2_STORE(0) R2_STORE(1) R2_STORE(2) R2_STORE(3)
+    }
+}
+#define MK2(MRv, NVv)                                                                                 \
+    static T2 void qg_mk2_##MRv##_##NVv(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t kg,  \
+                                        int32_t *tile) {                                              \
+        qg_mk2_body(A, lda, Bp, kg, MRv, NVv, tile);                                                  \
+    }
+#define MK2_ROW(MRv) MK2(MRv, 1) MK2(MRv, 2) MK2(MRv, 3) MK2(MRv, 4)
+MK2_ROW(1) MK2_ROW(2) MK2_ROW(3) MK2_ROW(4)
+static const qg_mk_fn qg_mk2_tab[4][4] = {{qg_mk2_1_1, qg_mk2_1_2, qg_mk2_1_3, qg_mk2_1_4},
+                                          {qg_mk2_2_1, qg_mk2_2_2, qg_mk2_2_3, qg_mk2_2_4},
+                                          {qg_mk2_3_1, qg_mk2_3_2, qg_mk2_3_3, qg_mk2_3_4},
+                                          {qg_mk2_4_1, qg_mk2_4_2, qg_mk2_4_3, qg_mk2_4_4}};
+
+/* the epilogue compiled for the wide paths (the loops vectorize with that ISA) */
+static T512 void qg_epi_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    qg_epilogue(e, t, mr, r0, c0, nc);
+}
+static T2 void qg_epi_2(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    qg_epilogue(e, t, mr, r0, c0, nc);
+}
+#endif /* QG_X86 */
+
+static void qg_epi_portable(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    qg_epilogue(e, t, mr, r0, c0, nc);
+}
+
+/* ------------------------------------------------------------------ driver */
+
+typedef void (*qg_epi_fn)(const qg_epi *, const int32_t *, int, int64_t, int64_t, int);
+
+typedef struct {
+    int path, mr_max;
+    const uint8_t *A;  /* u8, padded rows */
+    int64_t lda, M, N, kg;
+    const int8_t *Bp;
+    const qg_epi *e;
+    int64_t r_begin, r_end, p_begin, p_end; /* rows and panels of this worker */
+} qg_job;
+
+static void qg_run(const qg_job *j) {
+    const int64_t kp = j->kg * KG;
+    const int64_t MC = 192; /* rows per A block (L2) */
+    qg_epi_fn epi = qg_epi_portable;
+#if QG_X86
+    if (j->path == QG_PATH_AVX512VNNI || j->path == QG_PATH_AVXVNNI) epi = qg_epi_512;
+    if (j->path == QG_PATH_AVX2 || (j->path == QG_PATH_AVXVNNI && !qg_avx512vnni())) epi = qg_epi_2;
+#endif
+    int32_t tile[MR_MAX * NR] __attribute__((aligned(64)));
+    for (int64_t m0 = j->r_begin; m0 < j->r_end; m0 += MC) {
+        const int64_t m1 = m0 + MC < j->r_end ? m0 + MC : j->r_end;
+        for (int64_t p = j->p_begin; p < j->p_end; ++p) {
+            const int8_t *bp = j->Bp + p * kp * NR;
+            const int64_t c0 = p * NR;
+            const int nc = (int)(j->N - c0 < NR ? j->N - c0 : NR);
+            const int nv = (nc + 15) / 16;
+            for (int64_t r0 = m0; r0 < m1; r0 += j->mr_max) {
+                const int mr = (int)(m1 - r0 < j->mr_max ? m1 - r0 : j->mr_max);
+                const uint8_t *a = j->A + r0 * j->lda;
+                switch (j->path) {
+#if QG_X86
+                case QG_PATH_AVX512VNNI:
+                    qg_mk512_tab[mr - 1][nv - 1](a, j->lda, bp, j->kg, tile);
+                    break;
+                case QG_PATH_AVXVNNI:
+#if QG_HAVE_AVXVNNI
+                    if (qg_avxvnni_vex()) {
+                        qg_mk256v_tab[mr - 1][nv - 1](a, j->lda, bp, j->kg, tile);
+                        break;
+                    }
+#endif
+                    qg_mk256e_tab[mr - 1][nv - 1](a, j->lda, bp, j->kg, tile);
+                    break;
+                case QG_PATH_AVX2:
+                    qg_mk2_tab[mr - 1][nv - 1](a, j->lda, bp, j->kg, tile);
+                    break;
+#endif
+                default:
+                    qg_mk_portable(a, j->lda, bp, j->kg, mr, nv, tile);
+                }
+                epi(j->e, tile, mr, r0, c0, nc);
+            }
+        }
+    }
+}
+
+static void *qg_worker(void *arg) {
+    qg_run((const qg_job *)arg);
+    return NULL;
+}
+
+/* C = epilogue(A @ B). path: QG_PATH_* or -1 (best on this CPU). A: M x K bytes (row stride lda),
+   a_signed 1 (s8) / 0 (u8); za: 1 or M int32 zero points (n_za). Bp / colsum / zbe from
+   opstrata_qgemm_pack_b. kind QG_OUT_*; out: M x N (row stride ldo). a_scale (1 or M) and b_scale
+   (1 or N) float32 for QG_OUT_F32; for QG_OUT_U8/S8 b_scale holds the requantization multiplier
+   (1 or N) and y_zp the output zero point. Returns QG_OK, QG_ERR_PATH (path not on this CPU),
+   QG_ERR_ARGS or QG_ERR_NOMEM. */
+int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, int64_t lda, int a_signed,
+                   const int32_t *za, int64_t n_za, const int8_t *Bp, const int32_t *colsum,
+                   const int32_t *zbe, int kind, void *out, int64_t ldo, const float *a_scale,
+                   int64_t n_a_scale, const float *b_scale, int64_t n_b_scale, const float *bias, int relu,
+                   int32_t y_zp, int nthreads) {
+    if (path < 0) path = opstrata_qgemm_best_path();
+    if (path >= QG_NPATHS || !(opstrata_qgemm_paths() & (1 << path))) return QG_ERR_PATH;
+    if (M < 0 || N < 0 || K < 0 || (n_za != 1 && n_za != M) || kind < 0 || kind > QG_OUT_S8)
+        return QG_ERR_ARGS;
+    if (kind != QG_OUT_I32 && (!b_scale || (n_b_scale != 1 && n_b_scale != N))) return QG_ERR_ARGS;
+    if (kind == QG_OUT_F32 && (!a_scale || (n_a_scale != 1 && n_a_scale != M))) return QG_ERR_ARGS;
+    if (M == 0 || N == 0) return QG_OK;
+    if (nthreads < 1) nthreads = 1;
+
+    const int64_t kp = qg_kpad(K), kg = kp / KG;
+    /* A as u8 rows padded to kp (as u16 for the AVX2 path: its kernel broadcasts 4 widened values
+       straight from memory), with za' and rowsum(Au) - K za' per row */
+    uint8_t *aw = NULL;
+    uint16_t *a16 = NULL;
+    const int wide = path == QG_PATH_AVX2;
+    int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
+    if (!rows) return QG_ERR_NOMEM;
+    int32_t *zae = rows, *rterm = rows + M;
+    const uint8_t flip = a_signed ? 0x80 : 0;
+    const int copy = a_signed || kp != K || lda != kp;
+    if (wide && kp) {
+        a16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(M * kp));
+        if (!a16) {
+            free(rows);
+            return QG_ERR_NOMEM;
+        }
+    } else if (copy && kp) {
+        aw = (uint8_t *)malloc((size_t)(M * kp));
+        if (!aw) {
+            free(rows);
+            return QG_ERR_NOMEM;
+        }
+    }
+    for (int64_t i = 0; i < M; ++i) {
+        const uint8_t *src = A + i * lda;
+        uint32_t s = 0;
+        if (a16) {
+            uint16_t *dst = a16 + i * kp;
+            for (int64_t k = 0; k < K; ++k) {
+                dst[k] = (uint8_t)(src[k] ^ flip);
+                s += dst[k];
+            }
+            for (int64_t k = K; k < kp; ++k) dst[k] = 0;
+        } else if (aw) {
+            uint8_t *dst = aw + i * kp;
+            for (int64_t k = 0; k < K; ++k) {
+                dst[k] = src[k] ^ flip;
+                s += dst[k];
+            }
+            for (int64_t k = K; k < kp; ++k) dst[k] = 0;
+        } else {
+            for (int64_t k = 0; k < K; ++k) s += src[k];
+        }
+        const uint32_t z = (uint32_t)(za[n_za == 1 ? 0 : i] + (a_signed ? 128 : 0));
+        zae[i] = (int32_t)z;
+        rterm[i] = (int32_t)(s - (uint32_t)K * z);
+    }
+    qg_epi e = {kind, out, ldo, colsum, zbe, zae, rterm, a_scale, n_a_scale != 1,
+                b_scale, n_b_scale != 1, bias, relu, y_zp};
+    const int mr_max = path == QG_PATH_AVX2 ? 4 : 6;
+    const int64_t panels = (N + NR - 1) / NR;
+    const uint8_t *ap = a16 ? (const uint8_t *)a16 : (aw ? aw : A);
+    const int64_t ald = a16 ? 2 * kp : (aw ? kp : lda); /* bytes */
+    qg_job base = {path, mr_max, ap, ald, M, N, kg, Bp, &e, 0, M, 0, panels};
+    if (kp == 0) { /* K == 0: the dot products are 0; one tile of zeros per block */
+        base.kg = 0;
+    }
+    /* threads: split rows (in micro-tile multiples) when there are enough, else panels */
+    const int by_rows = M >= (int64_t)nthreads * mr_max;
+    const int64_t work_units = by_rows ? (M + mr_max - 1) / mr_max : panels;
+    if (nthreads > work_units) nthreads = (int)work_units;
+    /* starting a thread costs ~20-50 us: give each at least ~4M multiply-adds (~50 us of VNNI work) */
+    const int64_t by_work = (M * N * (K ? K : 1)) >> 22;
+    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
+    if (nthreads <= 1) {
+        qg_run(&base);
+    } else {
+        qg_job jobs[64];
+        pthread_t tid[64];
+        int started[64] = {0};
+        if (nthreads > 64) nthreads = 64;
+        for (int t = 0; t < nthreads; ++t) {
+            jobs[t] = base;
+            int64_t u0 = work_units * t / nthreads, u1 = work_units * (t + 1) / nthreads;
+            if (by_rows) {
+                jobs[t].r_begin = u0 * mr_max;
+                jobs[t].r_end = u1 * mr_max < M ? u1 * mr_max : M;
+            } else {
+                jobs[t].p_begin = u0;
+                jobs[t].p_end = u1;
+            }
+        }
+        for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_worker, &jobs[t]) == 0;
+        qg_run(&jobs[0]);
+        for (int t = 1; t < nthreads; ++t) {
+            if (started[t])
+                pthread_join(tid[t], NULL);
+            else
+                qg_run(&jobs[t]); /* could not start a thread: do its share here */
+        }
+    }
+    free(aw);
+    free(a16);
+    free(rows);
+    return QG_OK;
+}
