@@ -329,9 +329,9 @@ def tests(session: nox.Session, package: str) -> None:
 #: the CI set; 3.10 and 3.13 run with `nox -t interpreters` (docs/releasing.md, "Python versions").
 OTHER_PYTHONS = ("3.10", "3.12", "3.13")
 PYTHONS_IN_CI = ("3.12",)
-#: The suites an interpreter session runs: the layers with compiled peers (numpy, onnx, onnxruntime,
-#: ml_dtypes wheels per interpreter) and their own native build; comm's serial ~6 min suite runs on 3.11.
-INTERPRETER_SUITES = ("ops", "graph", "runtime", "quant")
+#: The suites an interpreter session runs: every layer but comm, whose serial ~6 min suite (rank processes,
+#: deadline-based fault tests) runs on 3.11 in CI; `OPSTRATA_INTERPRETER_SUITES=all` adds it.
+INTERPRETER_SUITES = ("ops", "graph", "runtime", "quant", "eval")
 
 
 def _add_pyenv_interpreters() -> None:
@@ -363,17 +363,19 @@ _add_pyenv_interpreters()
     [nox.param(v, tags=["ci"] if v in PYTHONS_IN_CI else []) for v in OTHER_PYTHONS],
 )
 def interpreter(session: nox.Session) -> None:
-    """ops, graph, runtime and quant tested on another Python (one venv, the four wheels installed)."""
-    names = [*_lower("quant"), "quant"]
+    """Every layer's tests (comm with OPSTRATA_INTERPRETER_SUITES=all) on another Python, in one venv of
+    all six wheels with the suites' test extras."""
+    everything = os.environ.get("OPSTRATA_INTERPRETER_SUITES") == "all"
+    suites = LAYERS if everything else INTERPRETER_SUITES
     specs = []
-    for name in names:
-        wheel, extras = _current_wheel(session, name), ["test"] if name in INTERPRETER_SUITES else []
+    for name in LAYERS:
+        wheel, extras = _current_wheel(session, name), ["test"] if name in suites else []
         if name == "graph":
             extras.append("onnx")
         specs.append(f"{wheel}[{','.join(extras)}]" if extras else str(wheel))
     session.install(*specs)
     session.run("python", "-c", "import sys; print('interpreter', sys.version)")
-    for name in INTERPRETER_SUITES:
+    for name in suites:
         _run_tests(session, name)
 
 

@@ -290,3 +290,19 @@ def test_library_errors_are_diff_errors(files) -> None:
         diff_model(files["mlp"], "ref", feeds={"features": np.zeros((1, 16), np.float32)})
     report = diff_model(onnx.load(files["mlp"]), "ref")  # a ModelProto works too
     assert isinstance(report, DiffReport) and report.model == "<model 'mlp'>"
+
+
+@pytest.mark.parametrize("elem", [16, 17, 10])  # BFLOAT16, FLOAT8E4M3FN, FLOAT16
+def test_input_specs_keep_low_precision_input_dtypes(elem: int) -> None:
+    """bfloat16/float8 inputs are ml_dtypes on any onnx (onnx < 1.19 maps them to float32 itself)."""
+    from onnx import helper as oh
+
+    from opstrata.eval._diff_inputs import input_specs
+    from opstrata.graph import dtype_from_onnx
+
+    g = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["y"])], "g",
+        [oh.make_tensor_value_info("x", elem, ["n", 2])], [oh.make_tensor_value_info("y", elem, ["n", 2])],
+    )  # fmt: skip
+    (spec,) = input_specs(oh.make_model(g))
+    assert spec.dtype == dtype_from_onnx(elem, "x") and spec.shape == ("n", 2)

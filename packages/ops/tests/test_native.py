@@ -547,3 +547,79 @@ def test_portable_builds_do_not_key_on_cpu_flags_but_march_native_does() -> None
 
     assert "-march=native" not in build.PORTABLE_CFLAGS
     assert "-march=native" in _native.CFLAGS and _native.LIBRARY.cflags == _native.CFLAGS
+
+
+# ---------------------------------------------------------------- depthwise convolution
+
+
+def depthwise64(x: np.ndarray, w: np.ndarray, b: Any, stride: tuple, pads: tuple, dil: tuple) -> np.ndarray:
+    """Depthwise conv2d by its definition, taps summed in float64, rounded to float32."""
+    n, c = x.shape[:2]
+    kh, kw = w.shape[2:]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    ho = (xp.shape[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (xp.shape[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, c, ho, wo)) + (0.0 if b is None else b.astype(np.float64)[None, :, None, None])
+    for i in range(kh):
+        for j in range(kw):
+            r, s = i * dil[0], j * dil[1]
+            patch = xp[
+                :,
+                :,
+                r : r + stride[0] * (ho - 1) + 1 : stride[0],
+                s : s + stride[1] * (wo - 1) + 1 : stride[1],
+            ]
+            out += patch * w[:, 0, i, j].astype(np.float64)[None, :, None, None]
+    return out.astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(2, 9),
+    h=st.integers(1, 13),
+    wd=st.integers(1, 21),
+    k=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dil=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    pads=st.tuples(*[st.integers(0, 3)] * 4),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_depthwise_conv_native_matches_float64(n, c, h, wd, k, stride, dil, pads, with_bias, seed) -> None:
+    """groups == C_in == C_out runs the C loop (any kernel, stride, dilation, padding; 3x3/5x5 unrolled)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = rng.standard_normal((c, 1, *k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32) if with_bias else None
+    if (h + pads[0] + pads[2] - dil[0] * (k[0] - 1) - 1) < 0 or (
+        wd + pads[1] + pads[3] - dil[1] * (k[1] - 1) - 1
+    ) < 0:
+        return  # no output position: conv2d refuses it (tested in test_conv.py)
+    ops.reset_native_stats()
+    got = ops.conv2d(x, w, b, stride=stride, padding=pads, dilation=dil, groups=c)
+    assert ops.native_status().calls["conv2d"] == {"native": 1, "numpy": 0}
+    assert_close(got, depthwise64(x, w, b, stride, pads, dil), rtol=RTOL, atol=ATOL)
+
+
+def test_convs_the_depthwise_loop_does_not_take_run_on_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    ops.reset_native_stats()
+    for w, groups in (
+        (rng.standard_normal((8, 1, 3, 3)), 4),  # a channel multiplier of 2
+        (rng.standard_normal((4, 2, 3, 3)), 2),  # grouped, not depthwise
+        (rng.standard_normal((4, 4, 3, 3)), 1),  # dense
+    ):
+        w = w.astype(np.float32)
+        got = ops.conv2d(x, w, groups=groups, padding=1)
+        assert_close(got, ops.conv2d(x, w, groups=groups, padding=1, device="ref"), rtol=RTOL, atol=ATOL)
+    strided = x[:, :, :, ::2]  # not C-contiguous: numpy
+    dw = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    assert_close(
+        ops.conv2d(strided, dw, groups=4),
+        ops.conv2d(strided, dw, groups=4, device="ref"),
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    assert ops.native_status().calls["conv2d"] == {"native": 0, "numpy": 1}

@@ -6,16 +6,23 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from onnx import numpy_helper as nh
 
+from opstrata.graph import tensor_from_array
 from opstrata.quant import QuantError, pack_int4, unpack_int4
+
+
+def _onnx_packed(a: np.ndarray) -> bytes:
+    """onnx's packed int4 bytes of ``a``: its raw_data, or (onnx < 1.19, whose numpy_helper cannot convert
+    ml_dtypes arrays: helper.make_tensor) one packed byte per int32_data entry."""
+    t = tensor_from_array(a, "w")
+    return t.raw_data or np.array(t.int32_data).astype(np.uint8).tobytes()  # int4: signed bytes
 
 
 def test_layout_matches_onnx_int4_raw_data() -> None:
     v = np.array([[1, -2, 7], [-8, 0, 5]], np.int8).astype(ml_dtypes.int4)
-    assert pack_int4(v).tobytes() == nh.from_array(v, "w").raw_data
+    assert pack_int4(v).tobytes() == _onnx_packed(v)
     u = np.array([0, 15, 3, 9, 1], np.uint8).astype(ml_dtypes.uint4)
-    assert pack_int4(u).tobytes() == nh.from_array(u, "w").raw_data
+    assert pack_int4(u).tobytes() == _onnx_packed(u)
 
 
 @settings(max_examples=60, deadline=None)

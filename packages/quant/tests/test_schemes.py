@@ -14,6 +14,7 @@ from _quant_models import (
     mixed,
     mixed_feeds,
     mlp,
+    needs_onnx_float8_decode,
     run_opstrata,
     run_ort,
     run_reference,
@@ -51,6 +52,11 @@ def _check_runs(q: onnx.ModelProto, m: onnx.ModelProto, ev: list, float_cos: flo
     np.testing.assert_allclose(ours, run_reference(q, ev)[0], rtol=1e-5, atol=1e-5)
     theirs = run_ort(q, ev)[0]
     if exact:
+        plain = run_ort(q, ev, level="none")[0]
+        if not np.allclose(theirs, plain, rtol=1e-5, atol=1e-5):
+            # onnxruntime disagrees with itself: its basic graph optimizations (1.21: on DQ -> MatMul + Add)
+            # reorder float sums, and a code downstream flips by a step. Its unoptimized kernels are exact.
+            theirs = plain
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     else:  # onnxruntime's QDQ MatMul differs from the literal form by ~1e-5: a few codes flip by one step
         assert cosine(ours, theirs) > 0.99999
@@ -105,6 +111,7 @@ def test_static_float8() -> None:
     assert q.opset_import[0].version >= 19
     fp8 = [t for t in q.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
     assert len(fp8) == 3 + 3 + 3  # weights, weight zero points, activation zero points
+    needs_onnx_float8_decode()
     _check_runs(q, m, ev, 0.99, exact=True)  # float8 QDQ: no integer rounding ties to flip
 
 

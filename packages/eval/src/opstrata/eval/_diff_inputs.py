@@ -67,21 +67,28 @@ def model_label(model: Any, proto: Any) -> str:
     return f"<model '{proto.graph.name or 'unnamed'}'>"
 
 
-def input_specs(proto: Any) -> list[InputSpec]:
-    """The graph inputs that are not initializers, in order."""
+def _input_dtype(elem: int, name: str) -> np.dtype:
+    """The numpy dtype of an input's ONNX elem type: ml_dtypes for bfloat16/float8/int4 on any onnx
+    (onnx < 1.19's ``tensor_dtype_to_np_dtype`` says float32 for them)."""
     import onnx
 
+    from opstrata.graph import GraphError, dtype_from_onnx
+
+    try:
+        return dtype_from_onnx(elem, f"input '{name}'")
+    except GraphError:  # complex: opstrata's importer refuses the model later, with its own fix
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+
+
+def input_specs(proto: Any) -> list[InputSpec]:
+    """The graph inputs that are not initializers, in order."""
     inits = {t.name for t in proto.graph.initializer}
     specs = []
     for vi in proto.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dtype = (
-            np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-            if tt.elem_type
-            else np.dtype("float32")
-        )
+        dtype = _input_dtype(tt.elem_type, vi.name) if tt.elem_type else np.dtype("float32")
         dims: list[int | str | None] = []
         for d in tt.shape.dim:
             dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))

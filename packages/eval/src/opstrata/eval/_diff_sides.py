@@ -141,6 +141,9 @@ def run_side(side: Side, *, level: int = 3, fallback: str | None = "allow") -> d
         ort = _ort()
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # every node as written: the reference side of a layer diff must not fuse or fold nodes away
+        # (onnxruntime 1.23 also loses exposed outputs of constant-folded nodes at its default level)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             sess = ort.InferenceSession(exposed.SerializeToString(), opts, providers=["CPUExecutionProvider"])
             names = [o.name for o in sess.get_outputs()]

@@ -110,9 +110,8 @@ def cast_model(model: Any, dtype: Any) -> Any:
 
     Inputs that ONNX requires to be float32 whatever the data type (Resize scales) keep float32.
     """
-    onnx = _onnx()
     np_dtype = np.dtype(dtype)
-    elem = onnx.helper.np_dtype_to_tensor_dtype(np_dtype)
+    elem = og.dtype_to_onnx(np_dtype)  # bfloat16 too on onnx < 1.19
     out = _copy(model)
     keep = {node.input[i] for node in out.graph.node for (op, i) in _KEEP_FLOAT32
             if node.op_type == op and len(node.input) > i and node.input[i]}  # fmt: skip

@@ -37,10 +37,10 @@ class QDType:
         return 19 if self.is_float else 13
 
     def onnx_type(self) -> int:
-        """The ONNX TensorProto element type."""
-        import onnx
+        """The ONNX TensorProto element type (onnx < 1.19 cannot map the ml_dtypes types itself)."""
+        from opstrata.graph import dtype_to_onnx
 
-        return int(onnx.helper.np_dtype_to_tensor_dtype(self.dtype))
+        return dtype_to_onnx(self.dtype)
 
 
 def _int(name: str, dt: Any, lo: int, hi: int, bits: int) -> QDType:

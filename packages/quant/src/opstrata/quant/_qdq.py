@@ -9,9 +9,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from opstrata.graph import tensor_from_array
+from opstrata.graph import dtype_to_onnx, tensor_from_array
 
 from ._model import ModelInfo, unique_namer
+from ._packing import pack_int4
 from ._qparams import QuantParams
 
 __all__ = ["Rewriter"]
@@ -45,7 +46,12 @@ class Rewriter:
     def init(self, base: str, value: np.ndarray) -> str:
         """A new initializer named after ``base``; returns its name."""
         name = self.fresh(base)
-        self._inits.append(tensor_from_array(np.asarray(value), name))  # int4/fp8 on any onnx
+        arr = np.asarray(value)
+        if arr.dtype.name in ("int4", "uint4"):  # packed raw_data on any onnx (< 1.19 would write int32_data)
+            raw = pack_int4(arr).tobytes()
+            self._inits.append(helper.make_tensor(name, dtype_to_onnx(arr.dtype), arr.shape, raw, raw=True))
+        else:
+            self._inits.append(tensor_from_array(arr, name))  # fp8 on any onnx
         return name
 
     def insert(self, before: str, node: onnx.NodeProto) -> None:

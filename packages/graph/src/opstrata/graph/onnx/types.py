@@ -119,11 +119,18 @@ def tensor_from_array(arr: np.ndarray, name: str | None = None) -> Any:
 def array_from_tensor(tensor: Any) -> np.ndarray:
     """``onnx.numpy_helper.to_array`` in the dtype ``dtype_from_onnx`` gives: onnx < 1.19 decodes
     BFLOAT16/FLOAT8 to float32 (exactly) and INT4/UINT4 to int8/uint8, cast back here."""
-    require_onnx()
+    onnx = require_onnx()
     from onnx import numpy_helper  # a submodule `import onnx` does not load
 
-    arr = numpy_helper.to_array(tensor)
     ml = _ml_dtype(tensor.data_type)
+    packed = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, 23)
+    if ml is not None and tensor.raw_data and tensor.data_type not in packed and not tensor.external_data:
+        # one or two bytes per value, little-endian: decode them directly (onnx 1.16's to_array rejects
+        # float8 bytes >= 0x80, i.e. every negative float8 value)
+        return (
+            np.frombuffer(tensor.raw_data, dtype=ml.newbyteorder("<")).reshape(tuple(tensor.dims)).astype(ml)
+        )
+    arr = numpy_helper.to_array(tensor)
     return arr.astype(ml) if ml is not None and arr.dtype != ml else arr
 
 

@@ -8,6 +8,7 @@
    compiler may not reorder a scalar reduction -- and -ffast-math would drop NaN / inf semantics. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float vf __attribute__((vector_size(32))); /* 8 floats: AVX, or two SSE / NEON registers */
@@ -35,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 3; }
+int opstrata_native_abi(void) { return 4; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -236,4 +237,84 @@ void opstrata_layer_norm_f32(const float *x, const float *w, const float *b, flo
             for (int64_t j = 0; j < n; ++j) orow[j] = ((xr[j] - shift) - mean_lo) * rstd;
         }
     }
+}
+
+/* Depthwise 2-D convolution (groups == C_in == C_out, one kh x kw filter per channel), NCHW float32, zero
+   padding (top pt, left pl; bottom/right implied by ho, wo), stride and dilation. Each channel plane is
+   first copied into a zero-padded scratch plane split into sw column phases (phase q holds the padded
+   columns q, q + sw, q + 2 sw, ...), so every tap of eight consecutive output columns is one unaligned
+   vector load, at any stride, with no bounds check. An output value is its bias plus the kh * kw taps in
+   row-major order, accumulated in float32; a last partial vector is computed whole (the scratch rows are
+   VW columns longer) and stored in part. im2col + GEMM would copy the input kh * kw times to feed GEMMs
+   of one row each. Returns 0, or -1 when the scratch plane cannot be allocated. */
+/* The output rows of one depthwise plane from its phase-split scratch; always inlined so that the calls
+   with a constant tap count (3x3, 5x5) unroll the tap loop and keep the filter in registers. */
+static inline __attribute__((always_inline)) void dw_plane(const float *pad, const int64_t *tap,
+                                                          const float *wk, float b0, float *op, int64_t ho,
+                                                          int64_t wo, int64_t sh, int64_t wq, int64_t taps) {
+    for (int64_t oh = 0; oh < ho; ++oh) {
+        float *orow = op + oh * wo;
+        const float *base = pad + oh * sh * wq;
+        for (int64_t ow = 0; ow < wo; ow += VW) {
+            vf acc = vsplat(b0);
+            for (int64_t k = 0; k < taps; ++k) acc += vsplat(wk[k]) * vload(base + tap[k] + ow);
+            const int64_t m = wo - ow < VW ? wo - ow : VW;
+            memcpy(orow + ow, &acc, (size_t)m * sizeof(float));
+        }
+    }
+}
+
+int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict w, const float *restrict bias,
+                                  float *restrict out, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t kh,
+                                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                                  int64_t pl, int64_t ho, int64_t wo) {
+    const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1;  /* padded rows the taps read */
+    const int64_t wp = (wo - 1) * sw + (kw - 1) * dw + 1;  /* padded columns the taps read */
+    const int64_t cols = (wp + sw - 1) / sw;               /* columns of a phase row */
+    const int64_t wq = cols + VW;                          /* + a vector of slack for the last partial vector */
+    const int64_t taps = kh * kw;
+    float *pad = (float *)malloc((size_t)(sw * hp * wq) * sizeof(float));
+    int64_t *tap = (int64_t *)malloc((size_t)taps * sizeof(int64_t));
+    if (!pad || !tap) {
+        free(pad);
+        free(tap);
+        return -1;
+    }
+    for (int64_t i = 0; i < kh; ++i) { /* where tap (i, j) of output (0, 0) sits in the phase-split scratch */
+        for (int64_t j = 0; j < kw; ++j) tap[i * kw + j] = (((j * dw) % sw) * hp + i * dh) * wq + (j * dw) / sw;
+    }
+    for (int64_t p = 0; p < n * c; ++p) {
+        const float *xp = x + p * h * wd;
+        const float *wk = w + (p % c) * taps;
+        float *op = out + p * ho * wo;
+        const float b0 = bias ? bias[p % c] : 0.0f;
+        memset(pad, 0, (size_t)(sw * hp * wq) * sizeof(float));
+        for (int64_t q = 0; q < sw; ++q) {
+            /* phase column t holds padded column t * sw + q, i.e. input column t * sw + q - pl */
+            int64_t t0 = pl - q > 0 ? (pl - q + sw - 1) / sw : 0;
+            int64_t t1 = wd - 1 + pl - q >= 0 ? (wd - 1 + pl - q) / sw + 1 : 0;
+            if (t1 > cols) t1 = cols;
+            for (int64_t r = 0; r < hp; ++r) {
+                const int64_t ih = r - pt;
+                if (ih < 0 || ih >= h || t0 >= t1) continue;
+                const float *src = xp + ih * wd + q - pl;
+                float *dst = pad + (q * hp + r) * wq;
+                if (sw == 1) {
+                    memcpy(dst + t0, src + t0, (size_t)(t1 - t0) * sizeof(float));
+                } else {
+                    for (int64_t t = t0; t < t1; ++t) dst[t] = src[t * sw];
+                }
+            }
+        }
+        if (taps == 9) {
+            dw_plane(pad, tap, wk, b0, op, ho, wo, sh, wq, 9);
+        } else if (taps == 25) {
+            dw_plane(pad, tap, wk, b0, op, ho, wo, sh, wq, 25);
+        } else {
+            dw_plane(pad, tap, wk, b0, op, ho, wo, sh, wq, taps);
+        }
+    }
+    free(pad);
+    free(tap);
+    return 0;
 }

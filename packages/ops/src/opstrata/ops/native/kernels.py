@@ -1,4 +1,5 @@
-"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, softmax.
+"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, softmax,
+depthwise convolution.
 
 Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
 loops cover -- C-contiguous float32 rows, a bias / weight of one row; an ``out`` the loop cannot write
@@ -16,6 +17,7 @@ import numpy as np
 
 from .._registry import register
 from ..kernels.activation import _check_approximate, gelu_cpu
+from ..kernels.conv import _arr, _check_conv, conv2d_cpu
 from ..kernels.elementwise import nd
 from ..kernels.fused import bias_act_cpu
 from ..kernels.normalization import _trailing, layer_norm_cpu
@@ -170,3 +172,41 @@ def softmax_rows_inplace(sc: np.ndarray, lse: np.ndarray) -> bool:
     lib.opstrata_softmax_rows_f32(sc.ctypes.data, sc.ctypes.data, lse.ctypes.data, sc.size // n, n)
     count("attention", "native")
     return True
+
+
+@register("conv2d", device="cpu", dtypes=[np.float32], priority=1)
+def depthwise_conv2d_native(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    """Depthwise convolution (groups == C_in == C_out: MobileNet, EfficientNet, ConvNeXt) in one C loop per
+    channel plane; every other convolution goes to the numpy im2col + GEMM kernel."""
+    x, weight, b = nd(x), nd(weight), _arr(bias)
+    g = _check_conv(x, weight, b, stride, padding, dilation, groups)
+    n, c, h, wd = x.shape
+    depthwise = g.groups == c == weight.shape[0] and c > 1
+    plain = all(a is None or (a.dtype == _F32 and a.flags.c_contiguous) for a in (x, weight, b))
+    lib = library() if depthwise and plain and x.size else None
+    if lib is None:
+        if depthwise:
+            count("conv2d", "numpy")
+        return conv2d_cpu(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
+    kh, kw = weight.shape[2:]
+    out = np.empty((n, c, ho, wo), _F32)
+    rc = lib.opstrata_depthwise_conv2d_f32(
+        x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data,
+        n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo,
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError(
+            f"conv2d (depthwise, native): cannot allocate a padded {h}x{wd} plane scratch buffer"
+        )
+    count("conv2d", "native")
+    return out
