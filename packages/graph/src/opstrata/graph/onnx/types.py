@@ -124,12 +124,14 @@ def array_from_tensor(tensor: Any) -> np.ndarray:
 
     ml = _ml_dtype(tensor.data_type)
     packed = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, 23)
-    if ml is not None and tensor.raw_data and tensor.data_type not in packed and not tensor.external_data:
-        # one or two bytes per value, little-endian: decode them directly (onnx 1.16's to_array rejects
-        # float8 bytes >= 0x80, i.e. every negative float8 value)
-        return (
-            np.frombuffer(tensor.raw_data, dtype=ml.newbyteorder("<")).reshape(tuple(tensor.dims)).astype(ml)
-        )
+    if ml is not None and tensor.data_type not in packed and not tensor.external_data:
+        dims = tuple(tensor.dims)
+        if tensor.HasField("raw_data"):
+            # one or two bytes per value, little-endian: decode them directly (onnx 1.16's to_array rejects
+            # float8 bytes >= 0x80, i.e. every negative float8 value)
+            return np.frombuffer(tensor.raw_data, dtype=ml.newbyteorder("<")).reshape(dims).astype(ml)
+        if 0 in dims:  # an empty tensor may carry no data field at all; old onnx cannot type it
+            return np.zeros(dims, ml)
     arr = numpy_helper.to_array(tensor)
     return arr.astype(ml) if ml is not None and arr.dtype != ml else arr
 
