@@ -132,11 +132,48 @@ def test_fused_runs_the_optimised_graph(files, capsys) -> None:
     assert report.ok, report.first
     notes = {r.note for r in report.rows}
     assert {"computed by fused Attention", "computed by fused SkipLayerNorm"} <= notes
-    assert report.unmatched and "fused" in report.actual  # values fused away are not compared
+    assert "fused" in report.actual
+    # every value fused away is accounted for by the passes' provenance: where it went, not just "missing"
+    where = dict(report.whereabouts)
+    produced = [o for n in onnx.load(files["dir"] / "bert.onnx").graph.node for o in n.output if o]
+    assert set(produced) == {r.name for r in report.rows} | set(where) | set(report.unmatched)
+    assert any(w.startswith("inside fused Attention '") for w in where.values())
+    assert any(w.startswith("inside fused SkipLayerNorm '") for w in where.values())
     unfused = diff_model(files["dir"] / "bert.onnx", "onnxruntime", dims={"batch": 2, "seq": 4})
     assert len(unfused.rows) > len(report.rows) and not any(r.note for r in unfused.rows)
+    assert not unfused.whereabouts
     code, out, _ = _main(capsys, files["dir"] / "bert.onnx", "--fused", "--dim", "seq=4")
     assert code == 0 and "computed by fused Attention" in out
+    assert "where the passes put the values not compared" in out
+
+
+def _merged_model(perturb: bool = False) -> object:
+    """Softmax twice (CSE merges them), an Identity (removed), a constant product (folded), concatenated."""
+    b = ModelBuilder("merged", seed=0)
+    x = b.input("x", [2, 8])
+    s1, s2 = b.op("Softmax", [x], axis=-1), b.op("Softmax", [x], axis=-1)
+    ident = b.op("Identity", [s2])
+    k = b.const(np.full([2, 8], 1.75 if perturb else 1.5, np.float32), "k")
+    folded = b.op("Mul", [k, b.const(np.full([2, 8], 2.0, np.float32), "two")])
+    b.output(b.op("Concat", [s1, ident, folded], axis=0))
+    return b.build()
+
+
+def test_fused_compares_merged_and_folded_values_through_provenance(tmp_path) -> None:
+    """A value merged away (CSE, Identity) is compared as the value holding it; a folded one as its constant."""
+    onnx.save(_merged_model(), tmp_path / "m.onnx")
+    onnx.save(_merged_model(perturb=True), tmp_path / "p.onnx")
+    report = diff_model(tmp_path / "p.onnx", tmp_path / "m.onnx", fused=True)
+    rows = {r.name: r for r in report.rows}
+    notes = {name: r.note for name, r in rows.items()}
+    proto = onnx.load(tmp_path / "m.onnx")
+    second, identity, folded = (proto.graph.node[k].output[0] for k in (1, 2, 3))
+    first = proto.graph.node[0].output[0]
+    assert notes[second] == notes[identity] == f"same tensor as '{first}' after the passes"
+    assert rows[second].within and rows[identity].within and not report.unmatched
+    assert notes[folded] == "folded to a constant at compile time"
+    assert not rows[folded].within and rows[folded].metrics.max_abs == pytest.approx(0.5)  # 3.5 vs 3.0
+    assert report.first.name == folded  # the first divergence is found even though the node was folded
 
 
 @pytest.mark.parametrize("against", ["ref", "float64"])

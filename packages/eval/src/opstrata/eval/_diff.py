@@ -64,6 +64,8 @@ class DiffReport:
     unmatched: tuple[str, ...] = ()  # node outputs only one side produced
     rtol: float | None = None  # None: per-dtype defaults
     atol: float | None = None
+    #: with ``fused``: value -> where the passes put it ("inside fused Attention 'Attention_0'", ...)
+    whereabouts: tuple[tuple[str, str], ...] = ()
 
     @property
     def first(self) -> TensorDiff | None:
@@ -102,6 +104,7 @@ class DiffReport:
             "rows": [r.to_dict() for r in self.rows],
             "sources": [r.to_dict() for r in self.sources],
             "unmatched": list(self.unmatched),
+            "whereabouts": dict(self.whereabouts),
         }  # fmt: skip
 
 
@@ -176,8 +179,9 @@ def diff_sides(
     unmatched, and a value a fused node computed says which in its note.
     """
     producers: dict[str, str] = {}
+    where: dict[str, str] = {}
     if fused:
-        got, producers = run_fused(actual, level=level)
+        got, producers, graph = run_fused(actual, level=level)
         actual = replace(actual, label=actual.label.replace(f"level {level}", f"level {level}, fused"))
     else:
         got = run_side(actual, level=level)
@@ -185,21 +189,63 @@ def diff_sides(
     rows: list[TensorDiff] = []
     for i, node in enumerate(proto.graph.node):
         for out in node.output:
-            if not out or out not in got or out not in want:
+            if not out or out not in want:
+                continue
+            held, how = (out, "") if out in got or not fused else _whereabouts(graph, out, got, producers)
+            if held not in got:
+                if how:
+                    where[out] = how
                 continue
             row = _row(
-                out, node.name or f"#{i}", node.op_type, i, tuple(node.input), got[out], want[out], rtol, atol
+                out,
+                node.name or f"#{i}",
+                node.op_type,
+                i,
+                tuple(node.input),
+                got[held],
+                want[out],
+                rtol,
+                atol,
             )
-            by = producers.get(out, node.op_type)
-            if by != node.op_type and not row.note:
+            by = producers.get(held, node.op_type)
+            if how and not row.note:
+                row = replace(row, note=how)
+            elif by != node.op_type and not row.note:
                 row = replace(row, note=f"computed by fused {by}")
             rows.append(row)
     mine = {name for _, name in node_outputs(proto.graph)}
     theirs = {name for _, name in node_outputs(actual.proto.graph)} | {
         name for _, name in node_outputs(expected.proto.graph)
     }
-    unmatched = sorted((mine ^ theirs) | {n for n in mine if n not in got or n not in want})
+    accounted = {r.name for r in rows} | set(where)
+    unmatched = sorted(((mine ^ theirs) | {n for n in mine if n not in got or n not in want}) - accounted)
     return DiffReport(
         label, actual.label, expected.label, tuple(rows), tuple(_sources(proto, actual, expected, rtol, atol)),
-        tuple(notes), tuple(unmatched), rtol, atol,
+        tuple(notes), tuple(unmatched), rtol, atol, tuple(where.items()),
     )  # fmt: skip
+
+
+def _whereabouts(
+    graph: Any, value: str, got: Mapping[str, Any], producers: Mapping[str, str]
+) -> tuple[str, str]:
+    """Where the passes put ``value`` (absent from the optimised graph): the value holding it now and why.
+
+    Follows the graph's provenance: a merged duplicate or removed Identity is compared as the value
+    that holds the same tensor; a folded constant as its initializer; a value computed inside a fused
+    node, or one no longer needed, is named but cannot be compared.
+    """
+    alias = graph.resolve_alias(value)
+    if alias != value and alias in got:
+        return alias, f"same tensor as '{alias}' after the passes"
+    if alias in graph.initializers:
+        got[alias] = graph.initializers[alias]  # type: ignore[index]
+        how = "folded to a constant at compile time" if value in graph.folded else "a constant"
+        return alias, how if alias == value else f"{how}, same tensor as '{alias}'"
+    into = graph.resolve_fused(value)
+    if into is not None and into in producers:
+        node = next((n for n in graph.nodes if into in n.outputs), None)
+        label = f"'{node.name}'" if node is not None and node.name else f"producing '{into}'"
+        return value, f"inside fused {producers[into]} {label}"
+    if value in graph.folded:
+        return value, "folded at compile time, then no longer needed"
+    return value, "removed by the passes (no longer needed)"

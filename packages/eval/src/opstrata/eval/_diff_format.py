@@ -114,6 +114,9 @@ def render_diff(report: DiffReport, fmt: str = "text") -> str:
     if differ:
         extra += ["", "graph inputs and initializers that differ between the sides:"]
         extra += [_source_line(r.name, r, report) for r in differ]
+    if report.whereabouts:
+        extra += ["", f"where the passes put the values not compared ({len(report.whereabouts)}):"]
+        extra += [f"  {name}: {how}" for name, how in report.whereabouts]
     if report.unmatched:
         shown = ", ".join(report.unmatched[:10]) + (", ..." if len(report.unmatched) > 10 else "")
         extra += ["", f"not on both sides ({len(report.unmatched)}, not compared): {shown}"]

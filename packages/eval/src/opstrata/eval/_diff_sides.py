@@ -164,8 +164,9 @@ def run_side(side: Side, *, level: int = 3, fallback: str | None = "allow") -> d
 
 def run_fused(
     side: Side, *, level: int = 3, fallback: str | None = "allow"
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Every value the optimised graph still computes, and the op type of the node that computed it.
+) -> tuple[dict[str, Any], dict[str, str], Any]:
+    """Every value the optimised graph still computes, the op type of the node that computed it, and
+    the optimised graph (its provenance says where the other values went).
 
     Exposing values in the ONNX file stops the passes from fusing them away; here the model is
     compiled as a session would compile it, then every surviving value of the optimised graph is
@@ -187,4 +188,4 @@ def run_fused(
     with rt.InferenceSession(graph, plain, device=side.device) as sess:
         names = [o.name for o in sess.get_outputs()]
         values = sess.run(None, dict(side.feeds))
-    return dict(zip(names, values, strict=True)), producers
+    return dict(zip(names, values, strict=True)), producers, graph

@@ -1,8 +1,8 @@
 """`opstrata run`: run a model file in an InferenceSession on .npy/.npz (or random) feeds; outputs and timings.
 
 Prints an outputs summary (name, shape, dtype, min/max/mean, first values) and timings (compile, first
-run, steady-state median/p90); optionally saves outputs as .npy, writes a Chrome trace and compares
-with onnxruntime. Bad input (unknown or missing names, wrong shape or dtype, unreadable files, a
+run, steady-state median/p90); optionally saves outputs as .npy, writes a Chrome trace and the arena's
+memory timeline, and compares with onnxruntime. Bad input (unknown or missing names, wrong shape or dtype, unreadable files, a
 corrupt model) is one line on stderr naming the input, the expected and the actual, with exit code 2.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import sys
@@ -26,6 +27,8 @@ import numpy as np
 import opstrata.ops as ops
 import opstrata.runtime as rt
 from opstrata.graph.testing import random_feeds
+
+from ._memory_timeline import memory_timeline
 
 __all__ = ["RunError", "add_arguments", "load_feeds", "run", "summarize"]
 
@@ -99,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=10, help="timed steady-state runs (default 10)")
     parser.add_argument("--output-dir", type=Path, help="save each output as DIR/<name>.npy")
     parser.add_argument("--profile", type=Path, metavar="TRACE.json", help="write a Chrome trace of the runs")
+    parser.add_argument(
+        "--memory", type=Path, metavar="TIMELINE.json",
+        help="write the arena's memory timeline (bytes live per node) for `opstrata report`",
+    )  # fmt: skip
     parser.add_argument("--check-ort", action="store_true", help="compare the outputs with onnxruntime")
     parser.add_argument("--values", type=int, default=5, help="first values printed per output (default 5)")
 
@@ -267,6 +274,33 @@ def _save(path: Path, arr: np.ndarray) -> None:
         raise
 
 
+def _write_json(path: Path, doc: Any) -> None:
+    """json.dump atomically (temp file + rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_memory(sess: rt.InferenceSession, feeds: dict[str, np.ndarray], path: Path, say: Any) -> None:
+    """The memory plan of these feeds' shapes as a timeline file; its headline on stdout."""
+    shapes = {k: np.shape(v) for k, v in feeds.items()}
+    plan = sess.plan.memory_for(shapes, dynamic=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, memory_timeline(plan, sess.plan.graph))
+    except OSError as exc:
+        raise RunError(f"--memory: cannot write '{path}': {exc.strerror or exc}") from None
+    say("== memory")
+    say(f"   {plan.summary()}")
+    say(f"   timeline: {path} (opstrata report {path} -o report.html)")
+
+
 def _check_ort(
     model: Path, feeds: dict[str, np.ndarray], names: list[str], outs: list[np.ndarray], say: Any
 ) -> bool:
@@ -385,6 +419,8 @@ def _execute(args: argparse.Namespace, say: Any) -> int:
         say("== profile")
         say(sess.profile_summary(top=10))
         say(f"   Chrome trace: {path} (open in https://ui.perfetto.dev or chrome://tracing)")
+    if args.memory is not None:
+        _write_memory(sess, feeds, args.memory, say)
     if args.check_ort:
         say("== check against onnxruntime")
         if not _check_ort(args.model, feeds, names, outs, say):

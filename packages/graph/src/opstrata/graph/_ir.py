@@ -142,6 +142,13 @@ class Graph:
         #: what the importer did to the model before the IR saw it (e.g. an opset conversion); the pass
         #: report repeats these lines
         self.import_notes: list[str] = []
+        #: provenance kept by the passes: a value they removed -> the value now holding the same tensor
+        #: (merged duplicates, removed Identity/no-op nodes, renames); see ``resolve_alias``
+        self.aliases: dict[str, str] = {}
+        #: provenance of fusions: a value now computed inside a fused node -> an output of that node
+        self.fused_into: dict[str, str] = {}
+        #: values the passes computed at compile time (constant folding); they became initializers
+        self.folded: set[str] = set()
 
     # ------------------------------------------------------------------ building
 
@@ -214,12 +221,45 @@ class Graph:
                     self.values.pop(out, None)
 
     def replace_node(self, old: Node, new: Sequence[Node]) -> list[Node]:
-        """Put ``new`` nodes where ``old`` stood in the schedule and remove ``old``."""
+        """Put ``new`` nodes where ``old`` stood in the schedule and remove ``old`` (provenance recorded)."""
         idx = self.nodes.index(old)
         self.nodes.pop(idx)
         for k, n in enumerate(new):
             self.insert_node(n, idx + k)
+        self.record_fusion([old], new)
         return list(new)
+
+    def record_fusion(self, old: Iterable[Node], new: Sequence[Node]) -> None:
+        """Note in ``fused_into`` that ``old`` nodes' outputs which ``new`` does not produce are now
+        computed inside the last of ``new`` (a fusion), so tools can say where a vanished value went."""
+        made = {o for n in new for o in n.outputs if o}
+        target = next((o for n in reversed(new) for o in n.outputs if o), None)
+        if target is None:
+            return
+        for n in old:
+            for o in n.outputs:
+                if o and o not in made:
+                    self.fused_into[o] = target
+
+    def resolve_alias(self, name: str) -> str:
+        """The value that holds ``name``'s tensor after the passes (``name`` itself when it was not merged)."""
+        seen = {name}
+        while name in self.aliases and self.aliases[name] not in seen:
+            name = self.aliases[name]
+            seen.add(name)
+        return name
+
+    def resolve_fused(self, name: str) -> str | None:
+        """The surviving output of the fused node that now computes ``name``; None when it was not fused."""
+        seen, fused = {name}, False
+        while name in self.fused_into or name in self.aliases:
+            step_fused = name in self.fused_into
+            nxt = self.fused_into[name] if step_fused else self.aliases[name]
+            if nxt in seen:
+                break
+            fused, name = fused or step_fused, nxt
+            seen.add(name)
+        return name if fused else None
 
     def remove_initializer(self, name: str) -> None:
         """Drop an initializer and its Value."""
@@ -275,9 +315,14 @@ class Graph:
         for n in self.nodes:
             n.inputs = [new if x == old else x for x in n.inputs]
             n.outputs = [new if x == old else x for x in n.outputs]
+        if new != old:
+            self.aliases[old] = new
 
     def replace_uses(self, old: str, new: str, *, include_outputs: bool = True) -> int:
-        """Make every consumer of ``old`` read ``new`` instead; returns how many uses changed."""
+        """Make every consumer of ``old`` read ``new`` instead (recorded in ``aliases``); returns how many
+        uses changed. The caller guarantees ``old`` and ``new`` hold the same tensor."""
+        if new != old:
+            self.aliases[old] = new
         count = 0
         for n in self.nodes:
             for k, x in enumerate(n.inputs):
@@ -380,6 +425,7 @@ class Graph:
         g.values = {k: Value(v.name, v.dtype, v.shape, v.kind) for k, v in self.values.items()}
         g.doc_string = self.doc_string
         g.import_notes = list(self.import_notes)
+        g.aliases, g.fused_into, g.folded = dict(self.aliases), dict(self.fused_into), set(self.folded)
         return g
 
     def value_names(self) -> Iterable[str]:

@@ -107,6 +107,8 @@ def graph_to_json(g: Graph, put_tensor: Callable[[str, np.ndarray], str]) -> dic
             }
             for n in g.nodes
         ],
+        # the passes' provenance (aliases, fusions, folded constants); plans written before it lack it
+        "provenance": {"aliases": g.aliases, "fused_into": g.fused_into, "folded": sorted(g.folded)},
     }
 
 
@@ -135,4 +137,7 @@ def graph_from_json(d: dict[str, Any], get_tensor: Callable[[str], bytes]) -> Gr
         )
         for n in d["nodes"]
     ]
+    prov = d.get("provenance", {})
+    g.aliases, g.fused_into = dict(prov.get("aliases", {})), dict(prov.get("fused_into", {}))
+    g.folded = set(prov.get("folded", ()))
     return g

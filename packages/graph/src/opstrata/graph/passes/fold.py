@@ -76,4 +76,5 @@ def fold_constants(graph: Graph) -> Graph:
         for name, arr in zip(node.outputs, results, strict=False):
             if name:
                 g.add_initializer(name, arr)
+                g.folded.add(name)
     return g

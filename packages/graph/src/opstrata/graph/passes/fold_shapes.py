@@ -57,6 +57,7 @@ def fold_shapes(graph: Graph) -> Graph:
                 arr = np.array(vals, v.dtype).reshape([len(vals)] if v.shape else [])
                 g.remove_node(node, drop_values=False)
                 g.add_initializer(outs[0], arr)
+                g.folded.add(outs[0])
                 continue
         if is_onnx(node, "Reshape") and not node.attrs.get("allowzero", 0):
             tgt = node.inputs[1]

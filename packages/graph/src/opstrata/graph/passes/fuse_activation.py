@@ -33,5 +33,6 @@ def fuse_bias_activation(graph: Graph) -> Graph:
         node.outputs[0] = act_node.outputs[0]
         g.remove_node(act_node)
         g.values.pop(old, None)
+        g.fused_into[old] = node.outputs[0]
         m = Matcher(g)
     return g

@@ -120,6 +120,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
             "FusedElementwise", inputs, [y], attrs, g.fresh_node_name("FusedElementwise"), OPSTRATA_DOMAIN
         )
         last = grp[-1]
+        g.record_fusion(grp[:-1], [fused])
         for n in grp[:-1]:
             g.nodes.remove(n)
         g.replace_node(last, [fused])

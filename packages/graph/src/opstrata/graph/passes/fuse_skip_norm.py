@@ -50,6 +50,7 @@ def fuse_skip_norm(graph: Graph) -> Graph:
         if late and any(c is not node and g.nodes.index(c) < g.nodes.index(node) for c in m.uses(s)):
             continue
         anchor = node if late else add
+        g.record_fusion([add if late else node], [fused])
         g.nodes.remove(add if late else node)
         g.replace_node(anchor, [fused])
         m = Matcher(g)

@@ -100,6 +100,7 @@ def replace_nodes(graph: Graph, old: Iterable[Node], new: Sequence[Node]) -> Non
         if n is not anchor:
             graph.nodes.remove(n)
     graph.replace_node(anchor, new)
+    graph.record_fusion(old, new)
     live = {o for n in graph.nodes for o in n.outputs} | set(graph.inputs) | set(graph.initializers)
     for n in old:
         for out in n.outputs:
