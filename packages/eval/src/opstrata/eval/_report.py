@@ -23,7 +23,10 @@ from ._svg import bar_chart, line_chart
 
 __all__ = ["ReportError", "Section", "build_report", "load_section"]
 
-KINDS = "diff, drift, bench, conformance (their --format json output) or a Chrome trace (--profile)"
+KINDS = (
+    "diff, drift, bench, conformance (their --format json output), a Chrome trace (--profile), "
+    "a memory timeline (opstrata run --memory) or a quantization report (opstrata quantize --report-json)"
+)
 
 
 class ReportError(ValueError):
@@ -153,6 +156,14 @@ def load_section(path: Path) -> Section:
             return _bench(doc, src)
         if isinstance(doc, dict) and "counts" in doc and "ops" in doc:
             return _conformance(doc, src)
+        if isinstance(doc, dict) and doc.get("kind") == "memory-timeline":
+            from ._report_memory import memory_section  # imports Section from here
+
+            return memory_section(doc, src)
+        if isinstance(doc, dict) and doc.get("kind") == "quant" and "nodes" in doc:
+            from ._report_quant import quant_section  # imports Section from here
+
+            return quant_section(doc, src)
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(f"{path}: looks like a results file but a field is missing or bad ({exc}); "
                           "regenerate it with the same opstrata-eval version") from None  # fmt: skip
