@@ -17,7 +17,7 @@ from opstrata.quant import (
     QuantError,
     dequantize,
     make_observer,
-    quantize,
+    quantize_array,
 )
 
 
@@ -79,8 +79,8 @@ def test_entropy_clips_outliers_but_keeps_the_bulk() -> None:
     assert 2.5 < t < 30.0 and float(m.compute().scale) * 127 == pytest.approx(60.0)
     bulk = x[5:]
     pe, pm = e.compute(), m.compute()
-    err_e = np.mean((dequantize(quantize(bulk, pe), pe) - bulk) ** 2)
-    err_m = np.mean((dequantize(quantize(bulk, pm), pm) - bulk) ** 2)
+    err_e = np.mean((dequantize(quantize_array(bulk, pe), pe) - bulk) ** 2)
+    err_m = np.mean((dequantize(quantize_array(bulk, pm), pm) - bulk) ** 2)
     assert err_e < err_m / 5
 
 
@@ -99,7 +99,7 @@ def test_mse_beats_minmax_error_with_outliers() -> None:
         o = make_observer(name, "int4")
         o.observe(x)
         p = o.compute()
-        errs[name] = float(np.mean((dequantize(quantize(x, p), p) - x) ** 2))
+        errs[name] = float(np.mean((dequantize(quantize_array(x, p), p) - x) ** 2))
     assert errs["mse"] < errs["minmax"] / 4
 
 

@@ -13,7 +13,7 @@ from onnx import TensorProto as T, helper as h
 from onnx.reference import ReferenceEvaluator
 
 from opstrata.graph import dtype_to_onnx, tensor_from_array
-from opstrata.quant import QuantError, QuantParams, dequantize, params_from_range, qdtype, quantize
+from opstrata.quant import QuantError, QuantParams, dequantize, params_from_range, qdtype, quantize_array
 
 DTYPES = ["int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2"]
 
@@ -44,7 +44,7 @@ def _reference_cannot(op: str, dtype: str) -> str | None:
     p = params_from_range(-1.0, 1.0, dtype, symmetric=True)
     x = np.array([0.5, -1.0], np.float32)
     if op == "DequantizeLinear":
-        x = quantize(x, p)
+        x = quantize_array(x, p)
     try:
         out = _ref_model(op, x, p).run(None, {"x": x})[0]
     except (KeyError, RuntimeError, TypeError, ValueError) as exc:
@@ -82,7 +82,7 @@ def test_quantize_and_dequantize_match_onnx_reference(dtype: str, axis: int | No
     p = _params(x0, dtype, qdtype(dtype).signed, axis, block)
     x = x0 * 1.5  # beyond the calibrated range: saturates
     x[0, 0] = 1e4
-    q = quantize(x, p)
+    q = quantize_array(x, p)
     assert q.dtype == np.dtype(qdtype(dtype).dtype)
     _needs_reference("QuantizeLinear", dtype)
     want = _ref_model("QuantizeLinear", x, p).run(None, {"x": x})[0]
@@ -103,7 +103,7 @@ def test_rounding_is_half_to_even_and_saturating() -> None:
     p = params_from_range(-127.0, 127.0, "int8", symmetric=True)  # scale 1
     assert float(p.scale) == 1.0
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0], np.float32)
-    assert quantize(x, p).tolist() == [0, 2, 2, 0, -2, 127, -128]
+    assert quantize_array(x, p).tolist() == [0, 2, 2, 0, -2, 127, -128]
 
 
 def test_params_from_range_hand_computed() -> None:
@@ -127,15 +127,15 @@ def test_per_channel_params_broadcast_along_axis() -> None:
     lo, hi = np.array([-1.0, -2.0, -4.0]), np.array([1.0, 2.0, 4.0])
     p = params_from_range(lo, hi, "int8", symmetric=True, axis=1)
     x = np.tile(hi.astype(np.float32), (5, 1))
-    assert (quantize(x, p) == 127).all()
+    assert (quantize_array(x, p) == 127).all()
 
 
 def test_shape_mismatch_and_dtype_errors_name_the_fix() -> None:
     p = params_from_range(np.zeros(3), np.ones(3), "int8", symmetric=True, axis=0)
     with pytest.raises(QuantError, match=r"do not fit a tensor of shape \(4, 2\).*Fix"):
-        quantize(np.zeros((4, 2), np.float32), p)
+        quantize_array(np.zeros((4, 2), np.float32), p)
     with pytest.raises(QuantError, match="expected a float tensor"):
-        quantize(np.zeros(3, np.int32), p)
+        quantize_array(np.zeros(3, np.int32), p)
     with pytest.raises(QuantError, match="expected dtype int8"):
         dequantize(np.zeros(3, np.uint8), p)
     with pytest.raises(QuantError, match="unknown quantized dtype 'int3'"):

@@ -11,7 +11,17 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _bench_cli, _conformance_cli, _demo, _diff_cli, _info, _report_cli, _run, _zoo_cli
+from . import (
+    _bench_cli,
+    _conformance_cli,
+    _demo,
+    _diff_cli,
+    _info,
+    _quantize_cli,
+    _report_cli,
+    _run,
+    _zoo_cli,
+)
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -75,6 +85,12 @@ COMMANDS: tuple[Command, ...] = (
         "one self-contained HTML report (and markdown) from diff, drift, bench, conformance results and traces",
         _report_cli.add_arguments,
         _report_cli.run,
+    ),
+    Command(
+        "quantize",
+        "quantize a model (w8a8, w8a8-dynamic, w8, w4-g128, fp8) on .npz data: per-node report, accuracy budget",
+        _quantize_cli.add_arguments,
+        _quantize_cli.run,
     ),
 )
 

@@ -2,8 +2,10 @@
 
 >>> import numpy as np
 >>> p = params_from_range(-1.0, 1.0, "int8", symmetric=True)
->>> quantize(np.array([0.5, -2.0], np.float32), p).tolist()
+>>> quantize_array(np.array([0.5, -2.0], np.float32), p).tolist()
 [64, -128]
+
+Model level: ``quantize(model, calibration_data, scheme="w8a8", accuracy_budget=None) -> QuantizedModel``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from opstrata.ops.compat import check_compatible as _check_compatible
 
 __version__: str = _check_compatible("opstrata-quant")
 
+from ._api import QuantizedModel as QuantizedModel, quantize as quantize
 from ._calibrate import calibrate as calibrate
 from ._dtypes import QDType as QDType, qdtype as qdtype
 from ._dynamic import quantize_dynamic as quantize_dynamic
@@ -46,7 +49,12 @@ from ._qparams import (
     QuantParams as QuantParams,
     dequantize as dequantize,
     params_from_range as params_from_range,
-    quantize as quantize,
+    quantize_array as quantize_array,
+)
+from ._quantize_report import (
+    NodeReport as NodeReport,
+    OutputReport as OutputReport,
+    QuantizationReport as QuantizationReport,
 )
 from ._report import (
     OutputMetrics as OutputMetrics,
@@ -72,8 +80,10 @@ __all__ = [
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "NativeUnavailableError",
+    "NodeReport",
     "Observer",
     "OutputMetrics",
+    "OutputReport",
     "PackedWeight",
     "PercentileObserver",
     "QDType",
@@ -81,6 +91,8 @@ __all__ = [
     "QuantError",
     "QuantParams",
     "QuantReport",
+    "QuantizationReport",
+    "QuantizedModel",
     "__version__",
     "accuracy_report",
     "calibrate",
@@ -94,6 +106,7 @@ __all__ = [
     "qdtype",
     "qgemm",
     "quantize",
+    "quantize_array",
     "quantize_dynamic",
     "quantize_static",
     "quantize_weights",

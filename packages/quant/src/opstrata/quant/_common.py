@@ -11,7 +11,7 @@ from ._dtypes import qdtype
 from ._errors import QuantError
 from ._model import ModelInfo
 from ._observers import make_observer
-from ._qparams import QuantParams, quantize
+from ._qparams import QuantParams, quantize_array
 
 __all__ = ["finish_model", "quantize_weight", "require_float32"]
 
@@ -42,7 +42,7 @@ def quantize_weight(
     obs = make_observer(observer, dtype, symmetric=symmetric, axis=axis, group_size=group_size or 0, **kw)
     obs.observe(w)
     p = obs.compute()
-    return quantize(w, p), p
+    return quantize_array(w, p), p
 
 
 def require_float32(info: ModelInfo, tensor: str, node: str, where: str) -> None:

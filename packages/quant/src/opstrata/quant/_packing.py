@@ -23,7 +23,7 @@ def pack_int4(values: Any) -> np.ndarray:
         v = v.astype(np.int8)
     if v.dtype.kind not in "iu":
         raise QuantError("pack_int4(values)", f"expected int4/uint4 or integer values, got dtype {v.dtype}",
-                         "quantize first (quantize(x, params) with an int4/uint4 QuantParams)")  # fmt: skip
+                         "quantize first (quantize_array(x, params) with an int4/uint4 QuantParams)")  # fmt: skip
     flat = v.reshape(-1).astype(np.int16)
     if flat.size and (flat.min() < -8 or flat.max() > 15):
         raise QuantError("pack_int4(values)", f"values in [{flat.min()}, {flat.max()}] do not fit 4 bits",

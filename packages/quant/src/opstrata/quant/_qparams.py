@@ -1,6 +1,6 @@
 """QuantParams and the numpy reference quantize/dequantize (ONNX QuantizeLinear/DequantizeLinear semantics).
 
-``quantize`` is ``saturate(rint(x / scale) + zero_point)`` with round half to even, computed in float32 as
+``quantize_array`` is ``saturate(rint(x / scale) + zero_point)`` with round half to even, computed in float32 as
 the ONNX reference does; float8 targets have no zero point and saturate to the largest finite value.
 """
 
@@ -15,7 +15,7 @@ from ._dtypes import QDType, qdtype
 from ._errors import QuantError
 from ._granularity import param_shape
 
-__all__ = ["QuantParams", "dequantize", "params_from_range", "quantize"]
+__all__ = ["QuantParams", "dequantize", "params_from_range", "quantize_array"]
 
 _TINY = float(np.finfo(np.float32).tiny)
 
@@ -101,18 +101,22 @@ def _expand(p: np.ndarray, shape: tuple[int, ...], params: QuantParams, what: st
     return np.repeat(p, params.block_size, axis=ax)
 
 
-def quantize(x: Any, params: QuantParams) -> np.ndarray:
+def quantize_array(x: Any, params: QuantParams) -> np.ndarray:
     """``saturate(rint(x / scale) + zero_point)`` as ONNX QuantizeLinear computes it, in ``params.dtype``."""
     x = np.asarray(x)
     if x.dtype.kind != "f" and x.dtype.name not in ("bfloat16",):
-        raise QuantError("quantize(x)", f"expected a float tensor, got dtype {x.dtype}", "cast x to float32")
+        raise QuantError(
+            "quantize_array(x)", f"expected a float tensor, got dtype {x.dtype}", "cast x to float32"
+        )
     qt = params.qtype
-    s = _expand(np.asarray(params.scale, np.float32), x.shape, params, "quantize(scale)")
+    s = _expand(np.asarray(params.scale, np.float32), x.shape, params, "quantize_array(scale)")
     v = x.astype(np.float32) / s
     if qt.is_float:
         v = np.where(np.isnan(v), v, np.clip(v, qt.qmin, qt.qmax))
         return v.astype(qt.dtype)
-    zp = _expand(np.asarray(params.zero_point).astype(np.float32), x.shape, params, "quantize(zero_point)")
+    zp = _expand(
+        np.asarray(params.zero_point).astype(np.float32), x.shape, params, "quantize_array(zero_point)"
+    )
     q = np.rint(np.nan_to_num(v, nan=0.0)) + zp
     return np.clip(q, qt.qmin, qt.qmax).astype(np.int32).astype(qt.dtype)
 
@@ -123,7 +127,7 @@ def dequantize(q: Any, params: QuantParams) -> np.ndarray:
     qt = params.qtype
     if q.dtype != qt.dtype:
         raise QuantError("dequantize(q)", f"expected dtype {qt.name} (the params' dtype), got {q.dtype}",
-                         "pass the output of quantize(x, params)")  # fmt: skip
+                         "pass the output of quantize_array(x, params)")  # fmt: skip
     s = _expand(np.asarray(params.scale, np.float32), q.shape, params, "dequantize(scale)")
     if qt.is_float:
         return (q.astype(np.float32) * s).astype(np.float32)

@@ -1,5 +1,8 @@
 """Weight-only quantization: int8 or int4 weights (per output channel, or per group of 32/64/128 along the
-input channels via opset-21 blocked DequantizeLinear) in front of the unchanged float MatMul/Gemm/Conv."""
+input channels via opset-21 blocked DequantizeLinear) in front of the unchanged float MatMul/Gemm/Conv.
+
+Rounding is to nearest (``method="rtn"``) or GPTQ (``method="gptq"``, MatMul/Gemm: each rounding error
+is compensated on the input channels not yet rounded, using the calibration activations' Hessian)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ._calibrate import collect
 from ._common import finish_model, quantize_weight, require_float32
-from ._errors import QuantError
+from ._errors import CalibrationError, QuantError
+from ._gptq import HessianObserver, gptq_quantize
 from ._model import ModelInfo, ensure_opset, load_model
 from ._qdq import Rewriter
 from ._qparams import QuantParams
@@ -22,6 +27,7 @@ __all__ = ["quantize_weights"]
 
 _WHERE = "quantize_weights"
 _STORAGE = ("int4", "int8")
+_METHODS = ("rtn", "gptq")
 
 
 def _check(node: str, s: Mapping[str, Any]) -> None:
@@ -56,6 +62,53 @@ def _quantized(
     return _stored(q, p, s["storage"])
 
 
+def _gptq_layout(node: onnx.NodeProto, w: np.ndarray, name: str) -> bool:
+    """True when weight ``w`` is stored [N, K] (Gemm transB=1), False for [K, N]; errors for other forms."""
+    if node.op_type not in ("MatMul", "Gemm") or w.ndim != 2:
+        raise QuantError(
+            f"{_WHERE}(method='gptq') node {node.name!r}",
+            f"GPTQ handles 2-D MatMul/Gemm weights; this is a {node.op_type} with weight {name!r} of shape {w.shape}",
+            f"exclude it (exclude=[{node.name!r}]) or quantize it with method='rtn'",
+        )  # fmt: skip
+    return bool(node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute))
+
+
+def _hessians(
+    m: onnx.ModelProto, info: ModelInfo, targets: list[Any], data: Any, progress: Any
+) -> dict[str, Any]:
+    """One HessianObserver per activation feeding a GPTQ weight, filled in one pass over ``data``."""
+    if data is None:
+        raise CalibrationError(f"{_WHERE}(method='gptq')", "GPTQ needs calibration_data (no data was given)",
+                               "pass calibration_data=[{input: array, ...}, ...] (a few dozen batches)")  # fmt: skip
+    observers: dict[str, list[Any]] = {}
+    for t in targets:
+        w = info.array(t.node.input[1])
+        transposed = _gptq_layout(t.node, w, t.node.input[1])
+        k = w.shape[1] if transposed else w.shape[0]
+        trans_a = t.node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in t.node.attribute)
+        x = t.node.input[0]
+        observers.setdefault(x, [HessianObserver(k, transpose=trans_a)])
+    collect(m, data, observers, progress=progress, where=f"{_WHERE}(method='gptq')")
+    return {x: obs[0] for x, obs in observers.items()}
+
+
+def _gptq_weight(
+    w: np.ndarray, transposed: bool, hessian: np.ndarray, s: Mapping[str, Any], damp: float, node: str
+) -> tuple[np.ndarray, QuantParams]:
+    """GPTQ of one weight, returned in the weight's own layout with QDQ parameters to match."""
+    g = s["group_size"] or 0
+    r = gptq_quantize(w if transposed else w.T, hessian, dtype=_dtype(s), symmetric=bool(s["symmetric"]),
+                      group_size=g, damp=damp, where=f"{_WHERE}(method='gptq') node {node!r}")  # fmt: skip
+    if transposed:  # [N, K]: channels on axis 0, groups along axis 1
+        q, scale, zp, axis = r.q, r.scale, r.zero_point, (1 if g else 0)
+    else:  # [K, N]: groups along axis 0, channels on axis 1
+        q, scale, zp, axis = r.q.T, r.scale.T, r.zero_point.T, (0 if g else 1)
+    if not g:
+        scale, zp = scale.reshape(-1), zp.reshape(-1)
+    p = QuantParams(np.ascontiguousarray(scale), np.ascontiguousarray(zp), axis, g, r.q.dtype)
+    return _stored(np.ascontiguousarray(q), p, s["storage"])
+
+
 def quantize_weights(
     model: Any,
     *,
@@ -67,6 +120,10 @@ def quantize_weights(
     exclude: Iterable[str] = (),
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     observer: Any = "minmax",
+    method: str = "rtn",
+    calibration_data: Any = None,
+    damp: float = 0.01,
+    progress: bool | None = None,
     eval_data: Any = None,
     min_cosine: float | None = None,
 ) -> onnx.ModelProto:
@@ -76,9 +133,17 @@ def quantize_weights(
     None: one per output channel. 4-bit weights are ONNX INT4 (packed two per byte) unless
     ``storage="int8"`` keeps them in 8-bit containers for runtimes without INT4.
     ``overrides={node: {...}}`` changes bits, group_size, symmetric or storage for one node.
+    ``method="gptq"`` rounds MatMul/Gemm weights with GPTQ on ``calibration_data`` (an iterable of feed
+    dicts; ``damp`` is the Hessian's diagonal damping as a fraction of its mean); ``"rtn"`` to nearest.
     """
     defaults = {"bits": bits, "group_size": group_size, "symmetric": symmetric, "storage": storage}
     _check("", defaults)
+    if method not in _METHODS:
+        raise QuantError(
+            f"{_WHERE}(method)", f"unknown method {method!r}", f"use one of {', '.join(_METHODS)}"
+        )
+    if method == "gptq" and not (isinstance(damp, (int, float)) and 0 < damp < 1):
+        raise QuantError(f"{_WHERE}(damp)", f"damp must be in (0, 1), got {damp!r}", "use e.g. 0.01")
     precheck(eval_data, min_cosine, _WHERE)
     src = load_model(model, f"{_WHERE}(model)")
     targets = select_targets(ModelInfo(src), op_types=op_types, exclude=exclude, overrides=overrides,
@@ -92,6 +157,10 @@ def quantize_weights(
     targets = select_targets(info, op_types=op_types, exclude=exclude, overrides=overrides, defaults=defaults,
                              where=_WHERE)  # fmt: skip
     rw = Rewriter(m, info)
+    hessians = {}
+    if method == "gptq":
+        gptq_targets = [t for t in targets if 1 in t.weights and 0 in t.activations]
+        hessians = _hessians(m, info, gptq_targets, calibration_data, progress)
     done = 0
     for t in targets:
         s = t.settings
@@ -99,6 +168,12 @@ def quantize_weights(
             w_name = t.node.input[pos]
             require_float32(info, w_name, t.name, _WHERE)
             w = info.array(w_name)
+            if pos == 1 and t.node.input[0] in hessians:
+                h = hessians[t.node.input[0]].hessian()
+                make = partial(_gptq_weight, w, _gptq_layout(t.node, w, w_name), h, s, damp, t.name)
+                t.node.input[pos] = rw.weight(w_name, make, t.name, key=("gptq", t.name))
+                done += 1
+                continue
             g = s["group_size"] or 0
             axis = reduction_axis(t.node, pos, w.ndim) if g else channel_axis(t.node, pos, w.ndim)
             if g and axis is None:
@@ -111,7 +186,7 @@ def quantize_weights(
     if not done:
         raise QuantError(_WHERE, "nothing to quantize: no selected node has a constant weight",
                          "weight-only quantization needs MatMul/Gemm/Conv nodes with initializer weights")  # fmt: skip
-    scheme = f"w{bits}" + (f"-g{group_size}" if group_size else "")
+    scheme = f"w{bits}" + (f"-g{group_size}" if group_size else "") + ("-gptq" if method == "gptq" else "")
     out = finish_model(rw.finish(), scheme, _WHERE)
     enforce(src, out, eval_data, min_cosine, _WHERE)
     return out
