@@ -510,10 +510,44 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=None)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (ratios against same-run baselines); not part of CI: `nox -s bench -- --quick`."""
-    _install(session, {"ops": _current_wheel(session, "ops")}, "ops")
-    for script in sorted((ROOT / "packages" / "ops" / "benchmarks").glob("bench_*.py")):
-        session.run("python", str(script), *session.posargs)
+    """Benchmarks, then a gate against a stored baseline; not in the CI set (CI machines differ).
+
+    Runs every packages/*/benchmarks/bench_*.py (ratios against same-run baselines; `-- --quick` is
+    passed on), then `opstrata bench ops` and `opstrata bench models` with `--compare baseline
+    --fail-on-regression 10` against the baseline stored in .benchmarks/SUITE/ (OPSTRATA_BENCH_RESULTS
+    overrides the directory). Without a stored baseline the run is saved as it (`--save baseline`);
+    `-- --rebaseline` replaces it. The baseline is only as good as the machine it was measured on:
+    keep it per machine, and re-save it after an intended change.
+    """
+    wheels = {name: _current_wheel(session, name) for name in LAYERS}
+    extras = {"graph": "[onnx]", "eval": "[peers]"}  # ONNX models, and onnxruntime as the peer
+    session.install(*[f"{wheel}{extras.get(name, '')}" for name, wheel in wheels.items()])
+    rebaseline = "--rebaseline" in session.posargs
+    script_args = [a for a in session.posargs if a != "--rebaseline"]
+    # torch's OpenMP, where a peer loads it, must not spin beside the kernels; no checkout on sys.path
+    env = {"OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": ""}
+    mpi_check = (
+        "import importlib.util as u, shutil; print(bool(u.find_spec('mpi4py') and shutil.which('mpiexec')))"
+    )
+    has_mpi = "True" in (session.run("python", "-c", mpi_check, silent=True) or "")
+    for name in LAYERS:
+        for script in sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py")):
+            if script.name == "bench_mpi.py" and not has_mpi:
+                session.log(f"skipped {script.relative_to(ROOT)}: needs mpi4py and mpiexec (comm[mpi])")
+                continue
+            session.run("python", str(script), *script_args, env=env)
+    rounds = "10" if "--quick" in session.posargs else "20"
+    base = Path(os.environ.get("OPSTRATA_BENCH_RESULTS") or ROOT / ".benchmarks")  # one dir per suite
+    for suite in ("ops", "models"):
+        results = base / suite
+        command = ["opstrata", "bench", suite, "--rounds", rounds, "--results", str(results)]
+        if rebaseline or not (results / "baseline.json").is_file():
+            why = "--rebaseline" if rebaseline else "no stored baseline"
+            session.log(f"bench {suite}: {why}: saving this run as the baseline in {results}")
+            session.run(*command, "--save", "baseline", env=env)
+        else:
+            session.log(f"bench {suite}: gating against {results / 'baseline.json'} (slower by > 10 % fails)")
+            session.run(*command, "--compare", "baseline", "--fail-on-regression", "10", env=env)
 
 
 @nox.session(python=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -127,3 +128,210 @@ def test_cli_bad_input(tmp_path, capsys) -> None:
     assert _cli.main([*base, "--fail-on-regression", "5"]) == 2
     assert "needs --compare NAME" in capsys.readouterr().err
     assert _cli.main([*base, "--rounds", "1"]) == 2
+
+
+# ---------------------------------------------------------------- suites: models, zoo, comm
+
+
+def _bench_json(capsys, argv: list[str]) -> tuple[int, dict, str]:
+    """Run `opstrata bench ... --format json`; (exit code, the JSON document, stderr)."""
+    code = _cli.main([*argv, "--format", "json", "--progress", "plain"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code in (0, 1) else {}), err
+
+
+def _faster_copy(directory, name: str, new: str, factor: float = 1e-3) -> None:
+    """Save run ``name`` again as ``new`` with every sample scaled by ``factor`` (a much faster machine)."""
+    doc = json.loads((directory / f"{name}.json").read_text())
+    for entry in doc["results"].values():
+        entry["samples"] = [t * factor for t in entry["samples"]]
+    (directory / f"{new}.json").write_text(json.dumps(doc))
+
+
+def test_results_carry_extra_fields_and_older_files_still_load(tmp_path) -> None:
+    meta = {"m/opstrata": {"threads": 1, "runtime": "opstrata"}, "m/onnxruntime": {"peer_of": "m/opstrata"}}
+    save(tmp_path, "new", "models", {"m/opstrata": [1.0, 2.0, 3.0], "m/onnxruntime": [1.0] * 3}, meta)
+    r = load(tmp_path, "new")
+    assert r.meta == meta and r.results["m/opstrata"] == [1.0, 2.0, 3.0]
+    entry = json.loads((tmp_path / "new.json").read_text())["results"]["m/onnxruntime"]
+    assert entry == {"peer_of": "m/opstrata", "samples": [1.0, 1.0, 1.0]}  # fields beside the samples
+    old = {"schema": 1, "name": "old", "suite": "ops", "created": "2024", "fingerprint": {},
+           "results": {"a": {"samples": [1, 2, 3]}}}  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load(tmp_path, "old").meta == {"a": {}}
+    with pytest.raises(ResultsError, match="may not be named 'samples'"):
+        save(tmp_path, "x", "ops", {"a": [1.0]}, {"a": {"samples": 1}})
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_interleave_reports_each_measured_round() -> None:
+    seen: list[int] = []
+    interleave({"a": lambda: None}, rounds=4, warmup=1, min_time=1e-4, on_round=seen.append)
+    assert seen == [1, 2, 3, 4]
+
+
+def test_models_suite_times_opstrata_beside_onnxruntime_and_gates(tmp_path, capsys, monkeypatch) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import opstrata.runtime as rt
+    from opstrata.eval.zoo import _runner
+
+    threads_seen: dict[str, list[int]] = {"opstrata": [], "onnxruntime": []}
+    real_session, real_ort = rt.InferenceSession, _runner._ort_session
+
+    def session(model, options=None, *a, **k):
+        threads_seen["opstrata"].append(options.intra_op_num_threads)
+        return real_session(model, options, *a, **k)
+
+    def ort_session(path, threads):
+        threads_seen["onnxruntime"].append(threads)
+        return real_ort(path, threads)
+
+    monkeypatch.setattr(rt, "InferenceSession", session)
+    monkeypatch.setattr(_runner, "_ort_session", ort_session)
+    base = [
+        "bench",
+        "models",
+        "--models",
+        "mlp",
+        "--rounds",
+        "3",
+        "--threads",
+        "2",
+        "--results",
+        str(tmp_path),
+    ]
+    code, doc, err = _bench_json(capsys, [*base, "--save", "m"])
+    assert code == 0, err
+    assert threads_seen == {"opstrata": [2], "onnxruntime": [2]}  # the same thread count on both sides
+    rows = {r["bench"]: r for r in doc["rows"]}
+    assert set(rows) == {"mlp/opstrata", "mlp/onnxruntime"}
+    ours, theirs = rows["mlp/opstrata"], rows["mlp/onnxruntime"]
+    assert (ours["threads"], theirs["threads"], theirs["peer_of"], ours["peer"]) == (
+        2,
+        2,
+        "mlp/opstrata",
+        "mlp/onnxruntime",
+    )
+    saved = load(tmp_path, "m")
+    assert saved.suite == "models" and all(len(v) == 3 for v in saved.results.values())
+    ratios = np.array(saved.results["mlp/opstrata"]) / np.array(saved.results["mlp/onnxruntime"])
+    assert ours["peer_ratio"] == pytest.approx(float(np.median(ratios)))  # median of per-round ratios
+    assert ours["peer_ci"][0] <= ours["peer_ratio"] <= ours["peer_ci"][1]
+    assert saved.meta["mlp/onnxruntime"]["peer_of"] == "mlp/opstrata"
+    assert saved.meta["mlp/opstrata"]["peer_ratio"] == pytest.approx(ours["peer_ratio"])
+    assert saved.meta["mlp/opstrata"]["threads"] == 2
+
+    _faster_copy(tmp_path, "m", "fast")
+    code, doc, err = _bench_json(capsys, [*base, "--compare", "fast", "--fail-on-regression", "10"])
+    assert code == 1 and "slower than 'fast' beyond 10%: mlp/opstrata\n" in err  # the peer is not gated
+    assert [r["verdict"] for r in doc["rows"]] == ["slower", "slower"]
+    doc = json.loads((tmp_path / "m.json").read_text())  # only the peer got slower: reported, exit 0
+    doc["results"]["mlp/onnxruntime"]["samples"] = [
+        t * 1e-3 for t in doc["results"]["mlp/onnxruntime"]["samples"]
+    ]
+    (tmp_path / "peer.json").write_text(json.dumps(doc))
+    code, doc, err = _bench_json(capsys, [*base, "--compare", "peer", "--fail-on-regression", "10"])
+    assert code == 0 and {r["bench"]: r["verdict"] for r in doc["rows"]}["mlp/onnxruntime"] == "slower"
+    one_thread = [*base[:6], "--threads", "1", "--results", str(tmp_path), "--compare", "m"]
+    code, doc, err = _bench_json(capsys, one_thread)
+    assert code == 0 and "mlp/opstrata: threads 2 in the baseline, 1 now" in err
+
+
+def test_models_suite_text_and_no_onnxruntime(tmp_path, capsys, monkeypatch) -> None:
+    pytest.importorskip("onnx")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    argv = ["bench", "models", "--models", "mlp", "--rounds", "3", "--progress", "plain"]
+    assert _cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "onnxruntime is not installed: the onnxruntime peer rows are left out" in err
+    assert "[3/3] bench models: rounds" in err  # progress on stderr
+    lines = out.splitlines()
+    assert lines[0] == "opstrata bench models: 3 interleaved rounds, 1 thread(s) on each side"
+    assert lines[2].split()[0] == "mlp" and lines[2].split()[-1] == "-"  # no peer: no ratio
+    code, doc, _ = _bench_json(capsys, argv[:-2])
+    assert code == 0 and [r["bench"] for r in doc["rows"]] == ["mlp/opstrata"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["models", "--models", "gpt_block,nope"],
+            "unknown models-suite model(s) 'nope'; expected some of gpt_block",
+        ),
+        (["models", "--models", "mlp,"], "without empty entries"),
+        (["models", "--threads", "0"], "--threads must be an int >= 1"),
+        (["models", "--sizes", "4K"], "--sizes applies to the comm suite(s), not models"),
+        (["ops", "--threads", "2"], "--threads applies to the models and zoo suite(s), not ops"),
+        (["zoo", "--models", "resnet"], "unknown zoo model(s) 'resnet'"),
+        (["comm", "--sizes", "3"], "'3' is 3 bytes; expected a positive multiple of 4 bytes"),
+        (["comm", "--sizes", "4X"], "cannot read '4X'; expected comma-separated sizes like 4K,64K,1M,16M"),
+        (["comm", "--sizes", "4K,4096"], "names a size twice"),
+        (["comm", "--ranks", "1"], "--ranks must be an int in 2..64"),
+        (["comm", "--models", "mlp"], "--models applies to the models and zoo suite(s), not comm"),
+    ],
+)
+def test_suite_bad_input_exits_2(argv, message, tmp_path, capsys) -> None:
+    assert _cli.main(["bench", *argv, "--rounds", "3", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opstrata bench: error: ") and message in err
+
+
+def test_parse_sizes_units() -> None:
+    from opstrata.eval._bench_suite_comm import busbw, format_size, parse_sizes
+
+    assert parse_sizes("4K,64KiB,1M,16MiB,8") == [4096, 65536, 1 << 20, 16 << 20, 8]
+    assert [format_size(n) for n in (4096, 1 << 20, 100)] == ["4KiB", "1MiB", "100B"]
+    assert busbw(1_000_000_000, 4, 1.0) == pytest.approx(1.5)  # 2(n-1)/n = 1.5
+
+
+def test_comm_suite_bus_bandwidth_roundtrip_and_gate(tmp_path, capsys) -> None:
+    base = ["bench", "comm", "--ranks", "2", "--sizes", "4K,64K", "--rounds", "3", "--results", str(tmp_path)]
+    code, doc, err = _bench_json(capsys, [*base, "--save", "c"])
+    assert code == 0, err
+    rows = doc["rows"]
+    assert [r["bench"] for r in rows] == ["all_reduce/4KiB", "all_reduce/64KiB"]
+    saved = load(tmp_path, "c")
+    for r in rows:
+        assert (r["ranks"], r["rounds"]) == (2, 3) and r["bytes"] in (4096, 65536)
+        t = float(np.median(saved.results[r["bench"]]))
+        assert r["median_s"] == pytest.approx(t)
+        assert r["busbw_GBps"] == pytest.approx(r["bytes"] * 2 * (2 - 1) / 2 / t / 1e9)  # NCCL-tests' busbw
+        assert saved.meta[r["bench"]]["bytes"] == r["bytes"]
+        assert saved.meta[r["bench"]]["busbw_GBps"] == pytest.approx(r["busbw_GBps"])
+    _faster_copy(tmp_path, "c", "fast")
+    code, doc, err = _bench_json(capsys, [*base, "--compare", "fast", "--fail-on-regression", "10"])
+    assert code == 1 and [r["verdict"] for r in doc["rows"]] == ["slower", "slower"]
+    assert _cli.main([*base[:4], "--sizes", "4K", "--rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce float32 sum on 2 ranks (shm)" in out and "busbw GB/s" in out
+    assert out.splitlines()[2].split()[:2] == ["4KiB", "4096"]
+
+
+def test_zoo_suite_without_torch_names_the_extra(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert _cli.main(["bench", "zoo", "--models", "squeezenet1_1", "--rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "bench zoo: the model zoo needs torch" in err and "[zoo]" in err
+
+
+def test_zoo_suite_one_small_model(tmp_path, capsys, monkeypatch) -> None:
+    for name in ("torch", "torchvision", "onnxscript", "onnx", "onnxruntime"):
+        pytest.importorskip(name, reason=f"the zoo suite needs {name}: pip install './packages/eval[zoo]'")
+    from opstrata.eval import _bench_suite_models
+
+    monkeypatch.setattr(_bench_suite_models, "zoo_cache_dir", lambda: tmp_path / "exports")
+    argv = ["bench", "zoo", "--models", "squeezenet1_1", "--rounds", "3", "--results", str(tmp_path)]
+    code, doc, err = _bench_json(capsys, argv)
+    assert code == 0, err
+    assert "squeezenet1_1 (exported)" in err
+    rows = {r["bench"]: r for r in doc["rows"]}
+    assert set(rows) == {"squeezenet1_1/opstrata", "squeezenet1_1/onnxruntime"}
+    assert (
+        rows["squeezenet1_1/opstrata"]["exporter"] == "dynamo"
+        and rows["squeezenet1_1/opstrata"]["peer_ratio"] > 0
+    )
+    assert len(list((tmp_path / "exports").glob("*/squeezenet1_1.dynamo.onnx"))) == 1
+    code, _, err = _bench_json(capsys, argv)
+    assert code == 0 and "squeezenet1_1 (cached)" in err

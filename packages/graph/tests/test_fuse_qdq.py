@@ -138,3 +138,105 @@ def test_patterns_it_leaves_alone(change: str) -> None:
     assert "QMatMul" not in _ops(g)
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     np.testing.assert_allclose(og.run_graph(g, {"x": x})["y"], _run(m, 0, x), rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- fuse_dynamic_qmatmul
+
+
+def _dynamic_model(
+    k: int,
+    n: int,
+    *,
+    consumers: int = 1,
+    bias: bool = True,
+    w_zp: bool = True,
+    per_column: bool = True,
+    signed: bool = True,
+    seed: int = 0,
+) -> Any:
+    """x -> DynamicQuantizeLinear -> ``consumers`` x (MatMulInteger -> Cast -> Mul(x_scale * w_scale) [-> Add])
+    -> Concat, as onnxruntime's and opstrata.quant's quantize_dynamic write it."""
+    rng = np.random.default_rng(seed)
+    dt = np.int8 if signed else np.uint8
+    info = np.iinfo(dt)
+    nodes = [oh.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql")]
+    inits, outs = [], []
+    for c in range(consumers):
+        w = rng.integers(info.min, info.max + 1, (k, n)).astype(dt)
+        ws = (rng.random(n if per_column else ()) * 0.02 + 0.005).astype(np.float32)
+        inits += [nh.from_array(w, f"w{c}"), nh.from_array(ws, f"ws{c}")]
+        mi_in = ["xq", f"w{c}", "xz"]
+        if w_zp:
+            inits.append(
+                nh.from_array(
+                    rng.integers(info.min, info.max + 1, n if per_column else ()).astype(dt), f"wz{c}"
+                )
+            )
+            mi_in.append(f"wz{c}")
+        nodes += [
+            oh.make_node("MatMulInteger", mi_in, [f"acc{c}"], name=f"mm{c}"),
+            oh.make_node("Cast", [f"acc{c}"], [f"accf{c}"], to=T.FLOAT, name=f"cast{c}"),
+            oh.make_node("Mul", ["xs", f"ws{c}"], [f"s{c}"], name=f"scale{c}"),
+            oh.make_node("Mul", [f"accf{c}", f"s{c}"], [f"y{c}"], name=f"mul{c}"),
+        ]
+        out = f"y{c}"
+        if bias:
+            inits.append(nh.from_array(rng.standard_normal(n).astype(np.float32), f"b{c}"))
+            nodes.append(oh.make_node("Add", [out, f"b{c}"], [f"yb{c}"], name=f"add{c}"))
+            out = f"yb{c}"
+        outs.append(out)
+    nodes.append(oh.make_node("Concat", outs, ["y"], axis=-1, name="cat"))
+    g = oh.make_graph(
+        nodes, "dyn", [oh.make_tensor_value_info("x", T.FLOAT, ["batch", k])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["batch", n * consumers])], inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    k=st.integers(1, 48), n=st.integers(1, 24), batch=st.integers(1, 6), consumers=st.integers(1, 3),
+    bias=st.booleans(), w_zp=st.booleans(), per_column=st.booleans(), signed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_dynamic_fused_equals_the_unfused_graph(
+    k, n, batch, consumers, bias, w_zp, per_column, signed, seed
+) -> None:
+    m = _dynamic_model(k, n, consumers=consumers, bias=bias, w_zp=w_zp, per_column=per_column, signed=signed,
+                       seed=seed)  # fmt: skip
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["DynamicQMatMul"] * consumers + [
+        "Concat"
+    ]  # the shared DQL and scale Muls are gone
+    assert report.matched("fuse_dynamic_qmatmul") == consumers
+    x = (np.random.default_rng(seed + 1).standard_normal((batch, k)) * 3).astype(np.float32)
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+    inner = fused.resolve_fused("acc0")  # provenance: the int32 product now lives inside the fused node
+    assert inner in {o for node in fused.nodes for o in node.outputs}
+
+
+def test_dynamic_fused_matches_onnxruntime() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    m = _dynamic_model(32, 16, consumers=2)
+    x = (np.random.default_rng(5).standard_normal((4, 32)) * 2).astype(np.float32)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(_run(m, 2, x), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("change", ["scale_from_input", "scale_not_from_x", "two_readers", "no_x_zero_point"])
+def test_dynamic_patterns_it_leaves_alone(change: str) -> None:
+    m = _dynamic_model(8, 4, consumers=1, bias=False)
+    g = m.graph
+    if change == "scale_from_input":  # the weight scale is not a constant
+        g.input.append(oh.make_tensor_value_info("ws0_in", T.FLOAT, []))
+        g.node[3].input[1] = "ws0_in"
+    elif change == "scale_not_from_x":  # Mul(w_scale, w_scale): not x's dynamic scale
+        g.node[3].input[0] = "ws0"
+    elif change == "two_readers":  # the int32 product is also a graph output
+        g.output.append(oh.make_tensor_value_info("acc0", T.INT32, None))
+    else:
+        del g.node[1].input[2]
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert report.matched("fuse_dynamic_qmatmul") == 0 and "DynamicQMatMul" not in _ops(fused)

@@ -281,3 +281,73 @@ def test_matmul_integer_cpu_blas_path_is_exact(m, k, n, signed_a, seed) -> None:
     want = ops.matmul_integer(a, b, a_zp, b_zp, device="ref")
     np.testing.assert_array_equal(ops.matmul_integer(a, b, a_zp, b_zp, device="cpu"), want)
     assert want.dtype == np.int32
+
+
+# --------------------------------------------------------------------------- dynamic_qmatmul
+
+
+def _dynamic_qmatmul_onnx(
+    x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, w_zp: Any, bias: Any
+) -> np.ndarray:
+    """DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(x_scale * w_scale) (-> Add) in onnx's reference."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.asarray(w_scale, np.float32), "ws")]
+    mi_in = ["xq", "w", "xz"]
+    if w_zp is not None:
+        inits.append(numpy_helper.from_array(np.asarray(w_zp), "wz"))
+        mi_in.append("wz")
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", mi_in, ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["s"]),
+        helper.make_node("Mul", ["accf", "s"], ["y0"]),
+    ]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "b"))
+        nodes.append(helper.make_node("Add", ["y0", "b"], ["y"]))
+    out = "y" if bias is not None else "y0"
+    g = helper.make_graph(
+        nodes, "dqmm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+@SETTINGS
+@given(
+    lead=st.lists(st.integers(1, 5), min_size=1, max_size=3), k=st.integers(1, 40), n=st.integers(1, 24),
+    signed=st.booleans(), per_column=st.booleans(), with_zp=st.booleans(), with_bias=st.booleans(),
+    device=st.sampled_from(DEVICES), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_dynamic_qmatmul_equals_the_onnx_chain(
+    lead: list[int], k: int, n: int, signed: bool, per_column: bool, with_zp: bool, with_bias: bool,
+    device: str, seed: int,
+) -> None:  # fmt: skip
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal((*lead, k)) * r.uniform(0.1, 10)).astype(np.float32)
+    dt = np.int8 if signed else np.uint8
+    info = np.iinfo(dt)
+    w = r.integers(info.min, info.max + 1, (k, n)).astype(dt)
+    w_scale = r.uniform(1e-3, 1e-1, n if per_column else ()).astype(np.float32)
+    w_zp = r.integers(info.min, info.max + 1, n if per_column else ()).astype(dt) if with_zp else None
+    bias = r.standard_normal(n).astype(np.float32) if with_bias else None
+    got = ops.dynamic_qmatmul(x, w, w_scale, w_zp, bias, device=device)
+    want = _dynamic_qmatmul_onnx(x, w, w_scale, w_zp, bias)
+    assert got.dtype == np.float32 and got.shape == (*lead, n)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max(initial=1.0)))
+
+
+def test_dynamic_qmatmul_errors_name_the_argument() -> None:
+    x = np.ones((2, 4), np.float32)
+    w = np.ones((4, 3), np.int8)
+    with pytest.raises(OpError, match=r"dynamic_qmatmul.*x"):
+        ops.dynamic_qmatmul(x.astype(np.float64), w, np.float32(1))
+    with pytest.raises(OpError, match=r"dynamic_qmatmul.*b"):
+        ops.dynamic_qmatmul(x, np.ones((5, 3), np.int8), np.float32(1))
+    with pytest.raises(OpError, match=r"dynamic_qmatmul.*b_scale"):
+        ops.dynamic_qmatmul(x, w, np.ones(2, np.float32))
+    with pytest.raises(OpError, match=r"dynamic_qmatmul.*bias"):
+        ops.dynamic_qmatmul(x, w, np.float32(1), None, np.ones(4, np.float32))

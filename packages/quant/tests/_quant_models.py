@@ -191,3 +191,52 @@ def run_reference(m: onnx.ModelProto, data: list[dict[str, np.ndarray]]) -> Any:
     ev = ReferenceEvaluator(out)
     outs = [ev.run(None, f) for f in data]
     return [np.concatenate(o) for o in zip(*outs, strict=True)]
+
+
+def ln_qkv(
+    seed: int = 0, opset: int = 17, d: int = 64, d_out: int = 16, outliers: dict[int, float] | None = None
+) -> onnx.ModelProto:
+    """x[batch, d] -> LayerNormalization "ln" (gamma x ``outliers`` {channel: factor}) feeding Q/K/V-like
+    MatMul "q_proj", MatMul "k_proj", Gemm(transB) "v_proj"; q*k + v -> Relu -> Mul(const) "affine_mul"
+    -> Add(const) "affine_add" -> MatMul "o_proj" -> y[batch, d_out]."""
+    r = np.random.default_rng(seed)
+    gamma = (1.0 + 0.1 * r.standard_normal(d)).astype(np.float32)
+    for ch, f in (outliers or {}).items():
+        gamma[ch] *= f
+    inits = {
+        "ln_g": gamma,
+        "ln_b": (0.1 * r.standard_normal(d)).astype(np.float32),
+        "wq": (r.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32),
+        "wk": (r.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32),
+        "wv": (r.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32),
+        "bv": (0.1 * r.standard_normal(d)).astype(np.float32),
+        "aff_g": (0.5 + r.random(d)).astype(np.float32),
+        "aff_b": (0.1 * r.standard_normal(d)).astype(np.float32),
+        "wo": (r.standard_normal((d, d_out)) / np.sqrt(d)).astype(np.float32),
+    }
+    nodes = [
+        h.make_node("LayerNormalization", ["x", "ln_g", "ln_b"], ["hn"], name="ln", axis=-1, epsilon=1e-5),
+        h.make_node("MatMul", ["hn", "wq"], ["q"], name="q_proj"),
+        h.make_node("MatMul", ["hn", "wk"], ["k"], name="k_proj"),
+        h.make_node("Gemm", ["hn", "wv", "bv"], ["v"], name="v_proj", transB=1),
+        h.make_node("Mul", ["q", "k"], ["qk"], name="qk"),
+        h.make_node("Add", ["qk", "v"], ["mix"], name="mix"),
+        h.make_node("Relu", ["mix"], ["r"], name="relu"),
+        h.make_node("Mul", ["r", "aff_g"], ["rg"], name="affine_mul"),
+        h.make_node("Add", ["rg", "aff_b"], ["rb"], name="affine_add"),
+        h.make_node("MatMul", ["rb", "wo"], ["y"], name="o_proj"),
+    ]
+    x = h.make_tensor_value_info("x", T.FLOAT, ["batch", d])
+    y = h.make_tensor_value_info("y", T.FLOAT, ["batch", d_out])
+    return _model(nodes, "ln_qkv", x, y, inits, opset)
+
+
+def outlier_feeds(
+    shape: tuple[int, ...], n: int, seed: int, channels: dict[int, float]
+) -> list[dict[str, np.ndarray]]:
+    """:func:`feeds` with the last-axis ``channels`` {channel: factor} scaled (activation outliers)."""
+    out = feeds(shape, n, seed)
+    for f in out:
+        for ch, k in channels.items():
+            f["x"][..., ch] *= np.float32(k)
+    return out

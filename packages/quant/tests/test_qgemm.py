@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,7 @@ def test_requantize_epilogue_matches_ops_qlinear_matmul_bit_for_bit(
 def test_import_registers_cpu_kernels_above_ops_own() -> None:
     for op in ("matmul_integer", "qlinear_matmul"):
         cpu = [e for e in ops.kernels(op) if e.device == "cpu"]
-        assert cpu[0].fn in _kernels._KERNELS.values() and cpu[0].priority == _kernels.KERNEL_PRIORITY
+        assert cpu[0].fn is _kernels._KERNELS[op][0] and cpu[0].priority == _kernels.KERNEL_PRIORITY
         assert len(cpu) >= 2  # ops' numpy kernel is still there, below
         for dt in (U8, S8):
             assert ops.resolve_kernel(op, dt, device="cpu") is cpu[0].fn
@@ -255,12 +256,17 @@ def test_import_registers_cpu_kernels_above_ops_own() -> None:
 def test_uninstall_gives_ops_kernels_back_and_install_restores() -> None:
     try:
         _kernels.uninstall()
-        assert all(e.fn not in _kernels._KERNELS.values() for e in ops.kernels("matmul_integer"))
+        assert all(e.fn is not _kernels._KERNELS["matmul_integer"][0] for e in ops.kernels("matmul_integer"))
         a, b = np.ones((2, 3), np.uint8), np.ones((3, 2), np.int8)
         assert ops.matmul_integer(a, b).tolist() == [[3, 3], [3, 3]]
         assert "matmul_integer" not in oq.native_status().calls
     finally:
-        assert _kernels.install() == ["matmul_integer", "qlinear_matmul"]
+        assert _kernels.install() == [
+            "matmul_integer",
+            "qlinear_matmul",
+            "dynamic_quantize_linear",
+            "dynamic_qmatmul",
+        ]
     assert ops.resolve_kernel("matmul_integer", U8, device="cpu") is _kernels._matmul_integer_native
     _kernels.install()  # idempotent: no second entry
     assert sum(e.fn is _kernels._matmul_integer_native for e in ops.kernels("matmul_integer")) == 1
@@ -568,3 +574,96 @@ def test_fresh_build_in_an_empty_cache_is_native(tmp_path: Path) -> None:
     assert res["got"] == WANT and res["available"] is True and res["calls"]["matmul_integer"]["native"] == 1
     built = list((tmp_path / "cache" / "native").glob("opstrata_quant_qgemm-*.so"))
     assert len(built) == 1 and not list((tmp_path / "cache" / "native").glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- dynamic quantization
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 700), scale=st.floats(1e-3, 1e3), shift=st.floats(-2, 2), ties=st.booleans(),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_dynamic_quantize_native_is_bit_identical_to_ops_ref(n, scale, shift, ties, seed) -> None:
+    """Ranges all-positive, all-negative, straddling zero, constant; values on rounding ties; any length."""
+    x = ((np.random.default_rng(seed).standard_normal(n) + shift) * scale).astype(np.float32)
+    if ties:
+        x = (np.round(x * 2) / 2).astype(np.float32)
+    oq.reset_native_stats()
+    got = ops.dynamic_quantize_linear(x)
+    want = ops.dynamic_quantize_linear(x, device="ref")
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    assert oq.native_status().calls["dynamic_quantize_linear"] == {"native": 1, "numpy": 0}
+
+
+def test_dynamic_quantize_with_nan_is_left_to_ops_kernel() -> None:
+    x = np.array([1.0, np.nan, -2.0], np.float32)
+    oq.reset_native_stats()
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = ops.dynamic_quantize_linear(x)
+        want = ops.dynamic_quantize_linear(x, device="ref")
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert oq.native_status().calls["dynamic_quantize_linear"] == {"native": 0, "numpy": 1}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 6), min_size=0, max_size=2), k=st.integers(1, 80), n=st.integers(1, 40),
+    b_dt=st.sampled_from([U8, S8]), per_col=st.booleans(), with_zp=st.booleans(), with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_dynamic_qmatmul_native_equals_ops_ref(lead, k, n, b_dt, per_col, with_zp, with_bias, seed) -> None:
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal((*lead, k)) * 4).astype(np.float32)
+    info = np.iinfo(b_dt)
+    b = r.integers(info.min, info.max + 1, (k, n)).astype(b_dt)
+    sc = r.uniform(1e-3, 1e-1, n if per_col else ()).astype(np.float32)
+    zp = r.integers(info.min, info.max + 1, n if per_col else ()).astype(b_dt) if with_zp else None
+    bias = r.standard_normal(n).astype(np.float32) if with_bias else None
+    oq.reset_native_stats()
+    got = ops.dynamic_qmatmul(x, b, sc, zp, bias)
+    want = ops.dynamic_qmatmul(x, b, sc, zp, bias, device="ref")
+    assert got.shape == want.shape == (*lead, n) and got.dtype == np.float32
+    # the int32 product and x's quantization are exact; only the float epilogue may round differently
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(want).max())))
+    assert oq.native_status().calls["dynamic_qmatmul"] == {"native": 1, "numpy": 0}
+
+
+def test_dynamic_qmatmul_hands_what_it_does_not_cover_to_ops() -> None:
+    x = np.ones((2, 3), np.float32)
+    b = np.ones((3, 2), np.int8)
+    oq.reset_native_stats()
+    got = ops.dynamic_qmatmul(x, b, np.float32(0.5), np.ones(2, np.uint8).astype(np.int8) * 0, None)
+    assert got.tolist() == ops.dynamic_qmatmul(x, b, np.float32(0.5), device="ref").tolist()
+    x_nan = np.array([[1.0, np.nan, 0.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ops.dynamic_qmatmul(x_nan, b, np.float32(0.5))
+    assert oq.native_status().calls["dynamic_qmatmul"] == {"native": 1, "numpy": 1}
+
+
+def test_onnxruntime_quantize_dynamic_model_runs_fused_and_native(tmp_path) -> None:
+    """A model quantized by onnxruntime's own quantize_dynamic: every MatMulInteger chain becomes one
+    native DynamicQMatMul in the session, and the outputs agree with onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    import onnx
+    from _quant_models import mlp
+
+    from opstrata.runtime import InferenceSession
+
+    onnx.save(mlp(), tmp_path / "f.onnx")
+    quantization.quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"),
+                                  weight_type=quantization.QuantType.QInt8)  # fmt: skip
+    x = (np.random.default_rng(0).standard_normal((8, 64)) * 2).astype(np.float32)
+    sess = InferenceSession(str(tmp_path / "q.onnx"))
+    assert sess.plan.graph.op_counts().get("ai.opstrata::DynamicQMatMul", 0) == 3
+    oq.reset_native_stats()
+    ours = sess.run(None, {"x": x})[0]
+    assert oq.native_status().calls["dynamic_qmatmul"] == {"native": 3, "numpy": 0}
+    theirs = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * float(np.abs(theirs).max()))

@@ -1,7 +1,9 @@
 """Benchmark results on disk: JSON with a schema version and the machine fingerprint they were measured on.
 
 A results file is ``{"schema": 1, "name", "suite", "created", "fingerprint": {...}, "results": {bench:
-{"samples": [seconds, ...]}}}``; a corrupt file or one of another schema is a clear error naming it.
+{"samples": [seconds, ...], ...}}}``; a corrupt file or one of another schema is a clear error naming it.
+A benchmark's entry may carry more fields beside ``samples`` (``peer_of``, ``threads``, ``bytes``,
+``ranks``, ...): they come back in ``Results.meta``; files without them (older runs) load unchanged.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import platform
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ class Results:
     created: str
     fingerprint: dict[str, Any]
     results: dict[str, list[float]]  # bench name -> seconds per call, one per round
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # bench name -> its extra fields
 
 
 def _cpu() -> tuple[str, str]:
@@ -97,16 +100,34 @@ def _path(directory: Path, name: str) -> Path:
     return directory / f"{name}.json"
 
 
-def save(directory: Path, name: str, suite: str, results: dict[str, list[float]]) -> Path:
-    """Write the run as ``directory/name.json`` atomically; returns the path."""
+def save(
+    directory: Path, name: str, suite: str, results: dict[str, list[float]],
+    meta: dict[str, dict[str, Any]] | None = None,
+) -> Path:  # fmt: skip
+    """Write the run as ``directory/name.json`` atomically; returns the path.
+
+    ``meta`` adds JSON-serialisable fields beside each benchmark's samples (not ``samples`` itself).
+    """
     path = _path(directory, name)
-    directory.mkdir(parents=True, exist_ok=True)
+    meta = meta or {}
+    clash = sorted(k for k, extra in meta.items() if "samples" in extra)
+    if clash:
+        raise ResultsError(
+            f"save: extra fields of {clash} may not be named 'samples' (that key holds the timings)"
+        )
+    entries = {k: {**meta.get(k, {}), "samples": [float(x) for x in v]} for k, v in results.items()}
     doc = {"schema": SCHEMA, "name": name, "suite": suite, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "fingerprint": fingerprint(), "results": {k: {"samples": v} for k, v in results.items()}}  # fmt: skip
+           "fingerprint": fingerprint(), "results": entries}  # fmt: skip
+    text = json.dumps(doc, indent=1)  # before any file exists: a value JSON cannot hold fails here
+    directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -129,8 +150,9 @@ def load(directory: Path, name: str) -> Results:
                            "save the baseline again with this version")  # fmt: skip
     try:
         results = {k: [float(x) for x in v["samples"]] for k, v in doc["results"].items()}
+        meta = {k: {f: x for f, x in v.items() if f != "samples"} for k, v in doc["results"].items()}
         return Results(
-            str(doc["name"]), str(doc["suite"]), str(doc["created"]), dict(doc["fingerprint"]), results
+            str(doc["name"]), str(doc["suite"]), str(doc["created"]), dict(doc["fingerprint"]), results, meta
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ResultsError(

@@ -27,9 +27,12 @@ def calibrate(fn: Callable[[], object], min_time: float = 2e-3) -> int:
 
 def interleave(
     candidates: Mapping[str, Callable[[], object]], *, rounds: int = 20, warmup: int = 2,
-    min_time: float = 2e-3, seed: int = 0,
+    min_time: float = 2e-3, seed: int = 0, on_round: Callable[[int], None] | None = None,
 ) -> dict[str, list[float]]:  # fmt: skip
-    """Seconds per call of each candidate, one sample per round; sample i of each is from round i."""
+    """Seconds per call of each candidate, one sample per round; sample i of each is from round i.
+
+    ``on_round(i)`` is called after each measured round (1-based), e.g. to advance a progress display.
+    """
     if rounds < 3:
         raise ValueError(f"interleave: rounds must be >= 3 for a confidence interval, got {rounds}")
     numbers = {name: calibrate(fn, min_time) for name, fn in candidates.items()}
@@ -46,4 +49,6 @@ def interleave(
             dt = (time.perf_counter() - t0) / n
             if r >= warmup:
                 samples[name].append(dt)
+        if r >= warmup and on_round is not None:
+            on_round(r - warmup + 1)
     return samples

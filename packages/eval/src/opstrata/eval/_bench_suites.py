@@ -1,14 +1,64 @@
-"""Benchmark suites: named zero-argument callables over fixed, seeded inputs (one job each)."""
+"""Benchmark suites: each turns options into interleaved timing samples (one list per benchmark).
+
+``ops`` times opstrata.ops kernels; ``models`` and ``zoo`` time an opstrata InferenceSession beside
+onnxruntime on the same ONNX file at the same thread count (``_bench_suite_models``); ``comm`` times
+all_reduce across local rank processes over message sizes (``_bench_suite_comm``). Every suite gives
+``rounds`` samples per benchmark, sample i of each from round i, so the gate reads them alike.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 import opstrata.ops as ops
 
-__all__ = ["SUITES", "ops_suite"]
+from ._bench_run import interleave
+from ._progress import progress
+
+__all__ = ["SUITES", "BenchError", "BenchOptions", "SuiteRun", "ops_suite", "run_interleaved"]
+
+
+class BenchError(ValueError):
+    """A suite cannot run as asked (unknown model, bad sizes, a missing extra): names it and the fix."""
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class BenchOptions:
+    """What a suite is asked to run; unset selections (None) take the suite's defaults."""
+
+    rounds: int = 20
+    threads: int = 1  # models, zoo: intra-op threads of both runtimes
+    models: list[str] | None = None  # models, zoo: which models
+    sizes: list[int] | None = None  # comm: message sizes in bytes
+    ranks: int = 2  # comm: local rank processes
+    progress: str = "plain"  # a _progress kind
+    say: Callable[[str], None] = _stderr  # progress lines and notes (stdout stays for the results)
+
+
+@dataclass
+class SuiteRun:
+    """Samples (seconds per call, one per round) per benchmark, their extra fields, and notes to print."""
+
+    samples: dict[str, list[float]]
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def run_interleaved(
+    candidates: Mapping[str, Callable[[], object]], opts: BenchOptions, desc: str
+) -> dict[str, list[float]]:
+    """``interleave`` with a progress display of the rounds."""
+    with progress(opts.progress, opts.rounds, desc, say=opts.say) as bar:
+        return interleave(candidates, rounds=opts.rounds, on_round=lambda _i: bar.update(1))
 
 
 def ops_suite() -> dict[str, Callable[[], object]]:
@@ -34,5 +84,42 @@ def ops_suite() -> dict[str, Callable[[], object]]:
     }
 
 
-#: Suite name -> builder of its benchmarks.
-SUITES: dict[str, Callable[[], dict[str, Callable[[], object]]]] = {"ops": ops_suite}
+def _run_ops(opts: BenchOptions) -> SuiteRun:
+    if opts.models is not None:
+        raise BenchError("--models selects models of the models and zoo suites; the ops suite has none")
+    return SuiteRun(run_interleaved(ops_suite(), opts, "bench ops: rounds"))
+
+
+def _run_models(opts: BenchOptions) -> SuiteRun:
+    from ._bench_suite_models import run_models
+
+    return run_models(opts)
+
+
+def _run_zoo(opts: BenchOptions) -> SuiteRun:
+    from ._bench_suite_models import run_zoo
+
+    return run_zoo(opts)
+
+
+def _run_comm(opts: BenchOptions) -> SuiteRun:
+    from ._bench_suite_comm import run_comm
+
+    return run_comm(opts)
+
+
+#: Suite name -> runner (modules of the heavier suites load only when they run).
+SUITES: dict[str, Callable[[BenchOptions], SuiteRun]] = {
+    "ops": _run_ops,
+    "models": _run_models,
+    "zoo": _run_zoo,
+    "comm": _run_comm,
+}
+
+#: One line per suite for --help.
+SUITE_HELP = {
+    "ops": "opstrata.ops kernels on cpu",
+    "models": "InferenceSession on models built in code, beside onnxruntime at the same threads",
+    "zoo": "zoo models exported by torch.onnx, opstrata beside onnxruntime (needs opstrata-eval[zoo])",
+    "comm": "opstrata.comm all_reduce across local ranks over message sizes (bus bandwidth)",
+}

@@ -1,18 +1,26 @@
 """``conformance_ops``: every registered op x dtype on a device, run on generated inputs against ``ref``.
 
-For each op the inputs are found by shape: the first of a few candidate shapes (square matrices first,
-so elementwise, matmul and reductions all take them) that the reference kernel accepts. From that
-base each dtype runs variants — normal values, size-1 and empty leading dims, a broadcast second
-operand, NaN/inf, extreme magnitudes — seeded, so a run is reproducible. A cell is ``native``
-(every variant agrees at the dtype's default tolerance), ``decomposed``, ``fallback:<device>``,
-``missing``, ``deviates`` (the worst error, and an .npz reproducer) or ``no-sample`` (no generated
-input suits the op's signature; it is listed, not judged). Tolerances are the dtype defaults with
-atol scaled by the output's peak magnitude (kernels may sum in another order than the reference).
+Inputs come from two places. Ops with an entry in ``_conformance_samples.SAMPLES`` (data movement,
+indexing, pooling, norms, convolutions, the attention family, quantization, bit ops, signal, ...) get
+valid arguments from their own builder: index tensors in range for the data they index, weights and
+scales of matching shapes, per-op variants (size-1 and empty batch dims, broadcasting, NaN/inf,
+extreme floats, full-range ints, and op modes such as causal attention or reflect padding). Other ops
+taking one or two tensors are fed by shape: the first of a few candidate shapes the reference kernel
+accepts, then the generic variants. Everything is seeded, so a run is reproducible.
+
+A cell is ``native`` (every variant agrees at the dtype's default tolerance, every output compared),
+``decomposed``, ``fallback:<device>``, ``missing``, ``deviates`` (the worst error, and an .npz
+reproducer that :func:`load_reproducer` / :func:`replay_reproducer` turn back into the call) or
+``no-sample`` (nothing generated suits the op, the reference refuses the dtype, or the op is random:
+listed with the reason, never judged). An input the reference refuses is a :class:`CandidateError`,
+not a finding. Tolerances are the dtype defaults with atol scaled by the output's peak magnitude
+(kernels may sum in another order than the reference).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -25,9 +33,13 @@ import numpy as np
 import opstrata.ops as ops
 
 from ._compare import compare
+from ._conformance_samples import RANDOM_OPS, SAMPLES, Gen, OpSamples, applies, values
 from ._tolerances import default_tolerances, dtype_class
 
-__all__ = ["CandidateError", "ConformanceCell", "ConformanceReport", "conformance_ops"]
+__all__ = [
+    "CandidateError", "ConformanceCell", "ConformanceReport", "Reproducer", "conformance_ops",
+    "load_reproducer", "replay_reproducer",
+]  # fmt: skip
 
 #: Shapes tried, in order, until the reference kernel accepts float32 inputs of that shape.
 BASE_SHAPES: tuple[tuple[int, ...], ...] = ((4, 4), (2, 3, 4, 4), (2, 3, 8), (8,))
@@ -83,6 +95,10 @@ class ConformanceReport:
         }  # fmt: skip
 
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+Case = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
 def _arity(fn: Callable[..., Any]) -> int:
     try:
         params = inspect.signature(fn).parameters.values()
@@ -92,20 +108,13 @@ def _arity(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.default is p.empty and p.kind in kinds)
 
 
-def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    kind = dtype_class(dtype)
-    if kind == "bool":
-        return rng.random(shape) < 0.5
-    if kind == "int":
-        lo = 0 if (dtype.kind == "u" or "uint" in dtype.name) else -10
-        return rng.integers(lo, lo + 20, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+_values = values  # the generic path's value generator (normal variant)
 
 
 def _variants(
     rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype, arity: int
 ) -> list[tuple[str, list[np.ndarray]]]:
-    """(name, args) for each generated input of one op x dtype."""
+    """(name, args) for each generated input of one op x dtype (the shape-searched path)."""
 
     def args(s: tuple[int, ...], n: int = arity) -> list[np.ndarray]:
         return [_values(rng, s, dtype) for _ in range(n)]
@@ -130,7 +139,42 @@ def _variants(
     return out
 
 
-def _call(fn: Callable[..., Any], device: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def _table_cases(entry: OpSamples, dt: np.dtype, seed: int) -> tuple[list[Case], list[str]]:
+    """The op's own samples for ``dt``: (cases, why each skipped variant failed to build)."""
+    rng = np.random.default_rng(seed)
+    cases: list[Case] = []
+    failed: list[str] = []
+    for name in entry.variants:
+        if not applies(name, dt):
+            continue
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                args, kwargs = entry.build(Gen(dt, rng, name))
+        except Exception as exc:  # e.g. a permutation that does not fit a 1-byte float: not this dtype
+            failed.append(
+                f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+            )
+            continue
+        cases.append((name, tuple(args), dict(kwargs)))
+    return cases, failed
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_copy(x) for x in v)
+    return v
+
+
+def _call(
+    fn: Callable[..., Any], device: str, inputs: Sequence[Any], kwargs: dict[str, Any] | None = None,
+    inplace: tuple[int, ...] = (),
+) -> list[np.ndarray | None]:  # fmt: skip
+    """Every output of one call on ``device`` (copies of the inputs; in-place args appended as outputs)."""
+    args = [_copy(a) for a in inputs]
+    kw = {k: _copy(v) for k, v in (kwargs or {}).items()}
     with (
         ops.device(device),
         ops.fallback_policy("allow"),
@@ -138,9 +182,21 @@ def _call(fn: Callable[..., Any], device: str, inputs: Sequence[np.ndarray]) -> 
         np.errstate(all="ignore"),
     ):
         warnings.simplefilter("ignore")  # overflow on extreme values is expected on both sides
-        result = fn(*[a.copy() for a in inputs])
-    items = result if isinstance(result, (tuple, list)) else [result]
-    return [np.asarray(r) for r in items]
+        result = fn(*args, **kw)
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    if inplace:
+        items = [r for r in items if r is not None] + [args[i] for i in inplace]
+    return [None if r is None else np.asarray(r) for r in items]
+
+
+def _reference(fn: Callable[..., Any], against: str, case: Case, inplace: tuple[int, ...]) -> list[Any]:
+    """The reference's outputs for ``case``; CandidateError when it refuses the input."""
+    name, args, kwargs = case
+    try:
+        return _call(fn, against, args, kwargs, inplace)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0][:160] if str(exc) else ""
+        raise CandidateError(f"{name}: {against} refuses it: {type(exc).__name__}: {msg}") from exc
 
 
 def _scaled_compare(actual: np.ndarray, expected: np.ndarray) -> Any:
@@ -159,57 +215,85 @@ def _scaled_compare(actual: np.ndarray, expected: np.ndarray) -> Any:
     return compare(actual, expected, rtol=rtol, atol=atol * max(1.0, peak))
 
 
-def _save_repro(out_dir: Path, op: str, dtype: str, variant: str, inputs: Sequence[np.ndarray],
-                got: Sequence[np.ndarray], want: Sequence[np.ndarray], device: str, against: str) -> str:  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{op}-{dtype}-{re.sub(r'[^A-Za-z0-9]+', '_', variant)}.npz"
-    arrays = {f"arg{i}": a for i, a in enumerate(inputs)}
-    arrays |= {f"actual{i}": a for i, a in enumerate(got)} | {f"expected{i}": a for i, a in enumerate(want)}
-    meta = np.array([op, device, against, variant])
-    np.savez(path, meta=meta, **arrays)
-    return str(path)
-
-
-def _judge(fn: Callable[..., Any], op: str, dt: np.dtype, shape: tuple[int, ...], arity: int,
-           device: str, against: str, seed: int, out_dir: Path | None) -> tuple[int, float, str, str]:  # fmt: skip
-    """(variants run, worst error, detail of the worst deviation or "", repro path)."""
-    rng = np.random.default_rng(seed)
-    ran, worst, detail, repro = 0, 0.0, "", ""
-    for name, inputs in _variants(rng, shape, dt, arity):
-        try:
-            want = _call(fn, against, inputs)
-        except Exception:  # the reference refuses this input: not applicable to the op
-            continue
-        ran += 1
-        problem, err = "", 0.0
-        try:
-            got = _call(fn, device, inputs)
-        except Exception as exc:
-            got, problem, err = [], f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", np.inf
-        if not problem and len(got) != len(want):
-            problem, err = f"returns {len(got)} outputs, {against} {len(want)}", np.inf
-        for i, (g, w) in enumerate(zip(got, want, strict=False)):
-            if problem:
-                break
-            if g.shape != w.shape or g.dtype != w.dtype:
-                problem, err = (
-                    f"output {i} is {g.dtype}{list(g.shape)}, {against} gives {w.dtype}{list(w.shape)}",
+def _compare_outputs(
+    got: Sequence[Any], want: Sequence[Any], dt: np.dtype, against: str
+) -> tuple[str, float]:
+    """(what differs or "", worst scaled error) over every output of one call."""
+    if len(got) != len(want):
+        return f"returns {len(got)} outputs, {against} {len(want)}", np.inf
+    problem, err = "", 0.0
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g is None or w is None:
+            if (g is None) != (w is None):
+                return (
+                    f"output {i} is {'None' if g is None else 'an array'}, {against} gives the other",
                     np.inf,
                 )
-                break
-            try:
-                m = _scaled_compare(g, w)
-            except TypeError:
-                continue
-            if not m.within:
-                err = max(err, m.max_abs_scaled)
-                problem = (f"output {i}: {m.mismatch_fraction:.1%} of elements outside {dt.name} tolerance "
-                           f"(rtol {m.rtol:g}, atol {m.atol:g}), max abs {m.max_abs:.3g}")  # fmt: skip
-        if problem and (not detail or err > worst):
-            worst, detail = max(worst, err), f"{name}: {problem}"
+            continue
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {i} is {g.dtype}{list(g.shape)}, {against} gives {w.dtype}{list(w.shape)}", np.inf
+        try:
+            m = _scaled_compare(g, w)
+        except TypeError:
+            continue
+        if not m.within and m.max_abs_scaled >= err:
+            err = m.max_abs_scaled
+            problem = (f"output {i}: {m.mismatch_fraction:.1%} of elements outside {dt.name} tolerance "
+                       f"(rtol {m.rtol:g}, atol {m.atol:g}), max abs {m.max_abs:.3g}")  # fmt: skip
+    return problem, err
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Bit-for-bit equal outputs (NaN matching NaN): the reference is deterministic on this input."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            if (x is None) != (y is None):
+                return False
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
+            return False
+    return True
+
+
+@dataclass
+class _Verdict:
+    """What judging one op x dtype found."""
+
+    ran: int = 0
+    worst: float = 0.0
+    detail: str = ""
+    repro: str = ""
+    refused: str = ""  # the first CandidateError, for a cell where every input was refused
+    random: bool = False  # the reference gave two answers for one input
+
+
+def _judge(fn: Callable[..., Any], op: str, dt: np.dtype, cases: Iterable[Case], device: str, against: str,
+           out_dir: Path | None, inplace: tuple[int, ...] = ()) -> _Verdict:  # fmt: skip
+    """Run every case on both devices; keep the worst deviation (and its reproducer)."""
+    v = _Verdict()
+    for case in cases:
+        name, args, kwargs = case
+        try:
+            want = _reference(fn, against, case, inplace)
+        except CandidateError as exc:  # the reference refuses this input: not applicable to the op
+            v.refused = v.refused or str(exc)
+            continue
+        if v.ran == 0 and not _same(want, _reference(fn, against, case, inplace)):
+            v.random = True
+            return v
+        v.ran += 1
+        try:
+            got = _call(fn, device, args, kwargs, inplace)
+            problem, err = _compare_outputs(got, want, dt, against)
+        except Exception as exc:
+            got, problem, err = [], f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", np.inf
+        if problem and (not v.detail or err > v.worst):
+            v.worst, v.detail = max(v.worst, err), f"{name}: {problem}"
             if out_dir is not None:
-                repro = _save_repro(out_dir, op, dt.name, name, inputs, got, want, device, against)
-    return ran, worst, detail, repro
+                v.repro = _save_repro(out_dir, op, dt.name, case, got, want, device, against)
+    return v
 
 
 def _base_shape(fn: Callable[..., Any], arity: int, against: str, seed: int) -> tuple[int, ...] | None:
@@ -223,6 +307,153 @@ def _base_shape(fn: Callable[..., Any], arity: int, against: str, seed: int) -> 
     return None
 
 
+# ---- reproducers ----------------------------------------------------------------------------------
+
+
+def _encode(v: Any, key: str, arrays: dict[str, np.ndarray]) -> Any:
+    """A JSON spec of one argument; its arrays go into ``arrays`` under ``key``."""
+    if isinstance(v, (np.ndarray, np.generic)):
+        arrays[key] = np.asarray(v)
+        return {"array": key, "dtype": np.asarray(v).dtype.name, "scalar": isinstance(v, np.generic)}
+    if isinstance(v, (list, tuple)):
+        return {
+            "seq": [_encode(x, f"{key}_{j}", arrays) for j, x in enumerate(v)],
+            "tuple": isinstance(v, tuple),
+        }
+    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
+        return {"dtype_value": np.dtype(v).name}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return {"value": v}
+    return {"value": repr(v), "unreplayable": True}
+
+
+def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
+    """An array loaded from .npz in its real dtype (bfloat16 and float8 come back as raw void bytes)."""
+    return a if a.dtype.name == dtype else a.view(np.dtype(ops.as_dtype(dtype)))
+
+
+def _decode(spec: Any, data: Any) -> Any:
+    if "array" in spec:
+        a = _restore(data[spec["array"]], spec["dtype"])
+        return a[()] if spec.get("scalar") else a
+    if "seq" in spec:
+        items = [_decode(s, data) for s in spec["seq"]]
+        return tuple(items) if spec["tuple"] else items
+    if "dtype_value" in spec:
+        return ops.as_dtype(spec["dtype_value"])
+    return spec["value"]
+
+
+def _save_repro(out_dir: Path, op: str, dtype: str, case: Case, got: Sequence[Any], want: Sequence[Any],
+                device: str, against: str) -> str:  # fmt: skip
+    """Write the case (args, kwargs), both sides' outputs and meta (op, device, against, variant) as .npz."""
+    variant, args, kwargs = case
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{op}-{dtype}-{re.sub(r'[^A-Za-z0-9]+', '_', variant)}.npz"
+    arrays: dict[str, np.ndarray] = {}
+    spec: dict[str, Any] = {
+        "args": [_encode(a, f"arg{i}", arrays) for i, a in enumerate(args)],
+        "kwargs": {k: _encode(v, f"kw_{k}", arrays) for k, v in kwargs.items()},
+        "outputs": {},
+    }
+    for side, outs in (("actual", got), ("expected", want)):
+        for i, a in enumerate(outs):
+            if a is not None:
+                arrays[f"{side}{i}"] = a
+                spec["outputs"][f"{side}{i}"] = a.dtype.name
+    meta = np.array([op, device, against, variant])
+    np.savez(path, meta=meta, call=np.array(json.dumps(spec)), **arrays)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Reproducer:
+    """A deviation read back from its .npz: the call, and what each side returned."""
+
+    op: str
+    device: str
+    against: str
+    variant: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    actual: dict[int, np.ndarray]
+    expected: dict[int, np.ndarray]
+
+
+def load_reproducer(path: str | Path) -> Reproducer:
+    """Read a reproducer written by ``conformance_ops`` (the call's args and kwargs, both sides' outputs)."""
+    with np.load(path) as data:
+        op, device, against, variant = (str(s) for s in data["meta"])
+        if "call" not in data.files:  # written before kwargs were saved: positional arrays only
+            args = tuple(
+                data[k]
+                for k in sorted((k for k in data.files if k.startswith("arg")), key=lambda k: int(k[3:]))
+            )
+            spec: dict[str, Any] = {"kwargs": {}, "outputs": {k: data[k].dtype.name for k in data.files
+                                                             if k.startswith(("actual", "expected"))}}  # fmt: skip
+        else:
+            spec = json.loads(str(data["call"]))
+            args = tuple(_decode(s, data) for s in spec["args"])
+        kwargs = {k: _decode(s, data) for k, s in spec["kwargs"].items()}
+        outs = {k: _restore(data[k], dt) for k, dt in spec["outputs"].items()}
+    pick = lambda side: {int(k[len(side) :]): a for k, a in outs.items() if k.startswith(side)}  # noqa: E731
+    return Reproducer(op, device, against, variant, args, kwargs, pick("actual"), pick("expected"))
+
+
+def _callable(op: str) -> Callable[..., Any] | None:
+    """The function a cell calls: the op's public function, or ``ops.call(op, ...)`` for table ops without one."""
+    entry = SAMPLES.get(op)
+    if entry is not None and entry.call_op:
+        return lambda *a, **k: ops.call(op, *a, **k)
+    return getattr(ops, op, None)
+
+
+def replay_reproducer(path: str | Path, device: str | None = None) -> list[np.ndarray | None]:
+    """Run a reproducer's call again on ``device`` (default the device it deviated on); every output."""
+    r = load_reproducer(path)
+    fn = _callable(r.op)
+    if fn is None:
+        raise ValueError(
+            f"replay: op {r.op!r} of {path} has no function in opstrata.ops; is opstrata-ops older?"
+        )
+    entry = SAMPLES.get(r.op)
+    return _call(fn, device or r.device, r.args, r.kwargs, entry.inplace if entry else ())
+
+
+# ---- the matrix -----------------------------------------------------------------------------------
+
+
+def _cases(op: str, fn: Callable[..., Any], dt: np.dtype, shape: tuple[int, ...] | None, arity: int,
+           against: str, seed: int) -> tuple[list[Case], str]:  # fmt: skip
+    """The cases of one op x dtype, or (no cases, why not)."""
+    entry = SAMPLES.get(op)
+    if entry is not None:
+        cases, failed = _table_cases(entry, dt, seed)
+        return (
+            cases,
+            "" if cases else f"no sample builds for {dt.name}: {'; '.join(failed) or 'no variant applies'}",
+        )
+    if shape is None:
+        why = (f"takes {arity} required tensor arguments; generated inputs cover 1 or 2 and the sample "
+               "table has no entry" if arity not in (1, 2) else f"the {against} kernel accepts none of {list(BASE_SHAPES)}")  # fmt: skip
+        return [], why
+    rng = np.random.default_rng(seed)
+    return [(name, tuple(args), {}) for name, args in _variants(rng, shape, dt, arity)], ""
+
+
+def _cell(op: str, dt: np.dtype, status: str, v: _Verdict, against: str) -> ConformanceCell:
+    """The cell for a judged op x dtype."""
+    if v.random:
+        why = f"random: {against} gives different outputs for one input, so outputs are not comparable"
+        return ConformanceCell(op, dt.name, "no-sample", detail=why)
+    if v.ran == 0:
+        why = f"{against} refuses every {dt.name} sample" + (f" ({v.refused})" if v.refused else "")
+        return ConformanceCell(op, dt.name, "no-sample", detail=why)
+    if v.detail:
+        return ConformanceCell(op, dt.name, "deviates", v.ran, v.worst, v.detail, v.repro)
+    return ConformanceCell(op, dt.name, status, v.ran)
+
+
 def conformance_ops(
     device: str = "cpu", *, against: str = "ref", op_names: Iterable[str] | None = None,
     dtypes: Iterable[Any] | None = None, out_dir: Path | None = None, seed: int = 0,
@@ -230,8 +461,9 @@ def conformance_ops(
 ) -> ConformanceReport:  # fmt: skip
     """Run every registered op (or ``op_names``) x dtype on ``device`` against ``against``.
 
-    Ops taking one or two tensors are generated for; others are ``no-sample``. Deviations write an
-    .npz reproducer (args, actual and expected outputs, meta = op, device, against, variant) to ``out_dir``.
+    Ops in the sample table get their own arguments; others taking one or two tensors are fed by
+    shape; the rest are ``no-sample``. Deviations write an .npz reproducer (args, kwargs, actual and
+    expected outputs, meta = op, device, against, variant) to ``out_dir``; :func:`replay_reproducer` reruns it.
     """
     devices = ops.list_devices()
     for d, what in ((device, "device"), (against, "against")):
@@ -249,27 +481,25 @@ def conformance_ops(
     for k, op in enumerate(names):
         if progress is not None:
             progress(f"[{k + 1}/{len(names)}] {op}")
-        fn = getattr(ops, op, None)
+        fn = _callable(op)
         arity = _arity(fn) if fn is not None else -1
-        shape = _base_shape(fn, arity, against, seed) if arity in (1, 2) else None
+        generic = op not in SAMPLES and arity in (1, 2)
+        shape = _base_shape(fn, arity, against, seed) if generic and fn is not None else None
+        inplace = SAMPLES[op].inplace if op in SAMPLES else ()
         for dt in dts:
             status = cover[op][device][dt.name]
-            key = (op, dt.name)
             if status == "missing" or status.startswith("fallback"):
-                cells[key] = ConformanceCell(op, dt.name, status)
+                cells[(op, dt.name)] = ConformanceCell(op, dt.name, status)
                 continue
-            if shape is None:
-                why = (f"takes {arity} required tensor arguments; generated inputs cover 1 or 2"
-                       if arity not in (1, 2) else f"the {against} kernel accepts none of {list(BASE_SHAPES)}")  # fmt: skip
-                cells[key] = ConformanceCell(op, dt.name, "no-sample", detail=why)
+            if op in RANDOM_OPS:
+                why = "random: outputs are drawn at random, so they are not comparable with the reference"
+                cells[(op, dt.name)] = ConformanceCell(op, dt.name, "no-sample", detail=why)
                 continue
-            ran, worst, detail, repro = _judge(fn, op, dt, shape, arity, device, against, seed, out_dir)
-            if ran == 0:
-                cells[key] = ConformanceCell(
-                    op, dt.name, "no-sample", detail=f"{against} refuses {dt.name} inputs"
-                )
-            elif detail:
-                cells[key] = ConformanceCell(op, dt.name, "deviates", ran, worst, detail, repro)
-            else:
-                cells[key] = ConformanceCell(op, dt.name, status, ran)
+            cases, why = _cases(op, fn, dt, shape, arity, against, seed) if fn is not None else ([], "")
+            if not cases:
+                why = why or f"opstrata.ops has no function {op!r} to call"
+                cells[(op, dt.name)] = ConformanceCell(op, dt.name, "no-sample", detail=why)
+                continue
+            verdict = _judge(fn, op, dt, cases, device, against, out_dir, inplace)
+            cells[(op, dt.name)] = _cell(op, dt, status, verdict, against)
     return ConformanceReport(device, against, tuple(names), tuple(d.name for d in dts), cells)

@@ -152,6 +152,10 @@ def load_section(path: Path) -> Section:
             return _drift(doc, src)
         if isinstance(doc, dict) and "first_divergence" in doc:
             return _diff(doc, src)
+        if isinstance(doc, dict) and doc.get("suite") in ("models", "zoo", "comm") and "rows" in doc:
+            from ._report_bench import bench_section  # imports Section from here
+
+            return bench_section(doc, src)
         if isinstance(doc, dict) and "suite" in doc and "rows" in doc:
             return _bench(doc, src)
         if isinstance(doc, dict) and "counts" in doc and "ops" in doc:

@@ -220,6 +220,7 @@ from .kernels.pool import (
 from .kernels.quantize import (
     conv_integer as conv_integer,
     dequantize_linear as dequantize_linear,
+    dynamic_qmatmul as dynamic_qmatmul,
     dynamic_quantize_linear as dynamic_quantize_linear,
     matmul_integer as matmul_integer,
     qlinear_conv as qlinear_conv,
@@ -405,6 +406,7 @@ __all__ = [
     "dft",
     "dispatch_path",
     "div",
+    "dynamic_qmatmul",
     "dynamic_quantize_linear",
     "elu",
     "embedding",

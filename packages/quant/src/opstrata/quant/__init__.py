@@ -61,6 +61,7 @@ from ._report import (
     QuantReport as QuantReport,
     accuracy_report as accuracy_report,
 )
+from ._smooth import smooth_model as smooth_model
 from ._static import quantize_static as quantize_static
 from ._weights import quantize_weights as quantize_weights
 from .native._library import (
@@ -112,5 +113,6 @@ __all__ = [
     "quantize_weights",
     "reset_native_stats",
     "set_qgemm_threads",
+    "smooth_model",
     "unpack_int4",
 ]

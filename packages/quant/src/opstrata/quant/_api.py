@@ -37,6 +37,7 @@ from ._node_metrics import (
 )
 from ._qparams import QuantParams
 from ._quantize_report import NodeReport, OutputReport, QuantizationReport
+from ._smooth import describe, smooth_record
 from ._static import quantize_static
 from ._weights import quantize_weights
 
@@ -265,7 +266,7 @@ def quantize(
     (read once, kept as a list); static schemes need it, the others use it only to measure.
     ``eval_data``: measure on these feed dicts instead. ``exclude`` / ``overrides`` / ``**options``: passed to
     the scheme function (quantize_static / quantize_dynamic / quantize_weights: observer=, per_channel=,
-    op_types=, ...).
+    op_types=, ``smoothquant=0.5`` for SmoothQuant before w8a8 / w8a8-dynamic / fp8, ...).
 
     ``accuracy_budget``: a minimum output cosine (``0.999``) or a dict of ``min_cosine``, ``max_abs``,
     ``min_top1``, ``max_ppl_delta``. While it is missed, the quantized node adding the most error (lowest
@@ -314,6 +315,8 @@ def quantize(
             out = sch.func(src, calibration_data=calib, exclude=excl, overrides=overrides, **kwargs)
         elif sch.calibrated:
             out = sch.func(src, calib, exclude=excl, overrides=overrides, **kwargs)
+        elif kwargs.get("smoothquant") is not None:  # w8a8-dynamic + SmoothQuant: scales from the data
+            out = sch.func(src, calibration_data=calib, exclude=excl, overrides=overrides, **kwargs)
         else:
             out = sch.func(src, exclude=excl, overrides=overrides, **kwargs)
         for prop in out.metadata_props:  # the scheme as quantize() names it ("fp8", not "w8a8-static")
@@ -341,7 +344,10 @@ def quantize(
         meas = measure(ref, q, qnodes)
     else:
         notes.append("not measured: pass calibration_data= or eval_data= to get per-node and output metrics")
-    if not sch.calibrated and calib is not None and eval_data is None:
+    record = smooth_record(q)
+    if record is not None:
+        notes.append(describe(record))
+    if not sch.calibrated and calib is not None and eval_data is None and kwargs.get("smoothquant") is None:
         notes.append(f"scheme {sch.name} needs no calibration: calibration_data was used to measure only")
 
     put_back: list[NodeReport] = []

@@ -15,11 +15,12 @@ from onnx import helper
 
 from ._common import finish_model, needed_opset, quantize_weight, require_float32
 from ._dtypes import qdtype
-from ._errors import QuantError
+from ._errors import CalibrationError, QuantError
 from ._model import ModelInfo, ensure_opset, load_model
 from ._qdq import Rewriter
 from ._report import enforce, precheck
 from ._select import Target, _attr, channel_axis, select_targets
+from ._smooth import check_alpha, smooth_for_scheme
 
 __all__ = ["quantize_dynamic"]
 
@@ -144,6 +145,8 @@ def quantize_dynamic(
     form: str = "integer",
     eval_data: Any = None,
     min_cosine: float | None = None,
+    smoothquant: float | None = None,
+    calibration_data: Any = None,
 ) -> onnx.ModelProto:
     """Dynamic W8A8 (no calibration): int8 weights per output channel, uint8 activations quantized per
     tensor at run time. MatMul/Gemm with a 2-D weight take the MatMulInteger form unless ``form="qdq"``;
@@ -151,11 +154,27 @@ def quantize_dynamic(
 
     ``overrides={node: {setting: value}}`` changes weight_dtype, weight_symmetric, per_channel or form
     for one node; ``min_cosine`` checks every output against float on ``eval_data``.
+    ``smoothquant=alpha`` (in (0, 1], e.g. 0.5) first applies SmoothQuant (:func:`smooth_model`) to the
+    MatMul/Gemm layers, with per-channel activation ranges from ``calibration_data`` (feed dicts; needed
+    only then), and quantizes the smoothed model.
     """
     if form not in _FORMS:
         raise QuantError(f"{_WHERE}(form)", f"unknown form {form!r}", f"use one of {', '.join(_FORMS)}")
     precheck(eval_data, min_cosine, _WHERE)
-    src = load_model(model, f"{_WHERE}(model)")
+    orig = src = load_model(model, f"{_WHERE}(model)")
+    if smoothquant is not None:
+        check_alpha(smoothquant, f"{_WHERE}(smoothquant)")
+        if calibration_data is None:
+            raise CalibrationError(f"{_WHERE}(calibration_data)", "smoothquant= computes per-channel scales from "
+                                   "the activations' ranges, and no calibration data was given",
+                                   "pass calibration_data=[feed dicts] (quantize(): its second argument), or "
+                                   "drop smoothquant=")  # fmt: skip
+        src, _ = smooth_for_scheme(orig, calibration_data, smoothquant, op_types=op_types, exclude=exclude,
+                                   progress=None, where=_WHERE)  # fmt: skip
+    elif calibration_data is not None:
+        raise QuantError(f"{_WHERE}(calibration_data)", "dynamic quantization reads calibration data only for "
+                         "smoothquant=, and it was not set", "pass smoothquant=alpha (e.g. 0.5), or drop "
+                         "calibration_data=")  # fmt: skip
     defaults = {"weight_dtype": weight_dtype, "weight_symmetric": weight_symmetric, "per_channel": per_channel,
                 "form": form}  # fmt: skip
     for name, o in (overrides or {}).items():
@@ -174,5 +193,5 @@ def quantize_dynamic(
             require_float32(info, t.node.input[pos], t.name, _WHERE)
         (_integer_node if _integer_ok(t, info) else _qdq_node)(t, info, rw)
     out = finish_model(rw.finish(), "w8a8-dynamic", _WHERE)
-    enforce(src, out, eval_data, min_cosine, _WHERE)
+    enforce(orig, out, eval_data, min_cosine, _WHERE)
     return out

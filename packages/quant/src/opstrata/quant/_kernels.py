@@ -1,5 +1,6 @@
 """quant's native int8 kernels registered into opstrata.ops on ``cpu``: ``matmul_integer`` (ONNX
-MatMulInteger) and ``qlinear_matmul`` (ONNX QLinearMatMul).
+MatMulInteger), ``qlinear_matmul`` (ONNX QLinearMatMul), ``dynamic_quantize_linear`` (ONNX
+DynamicQuantizeLinear) and ``dynamic_qmatmul`` (the three fused, with the float epilogue).
 
 Importing opstrata.quant registers them at :data:`KERNEL_PRIORITY`, above ops' numpy kernels (priority
 0), which stay registered: each native kernel hands what it does not cover (a batched ``b``, per-row
@@ -31,7 +32,7 @@ from .native._library import count, library
 __all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
 
 KERNEL_PRIORITY = 1
-_U8, _S8 = np.dtype(np.uint8), np.dtype(np.int8)
+_U8, _S8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
 _INT8S = (_U8, _S8)
 _state: dict[str, Any] = {"threads": 1}
 _displaced: dict[str, Callable[..., Any]] = {}
@@ -195,16 +196,72 @@ def _qlinear_matmul_native(
     return out.reshape(b.shape[1]) if a.ndim == 1 else out
 
 
-_KERNELS: dict[str, Callable[..., Any]] = {
-    "matmul_integer": _matmul_integer_native,
-    "qlinear_matmul": _qlinear_matmul_native,
+def _quantize_dynamic(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8] | None:
+    """ONNX DynamicQuantizeLinear of a float32 array in C (uint8 values, scale, zero point); None when
+    the library is missing or x holds a NaN (the reference kernel then decides)."""
+    lib = library()
+    if lib is None:
+        return None
+    x = np.ascontiguousarray(x)
+    y = np.empty(x.shape, np.uint8)
+    scale, zp = np.empty((), np.float32), np.empty((), np.uint8)
+    if lib.opstrata_dynamic_quantize(x.ctypes.data, x.size, y.ctypes.data, scale.ctypes.data, zp.ctypes.data):
+        return None
+    return y, scale, zp
+
+
+def _dynamic_quantize_linear_native(x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear in C (bit-identical to ops' kernel); NaN inputs go to ops' kernel."""
+    x = np.asarray(x)
+    got = _quantize_dynamic(x) if x.dtype == _F32 else None
+    if got is None:
+        count("dynamic_quantize_linear", "numpy")
+        return _displaced["dynamic_quantize_linear"](x)
+    count("dynamic_quantize_linear", "native")
+    return got
+
+
+def _dynamic_qmatmul_native(
+    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None
+) -> np.ndarray:
+    """x quantized in C, the int8 GEMM and its float epilogue (x_scale * b_scale, bias) in one call;
+    anything the native GEMM does not cover goes to ops' kernel."""
+    x, b = np.asarray(x), np.asarray(b)
+    n = b.shape[1] if b.ndim == 2 else 0
+    fits = (
+        x.dtype == _F32 and x.ndim >= 1 and b.dtype in _INT8S and b.ndim == 2 and x.shape[-1] == b.shape[0]
+        and _zp_fits(b_zero_point, b.dtype, (1, n)) and _float_scale(b_scale, (1, n))
+        and (bias is None or np.shape(bias) == (n,))
+    )  # fmt: skip
+    q = _quantize_dynamic(x) if fits else None
+    if q is None:
+        count("dynamic_qmatmul", "numpy")
+        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias)
+    xq, scale, zp = q
+    a2, _ = _a_rows(xq)
+    out = qgemm(
+        a2, _pack(b, b_zero_point), zp, a_scale=scale, b_scale=np.asarray(b_scale, np.float32),
+        bias=None if bias is None else np.asarray(bias, np.float32), threads=_state["threads"],
+    )  # fmt: skip
+    count("dynamic_qmatmul", "native")
+    return out.reshape(n) if x.ndim == 1 else out.reshape((*x.shape[:-1], n))
+
+
+#: op -> (native kernel, the dtypes it registers for: those of the op's first argument)
+_KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
+    "matmul_integer": (_matmul_integer_native, _INT8S),
+    "qlinear_matmul": (_qlinear_matmul_native, _INT8S),
+    "dynamic_quantize_linear": (_dynamic_quantize_linear_native, (_F32,)),
+    "dynamic_qmatmul": (_dynamic_qmatmul_native, (_F32,)),
 }
 
 
 def _current_cpu_kernel(op: str) -> Callable[..., Any] | None:
-    """The kernel ``cpu`` dispatches ``op`` to for int8 now (the one ours displaces)."""
+    """The kernel ``cpu`` dispatches ``op`` to for our dtypes now (the one ours displaces)."""
+    ours = {fn for fn, _ in _KERNELS.values()}
+    dtype = _KERNELS[op][1][0]
     for e in ops.kernels(op):
-        if e.device == "cpu" and e.fn not in _KERNELS.values() and (e.dtypes is None or _U8 in e.dtypes):
+        if e.device == "cpu" and e.fn not in ours and (e.dtypes is None or dtype in e.dtypes):
             return e.fn
     return None
 
@@ -212,7 +269,7 @@ def _current_cpu_kernel(op: str) -> Callable[..., Any] | None:
 def install() -> list[str]:
     """Register the native kernels on ``cpu`` above ops' own (done on import); the ops they cover."""
     done = []
-    for op, fn in _KERNELS.items():
+    for op, (fn, dtypes) in _KERNELS.items():
         if op not in ops.list_ops():  # an opstrata-ops without the op: nothing to accelerate
             continue
         prev = _current_cpu_kernel(op)
@@ -220,13 +277,13 @@ def install() -> list[str]:
             continue
         _displaced[op] = prev
         if not any(e.fn is fn for e in ops.kernels(op)):  # idempotent
-            ops.register(op, device="cpu", dtypes=_INT8S, priority=KERNEL_PRIORITY)(fn)
+            ops.register(op, device="cpu", dtypes=dtypes, priority=KERNEL_PRIORITY)(fn)
         done.append(op)
     return done
 
 
 def uninstall() -> None:
     """Remove quant's kernels again, leaving ops' own (tests; a user who wants the numpy path back)."""
-    for op, fn in _KERNELS.items():
+    for op, (fn, _) in _KERNELS.items():
         if op in _displaced:
             ops.unregister(op, device="cpu", kernel=fn)

@@ -16,6 +16,7 @@ from ._observers import Observer, make_observer
 from ._qdq import Rewriter
 from ._report import enforce, precheck
 from ._select import channel_axis, select_targets
+from ._smooth import smooth_for_scheme
 
 __all__ = ["quantize_static"]
 
@@ -40,6 +41,7 @@ def quantize_static(
     eval_data: Any = None,
     min_cosine: float | None = None,
     progress: bool | None = None,
+    smoothquant: float | None = None,
 ) -> onnx.ModelProto:
     """Static W8A8: one calibration pass over ``calibration_data`` (feed dicts) in opstrata's runtime, then a
     QDQ model (uint8 asymmetric activations, int8 symmetric per-channel weights by default).
@@ -47,9 +49,15 @@ def quantize_static(
     ``overrides={node: {setting: value}}`` changes any of activation_dtype, activation_symmetric,
     weight_dtype, weight_symmetric, per_channel for one node. ``min_cosine`` checks every output against
     float on ``eval_data`` (default: the calibration data, when it is a list) and raises AccuracyError.
+    ``smoothquant=alpha`` (in (0, 1], e.g. 0.5) first applies SmoothQuant (:func:`smooth_model`) to the
+    MatMul/Gemm layers, calibrated on the same data, then quantizes the smoothed model.
     """
-    src = load_model(model, f"{_WHERE}(model)")
+    orig = load_model(model, f"{_WHERE}(model)")
     precheck(eval_data if eval_data is not None else calibration_data, min_cosine, _WHERE)
+    src = orig
+    if smoothquant is not None:
+        src, calibration_data = smooth_for_scheme(orig, calibration_data, smoothquant, op_types=op_types,
+                                                  exclude=exclude, progress=progress, where=_WHERE)  # fmt: skip
     defaults = {
         "activation_dtype": activation_dtype, "activation_symmetric": activation_symmetric,
         "weight_dtype": weight_dtype, "weight_symmetric": weight_symmetric, "per_channel": per_channel,
@@ -91,5 +99,5 @@ def quantize_static(
                            axis=axis, observer=weight_observer, node=t.name, tensor=w_name)  # fmt: skip
             t.node.input[pos] = rw.weight(w_name, make, t.name, key=wkey)
     out = finish_model(rw.finish(), "w8a8-static", _WHERE)
-    enforce(src, out, eval_data if eval_data is not None else calibration_data, min_cosine, _WHERE)
+    enforce(orig, out, eval_data if eval_data is not None else calibration_data, min_cosine, _WHERE)
     return out

@@ -182,6 +182,18 @@ def _run_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
     return [y]
 
 
+def _dynamic_qmatmul_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    ctx.need_dtype(0, "f", "float32 activations")
+    ctx.need_dtype(1, "iu", "an int8/uint8 weight")
+    return [(np.dtype(np.float32), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def _run_dynamic_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
+    """``ops.dynamic_qmatmul``: x quantized on the fly, the exact int32 product, scaled once (+ bias)."""
+    w_zp = x[2] if len(x) > 2 else None
+    return [ops.dynamic_qmatmul(x[0], x[1], n.attrs["w_scale"], w_zp, n.attrs.get("bias"))]
+
+
 # --------------------------------------------------------------------------- BitCast
 
 
@@ -240,6 +252,11 @@ define(
     "QMatMul", OPSTRATA_DOMAIN, shape=_qmatmul_rule, kernel=_run_qmatmul, uses=("matmul_integer",),
     onnx=False, dtypes="int8/uint8 -> float32",
     doc="a QDQ MatMul/Gemm fused: (a_q, a_zp, w_q (K, N), w_zp), attrs scale, bias; exact int32 product, scaled once",
+)  # fmt: skip
+define(
+    "DynamicQMatMul", OPSTRATA_DOMAIN, shape=_dynamic_qmatmul_rule, kernel=_run_dynamic_qmatmul,
+    uses=("dynamic_qmatmul",), onnx=False, dtypes="float32 x int8/uint8 -> float32",
+    doc="DynamicQuantizeLinear -> MatMulInteger -> scale (-> bias) fused: (x, w_q (K, N), w_zp), attrs w_scale, bias",
 )  # fmt: skip
 define(
     "BitCast", shape=_bitcast_rule, kernel=_run_bitcast, uses=(HOST,), dtypes="all",

@@ -20,7 +20,7 @@ import numpy as np
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .pattern import Matcher, is_onnx
 
-__all__ = ["fuse_qdq_matmul", "is_fusable_weight_dq"]
+__all__ = ["fuse_dynamic_qmatmul", "fuse_qdq_matmul", "is_fusable_weight_dq"]
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -135,5 +135,92 @@ def fuse_qdq_matmul(graph: Graph) -> Graph:
         new = _fuse(g, m, node)
         if new is not None:
             g.replace_node(node, new)
+            m = Matcher(g)
+    return g
+
+
+# --------------------------------------------------------------------------- dynamic quantization
+
+
+def _only(m: Matcher, name: str, op: str) -> Node | None:
+    """The sole consumer of ``name`` when it is an ONNX ``op`` node."""
+    user = m.only_use(name)
+    return user if user is not None and is_onnx(user, op) else None
+
+
+def _scale_of(m: Matcher, mul: Node, a_scale: str) -> np.ndarray | None:
+    """The constant weight scale in ``Mul(a_scale, w_scale)`` (either order): scalar or per column."""
+    if not is_onnx(mul, "Mul") or a_scale not in mul.inputs:
+        return None
+    other = mul.inputs[1] if mul.inputs[0] == a_scale else mul.inputs[0]
+    w_scale = m.const(other)
+    return w_scale if w_scale is not None and w_scale.dtype == np.float32 and w_scale.ndim <= 1 else None
+
+
+def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> tuple[list[Node], list[Node]] | None:
+    """DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q, x_zp[, W_zp]) -> Cast(float) -> Mul(x_scale *
+    W_scale) [-> Add(bias)] as (the nodes it replaces, [DynamicQMatMul])."""
+    if len(mi.inputs) < 3 or not mi.inputs[2]:
+        return None
+    dql = m.producer(mi.inputs[0], "DynamicQuantizeLinear")
+    if dql is None or dql.outputs[0] != mi.inputs[0] or dql.outputs[2] != mi.inputs[2]:
+        return None
+    w = m.const(mi.inputs[1])
+    w_zp = m.const(mi.inputs[3]) if len(mi.inputs) > 3 and mi.inputs[3] else None
+    if (
+        w is None
+        or w.ndim != 2
+        or w.dtype not in _INT8
+        or (len(mi.inputs) > 3 and mi.inputs[3] and w_zp is None)
+    ):
+        return None
+    n = w.shape[1]
+    if w_zp is not None and (w_zp.dtype != w.dtype or w_zp.size not in (1, n) or w_zp.ndim > 1):
+        return None
+    cast = _only(m, mi.outputs[0], "Cast")
+    if cast is None or cast.attrs.get("to") != np.dtype(np.float32):
+        return None
+    mul = _only(m, cast.outputs[0], "Mul")
+    if mul is None:
+        return None
+    scale_name = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+    smul = m.producer(scale_name, "Mul")
+    w_scale = _scale_of(m, smul, dql.outputs[1]) if smul is not None else None
+    if w_scale is None or w_scale.size not in (1, n):
+        return None
+    replaced, last = [mi, cast, mul], mul
+    attrs: dict[str, np.ndarray] = {
+        "w_scale": w_scale.reshape(-1) if w_scale.size > 1 else w_scale.reshape(())
+    }
+    add = _only(m, mul.outputs[0], "Add")
+    if add is not None:
+        bias = m.const(add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0])
+        if bias is not None and bias.dtype == np.float32 and bias.shape == (n,):
+            attrs["bias"] = bias
+            replaced, last = [*replaced, add], add
+    ins = [dql.inputs[0], mi.inputs[1]] + ([mi.inputs[3]] if w_zp is not None else [])
+    node = Node(
+        "DynamicQMatMul", ins, last.outputs, attrs, g.fresh_node_name("DynamicQMatMul"), OPSTRATA_DOMAIN
+    )
+    return replaced, [node]
+
+
+def fuse_dynamic_qmatmul(graph: Graph) -> Graph:
+    """Dynamic quantization as onnxruntime's and opstrata.quant's quantize_dynamic write it
+    (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul by x_scale * W_scale, an optional bias Add)
+    -> ``ai.opstrata::DynamicQMatMul(x, W_q[, W_zp])`` with attributes ``w_scale`` and ``bias``: one kernel
+    quantizes x, multiplies in int32 and scales (opstrata.quant backs it natively). A DynamicQuantizeLinear
+    shared by several MatMulIntegers (Q, K and V) becomes one quantization per fused node; unused, it is
+    removed with the scale Muls by dead-code elimination."""
+    from .pattern import replace_nodes
+
+    g = graph.copy()
+    m = Matcher(g)
+    for node in list(g.nodes):
+        if not is_onnx(node, "MatMulInteger") or node not in g.nodes:
+            continue
+        found = _fuse_dynamic(g, m, node)
+        if found is not None:
+            replace_nodes(g, *found)
             m = Matcher(g)
     return g

@@ -366,6 +366,52 @@ def matmul_integer(
     return call("matmul_integer", a, b, a_zero_point, b_zero_point, device=device)
 
 
+def _dynamic_qmatmul_with(matmul: Any) -> Any:
+    """The dynamic-quantized product through ``matmul`` (the exact int64 one or the float64-BLAS one)."""
+
+    def kernel(x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None) -> np.ndarray:
+        q, s, z = _dynamic_quantize_linear(x)
+        acc = matmul(q, b, z, b_zero_point)
+        y = acc.astype(float32) * (s * np.asarray(b_scale).astype(float32)).astype(float32)
+        if bias is not None:
+            y = y + np.asarray(bias).astype(float32)
+        return y.astype(float32, copy=False)
+
+    return kernel
+
+
+register("dynamic_qmatmul", device="ref", dtypes=(float32,))(_dynamic_qmatmul_with(_matmul_integer))
+register("dynamic_qmatmul", device="cpu", dtypes=(float32,))(_dynamic_qmatmul_with(_matmul_integer_blas))
+
+
+def dynamic_qmatmul(
+    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, device: str | None = None
+) -> np.ndarray:
+    """``x`` (..., K) float32 quantized on the fly (ONNX DynamicQuantizeLinear: uint8, per tensor), times
+    the int8/uint8 weight ``b`` (K, N) exactly in int32, scaled back to float32 by ``x_scale * b_scale``
+    (per tensor or per column), plus ``bias`` (N,): what DynamicQuantizeLinear -> MatMulInteger -> Cast ->
+    Mul (-> Add) computes, as one op (onnxruntime's DynamicQuantizeMatMul) that a native kernel can fuse.
+
+    >>> w = np.array([[2], [1]], np.int8)
+    >>> dynamic_qmatmul(np.array([[1.0, 2.0]], np.float32), w, np.float32(0.5)).round(2).tolist()
+    [[2.0]]
+    """
+    op = "dynamic_qmatmul"
+    x = np.asarray(x)
+    check_dtype(op, "x", x, (float32,))
+    b = _check_int8(op, "b", b)
+    if b.ndim != 2 or x.ndim < 1 or x.shape[-1] != b.shape[0]:
+        raise OpError(op, "b", f"a 2-D (K={x.shape[-1] if x.ndim else '?'}, N) weight", f"shape {b.shape}",
+                      fix="pass x (..., K) and b (K, N)")  # fmt: skip
+    n = b.shape[1]
+    sc = np.asarray(b_scale)
+    if sc.dtype.kind != "f" or sc.size not in (1, n) or sc.ndim > 1:
+        raise OpError(op, "b_scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
+    if bias is not None and np.shape(bias) != (n,):
+        raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+    return call(op, x, b, b_scale, b_zero_point, bias, device=device)
+
+
 def _conv_int(x: np.ndarray, w: np.ndarray, stride: Any, pads: Any, dilation: Any, groups: Any) -> np.ndarray:
     """Exact N-D cross-correlation of int32 ``x`` (N, C, *spatial) and ``w`` (M, C/groups, *k), in int32."""
     op = "conv_integer"

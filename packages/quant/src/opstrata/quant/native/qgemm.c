@@ -39,7 +39,7 @@
 #define QG_X86 0
 #endif
 
-#define QG_ABI 1
+#define QG_ABI 2
 #define NR 64 /* columns per packed panel */
 #define KG 4  /* k per group */
 
@@ -684,5 +684,94 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
     free(aw);
     free(a16);
     free(rows);
+    return QG_OK;
+}
+
+/* ONNX DynamicQuantizeLinear of n float32 values, computed as the ONNX reference does in float32: the
+   range [lo, hi] widened to include 0, scale = (hi - lo) / 255 (1 when hi == lo), zero point
+   rint(clip(0 - lo / scale, 0, 255)), y = clip(rint(x / scale) + zp, 0, 255), round half to even.
+   The loops keep QG_DQ_LANES independent lanes (no reassociation needed) so they vectorise; one body,
+   compiled for AVX2 and for the baseline. */
+typedef float qg_v8f __attribute__((vector_size(32)));
+typedef int32_t qg_v8i __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) qg_v8f qg_pick(qg_v8i m, qg_v8f a, qg_v8f b) {
+    return (qg_v8f)((m & (qg_v8i)a) | (~m & (qg_v8i)b)); /* a where m, else b */
+}
+static inline __attribute__((always_inline)) int qg_dq_range(const float *x, int64_t n, float *hi_out,
+                                                             float *lo_out) {
+    qg_v8f hi0 = {0}, hi1 = {0}, lo0 = {0}, lo1 = {0};
+    qg_v8i bad = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) { /* two independent accumulators: max/min need no reassociation */
+        qg_v8f a, b;
+        memcpy(&a, x + i, sizeof a);
+        memcpy(&b, x + i + 8, sizeof b);
+        bad |= (a != a) | (b != b);
+        hi0 = qg_pick(a > hi0, a, hi0);
+        hi1 = qg_pick(b > hi1, b, hi1);
+        lo0 = qg_pick(a < lo0, a, lo0);
+        lo1 = qg_pick(b < lo1, b, lo1);
+    }
+    float hi = 0.0f, lo = 0.0f;
+    int nan = 0;
+    for (int l = 0; l < 8; ++l) {
+        nan |= bad[l] != 0;
+        hi = hi0[l] > hi ? hi0[l] : hi;
+        hi = hi1[l] > hi ? hi1[l] : hi;
+        lo = lo0[l] < lo ? lo0[l] : lo;
+        lo = lo1[l] < lo ? lo1[l] : lo;
+    }
+    for (; i < n; ++i) {
+        const float v = x[i];
+        nan |= v != v;
+        hi = v > hi ? v : hi;
+        lo = v < lo ? v : lo;
+    }
+    *hi_out = hi;
+    *lo_out = lo;
+    return nan;
+}
+
+/* rint(v) for |v| < 2^22 as (v + 1.5 * 2^23) - 1.5 * 2^23 in round-to-nearest-even (vectorises without
+   SSE4.1's roundps); every value rounded here lies within [-255, 255] since lo <= x <= hi */
+#define QG_MAGIC 12582912.0f
+static inline __attribute__((always_inline)) void qg_dq_apply(const float *x, int64_t n, float s, float z,
+                                                              uint8_t *y) {
+    for (int64_t i = 0; i < n; ++i) {
+        float q = ((x[i] / s + QG_MAGIC) - QG_MAGIC) + z;
+        q = q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q);
+        y[i] = (uint8_t)(int32_t)q;
+    }
+}
+
+static __attribute__((target("avx2"))) int qg_dq_range_avx2(const float *x, int64_t n, float *hi, float *lo) {
+    return qg_dq_range(x, n, hi, lo);
+}
+static __attribute__((target("avx2"))) void qg_dq_apply_avx2(const float *x, int64_t n, float s, float z,
+                                                               uint8_t *y) {
+    qg_dq_apply(x, n, s, z, y);
+}
+static int qg_dq_range_base(const float *x, int64_t n, float *hi, float *lo) { return qg_dq_range(x, n, hi, lo); }
+static void qg_dq_apply_base(const float *x, int64_t n, float s, float z, uint8_t *y) {
+    qg_dq_apply(x, n, s, z, y);
+}
+
+/* Writes y (n bytes), *scale and *zp. Returns QG_ERR_ARGS when x holds a NaN (the caller's reference
+   kernel decides what that means) or n < 0. */
+int opstrata_dynamic_quantize(const float *x, int64_t n, uint8_t *y, float *scale, uint8_t *zp) {
+    if (n < 0) return QG_ERR_ARGS;
+    const int wide = qg_avx2();
+    float hi, lo;
+    if (wide ? qg_dq_range_avx2(x, n, &hi, &lo) : qg_dq_range_base(x, n, &hi, &lo)) return QG_ERR_ARGS;
+    const float s = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+    float z = 0.0f - lo / s;
+    z = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);
+    z = (z + QG_MAGIC) - QG_MAGIC;
+    if (wide)
+        qg_dq_apply_avx2(x, n, s, z, y);
+    else
+        qg_dq_apply_base(x, n, s, z, y);
+    *scale = s;
+    *zp = (uint8_t)z;
     return QG_OK;
 }
