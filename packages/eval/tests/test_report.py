@@ -103,11 +103,16 @@ def _browser() -> str | None:
 def test_report_renders_its_plots_in_a_real_browser(results, tmp_path) -> None:
     html, _ = build_report([results["drift"], results["bench"]], tmp_path / "r.html")
     shot = tmp_path / "shot.png"
-    subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                    "--window-size=900,1400", html.as_uri()], check=True, capture_output=True, timeout=60)  # fmt: skip
-    from PIL import Image  # the screenshot must show the red drift line and the blue bars
-
-    img = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    image = pytest.importorskip(
+        "PIL.Image", reason="Pillow reads the screenshot (it comes with the zoo extra)"
+    )
+    # no network chatter on a closed machine: background networking, component updates and sync are off
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=900,1400"]  # fmt: skip
+    subprocess.run([_browser(), *flags, html.as_uri()], check=True, capture_output=True, timeout=60)
+    # the screenshot must show the red drift line and the blue bars
+    img = np.asarray(image.open(shot).convert("RGB")).astype(int)
     red = np.sum(
         (abs(img[..., 0] - 0xE4) < 30) & (abs(img[..., 1] - 0x57) < 30) & (abs(img[..., 2] - 0x56) < 30)
     )

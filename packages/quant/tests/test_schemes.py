@@ -276,3 +276,23 @@ def test_mixed_model_every_output(scheme: str) -> None:
         assert cosine(o, r) > 0.995
     rep = accuracy_report(m, q, ev)
     assert set(rep.outputs) == {"s", "y2", "t1", "t2"}
+
+
+def test_dynamic_leaves_activation_matmuls_float_unless_asked() -> None:
+    """Like onnxruntime's quantize_dynamic: attention-style MatMuls of two activations stay float by default."""
+    m = mixed()
+
+    def scores_inputs(q: onnx.ModelProto) -> list[str]:
+        return list(next(n for n in q.graph.node if n.name == "scores" or n.output[0] == "s").input)
+
+    def producers(q: onnx.ModelProto) -> dict[str, str]:
+        return {o: n.op_type for n in q.graph.node for o in n.output}
+
+    default = quantize_dynamic(m)
+    assert all(producers(default).get(x) != "DequantizeLinear" for x in scores_inputs(default))
+    asked = quantize_dynamic(m, activation_matmuls=True)
+    assert any(producers(asked).get(x) == "DequantizeLinear" for x in scores_inputs(asked))
+    ev = mixed_feeds(2, seed=3)
+    assert (
+        min(cosine(a, b) for a, b in zip(run_opstrata(default, ev), run_opstrata(m, ev), strict=True)) > 0.999
+    )

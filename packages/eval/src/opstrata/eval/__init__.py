@@ -10,10 +10,18 @@ from ._assert_close import assert_close
 from ._bench_gate import Verdict, gate
 from ._bench_run import interleave
 from ._compare import Metrics, compare
-from ._conformance import ConformanceCell, ConformanceReport, conformance_ops
+from ._conformance import (
+    ConformanceCell,
+    ConformanceReport,
+    Reproducer,
+    conformance_ops,
+    load_reproducer,
+    replay_reproducer,
+)
 from ._diff import DiffReport, TensorDiff, diff_model
 from ._diff_inputs import DiffError
 from ._drift import DriftReport, DriftRow, drift_model
+from ._memory_timeline import memory_timeline
 from ._report import ReportError, build_report
 from ._tolerances import DEFAULT_TOLERANCES, default_tolerances
 
@@ -27,6 +35,7 @@ __all__ = [
     "DriftRow",
     "Metrics",
     "ReportError",
+    "Reproducer",
     "TensorDiff",
     "Verdict",
     "__version__",
@@ -39,4 +48,7 @@ __all__ = [
     "drift_model",
     "gate",
     "interleave",
+    "load_reproducer",
+    "memory_timeline",
+    "replay_reproducer",
 ]

@@ -79,7 +79,8 @@ def render(report: ConformanceReport, fmt: str = "text") -> str:
         out.append(f"DEVIATES {c.op} {c.dtype}: {c.detail}" + (f"; reproducer {c.repro}" if c.repro else ""))
     if report.deviations:
         out.append(
-            "reproduce: d = np.load(FILE); with ops.device(str(d['meta'][1])): getattr(ops, op)(d['arg0'], ...)"
+            "reproduce: opstrata.eval.replay_reproducer(FILE) reruns the call on the device under test "
+            "(device='ref' for the reference); load_reproducer(FILE) gives its args, kwargs and both outputs"
         )
     return "\n".join(out) + "\n"
 

@@ -147,10 +147,13 @@ def quantize_dynamic(
     min_cosine: float | None = None,
     smoothquant: float | None = None,
     calibration_data: Any = None,
+    activation_matmuls: bool = False,
 ) -> onnx.ModelProto:
     """Dynamic W8A8 (no calibration): int8 weights per output channel, uint8 activations quantized per
     tensor at run time. MatMul/Gemm with a 2-D weight take the MatMulInteger form unless ``form="qdq"``;
-    other nodes (Conv, activation x activation MatMul, transA Gemm) use the QDQ form.
+    other nodes (Conv, transA Gemm) use the QDQ form. MatMuls of two activations (attention's scores and
+    context) stay float unless ``activation_matmuls=True``, as in onnxruntime's quantize_dynamic: the
+    runtime then fuses the attention, and both operands would be quantized on every call.
 
     ``overrides={node: {setting: value}}`` changes weight_dtype, weight_symmetric, per_channel or form
     for one node; ``min_cosine`` checks every output against float on ``eval_data``.
@@ -187,6 +190,11 @@ def quantize_dynamic(
     info = ModelInfo(m)
     targets = select_targets(info, op_types=op_types, exclude=exclude, overrides=overrides, defaults=defaults,
                              where=_WHERE)  # fmt: skip
+    if not activation_matmuls:
+        targets = [t for t in targets if t.weights]
+    if not targets:
+        raise QuantError(_WHERE, "nothing to quantize: every selected node multiplies two activations",
+                         "pass activation_matmuls=True to quantize them too, or check op_types=")  # fmt: skip
     rw = Rewriter(m, info)
     for t in targets:
         for pos in (*t.activations, *t.weights):
