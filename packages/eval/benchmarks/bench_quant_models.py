@@ -55,7 +55,9 @@ def _build(name: str, size: str) -> Any:
                                   max_position_embeddings=256, **common)  # fmt: skip
         return zb._logits_of(tf.DistilBertModel(cfg))
     if name == "gpt2":
-        cfg = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_inner=inter, n_positions=256, **common)
+        cfg = tf.GPT2Config(
+            n_embd=hidden, n_layer=layers, n_head=heads, n_inner=inter, n_positions=256, **common
+        )
         return zb._logits_of(tf.GPT2LMHeadModel(cfg))
     if name == "llama":
         cfg = tf.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -135,7 +137,7 @@ def main() -> None:
             ref = sess["opstrata fp32"].run(None, feeds)[0]
             cos = _cosine(sess["opstrata w8a8-dyn"].run(None, feeds)[0], ref)
             cos_ort = _cosine(sess["onnxruntime quantize_dynamic"].run(None, feeds)[0], ref)
-            med = _interleaved({k: (lambda s=s: s.run(None, feeds)) for k, s in sess.items()}, rounds)
+            med = _interleaved({k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sess.items()}, rounds)
             ours, ort_q_t = med["opstrata w8a8-dyn"], med["onnxruntime quantize_dynamic"]
             rows.append([
                 name, f"{med['opstrata fp32'] * 1e3:.2f}", f"{ours * 1e3:.2f}", f"{ort_q_t * 1e3:.2f}",

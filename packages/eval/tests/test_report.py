@@ -57,7 +57,7 @@ def test_report_has_one_readable_figure_per_result(results, tmp_path) -> None:
         html.startswith("<!doctype html>") and "<script" not in html and "http" not in html.split("<svg")[0]
     )
     figures = _svgs(html)
-    assert [f.get("data-kind") for f in figures] == ["line", "line", "bar", "bar", "bar"]
+    assert [f.get("data-kind") for f in figures] == ["line", "line", "bar", "bar", "bar", "bar"]
     diff = json.loads(results["diff"].read_text())
     drift = json.loads(results["drift"].read_text())
     assert int(figures[0].get("data-points")) == len(diff["rows"])  # a point per node output
@@ -69,6 +69,11 @@ def test_report_has_one_readable_figure_per_result(results, tmp_path) -> None:
     assert widths[0] == pytest.approx(2 * widths[1], rel=0.01)  # a linear axis from zero
     labels = [t.text for t in figures[4].findall(f".//{SVG}text")]
     assert "Linear" in labels or "Softmax" in labels  # time per op type of the profiled session
+    trace = json.loads(results["trace"].read_text())["traceEvents"]
+    nodes = {e["name"] for e in trace if e.get("ph") == "X" and e.get("cat") != "session"}
+    node_bars = figures[5].findall(f".//{SVG}rect")  # time per node: one bar per node (at most 20)
+    assert len(node_bars) == min(20, len(nodes)) > 0
+    assert {b.find(f"{SVG}title").text.split(":")[0] for b in node_bars} <= nodes
     for f in figures:
         assert f.get("aria-label") and f.find(f"{SVG}text").text  # titled
     md = md_path.read_text()

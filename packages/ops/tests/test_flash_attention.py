@@ -405,3 +405,36 @@ def test_single_tile_not_used_beyond_one_tile(monkeypatch) -> None:
     q, k, v, _ = inputs(1, 2, 2, 200, 40, 8, np.float32)  # 200 queries > 128 rows per tile
     ref = ops.attention(q, k, v, device="ref")
     assert_close(attention_cpu(q, k, v), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_intra_op_threads_limit_the_workers(monkeypatch) -> None:
+    """A caller's ops.intra_op_threads (what a session sets per run) beats OPSTRATA_NUM_THREADS; it nests,
+    is restored when the block raises, and stays in its own thread and context."""
+    import contextvars
+    import threading
+
+    from opstrata.ops.kernels import parallel
+
+    monkeypatch.setenv("OPSTRATA_NUM_THREADS", "3")
+    monkeypatch.setattr(parallel, "_controller", lambda: object())  # as if BLAS can be pinned
+    assert ops.intra_op_thread_limit() is None and parallel.default_workers() == 3
+    with ops.intra_op_threads(2):
+        assert parallel.default_workers() == 2 and ops.intra_op_thread_limit() == 2
+        with ops.intra_op_threads(1):
+            assert parallel.default_workers() == 1
+        assert parallel.default_workers() == 2
+        other: list[int | None] = []
+        t = threading.Thread(target=lambda: other.append(ops.intra_op_thread_limit()))
+        t.start()
+        t.join()
+        assert other == [None]  # a plain thread starts from a fresh context
+        assert contextvars.copy_context().run(ops.intra_op_thread_limit) == 2  # a copied one carries it
+    with pytest.raises(RuntimeError), ops.intra_op_threads(4):
+        raise RuntimeError("boom")
+    assert ops.intra_op_thread_limit() is None
+    monkeypatch.setattr(parallel, "_controller", lambda: None)  # BLAS cannot be pinned: serial
+    with ops.intra_op_threads(4):
+        assert parallel.default_workers() == 1
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(ops.OpError, match="intra_op_threads"), ops.intra_op_threads(bad):  # type: ignore[arg-type]
+            pass

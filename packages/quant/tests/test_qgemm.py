@@ -667,3 +667,28 @@ def test_onnxruntime_quantize_dynamic_model_runs_fused_and_native(tmp_path) -> N
         None, {"x": x}
     )[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * float(np.abs(theirs).max()))
+
+
+def test_registered_kernels_use_the_sessions_threads(monkeypatch) -> None:
+    """Inside ops.intra_op_threads (an InferenceSession's run) the int8 kernels take its count; outside,
+    set_qgemm_threads' setting."""
+    seen: list[int] = []
+    real = _kernels.qgemm
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["threads"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_kernels, "qgemm", spy)
+    a, b = np.ones((4, 8), np.uint8), np.ones((8, 3), np.int8)
+    x = np.ones((4, 8), np.float32)
+    ops.matmul_integer(a, b)
+    with ops.intra_op_threads(3):
+        ops.matmul_integer(a, b)
+        ops.dynamic_qmatmul(x, b, np.float32(1))
+    oq.set_qgemm_threads(2)
+    try:
+        ops.matmul_integer(a, b)
+    finally:
+        oq.set_qgemm_threads(1)
+    assert seen == [1, 3, 3, 2]

@@ -402,3 +402,53 @@ def test_thread_info_describes_the_defaults(no_env) -> None:
     json.dumps(info)  # JSON-ready
     if BLAS.available:
         assert info["blas"][0]["num_threads"] == BLAS.current()
+
+
+# ---------------------------------------------------------------------------- kernels' own threads
+
+
+def _recording_limit(monkeypatch, op: str = "Relu") -> list[int | None]:
+    """Replace ``op``'s kernel by one recording the ops-level thread limit it runs under."""
+    import opstrata.ops as ops
+
+    seen: list[int | None] = []
+    real = KERNELS[("", op)]
+
+    def kernel(node, args):
+        seen.append(ops.intra_op_thread_limit())
+        return real(node, args)
+
+    monkeypatch.setitem(KERNELS, ("", op), kernel)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["bound", "profiled", "allocator"])
+@pytest.mark.parametrize("intra", [1, 3])
+def test_kernels_run_under_the_sessions_intra_op_count(monkeypatch, mode, intra) -> None:
+    """Attention and quant's int8 GEMM split their own work by ops.intra_op_threads: a run sets it to the
+    session's count, and it is gone after the run."""
+    import opstrata.ops as ops
+
+    seen = _recording_limit(monkeypatch)
+    model = mlp_model()
+    opts = SessionOptions(
+        graph_optimization_level=0, intra_op_num_threads=intra,
+        enable_profiling=mode == "profiled", enable_mem_arena=mode != "allocator",
+    )  # fmt: skip
+    with ops.intra_op_threads(7):  # the caller's own limit is restored after the run
+        InferenceSession(model, opts).run(None, random_feeds(model, {"batch": 2}))
+        assert ops.intra_op_thread_limit() == 7
+    assert seen == [intra] and ops.intra_op_thread_limit() is None
+
+
+def test_parallel_streams_share_the_kernel_threads(monkeypatch) -> None:
+    monkeypatch.setattr(_streams_mod, "HANDOFF_NS", 0.0)
+    monkeypatch.setattr(_streams_mod, "MIN_GAIN", -1e9)
+    seen = _recording_limit(monkeypatch, "Tanh")
+    model = branches_model(branches=2, size=64, depth=2, batch=32)
+    feeds = {"x": np.random.default_rng(0).standard_normal((32, 64), dtype=np.float32)}
+    opts = SessionOptions(graph_optimization_level=0, intra_op_num_threads=4, inter_op_num_threads=2)
+    with InferenceSession(model, opts) as sess:
+        sess.run(None, feeds)
+        assert next(iter(sess.stream_programs.values())).parallel
+    assert seen and set(seen) == {2}  # 4 intra-op threads over 2 streams: 2 each

@@ -111,24 +111,40 @@ def _conformance(doc: dict[str, Any], src: str) -> Section:
 
 
 def _trace(events: list[dict[str, Any]], src: str) -> Section:
+    """Time per op type and per node (mean per run: a node runs once per run) from a profiled session."""
     per_op: dict[str, float] = defaultdict(float)
+    per_node: dict[str, list[float]] = defaultdict(list)
+    op_of: dict[str, str] = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") != "session":
-            per_op[(e.get("args") or {}).get("op_type") or e.get("cat") or e.get("name", "?")] += float(
-                e.get("dur", 0)
-            )
+            op = (e.get("args") or {}).get("op_type") or e.get("cat") or e.get("name", "?")
+            dur = float(e.get("dur", 0))
+            per_op[op] += dur
+            name = str(e.get("name", "?"))
+            per_node[name].append(dur)
+            op_of[name] = op
     if not per_op:
         raise ReportError(
             f"{src}: a Chrome trace without node events; profile a run (opstrata run --profile)"
         )
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:20]
-    s = Section("time per op type (profile)", "trace", src)
+    total = sum(per_op.values())
+    s = Section("time per op type and per node (profile)", "trace", src)
     s.charts.append(
         bar_chart([k for k, _ in top], [v / 1e3 for _, v in top], title="total time per op type", unit="ms")
     )
-    total = sum(per_op.values())
-    s.headers = ["op type", "ms", "share"]
-    s.rows = [[k, f"{v / 1e3:.3f}", f"{v / total:.1%}"] for k, v in top]
+    mean = {k: sum(v) / len(v) for k, v in per_node.items()}
+    slowest = sorted(mean.items(), key=lambda kv: -kv[1])[:20]
+    s.charts.append(
+        bar_chart([k for k, _ in slowest], [v / 1e3 for _, v in slowest],
+                  title="time per node, mean per run (the 20 slowest)", unit="ms")
+    )  # fmt: skip
+    runs = max(len(v) for v in per_node.values())
+    s.notes = [f"{len(per_node)} nodes, {runs} run(s); op types: "
+               + ", ".join(f"{k} {v / total:.1%}" for k, v in top)]  # fmt: skip
+    per_run = sum(mean.values())
+    s.headers = ["node", "op type", "ms per run", "share"]
+    s.rows = [[k, op_of[k], f"{v / 1e3:.4f}", f"{v / per_run:.1%}"] for k, v in slowest]
     return s
 
 

@@ -212,6 +212,10 @@ from .kernels.normalization import (
     rms_norm as rms_norm,
 )
 from .kernels.optim import adamw_step as adamw_step
+from .kernels.parallel import (
+    intra_op_thread_limit as intra_op_thread_limit,
+    intra_op_threads as intra_op_threads,
+)
 from .kernels.pool import (
     avg_pool2d as avg_pool2d,
     global_avg_pool as global_avg_pool,
@@ -448,6 +452,8 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "intra_op_thread_limit",
+    "intra_op_threads",
     "is_low_precision",
     "isinf",
     "isnan",

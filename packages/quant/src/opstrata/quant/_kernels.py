@@ -12,7 +12,8 @@ instead. Results are bit-identical to ops' reference kernels.
 Weights: ``b`` is packed once and the packing reused while that array object lives (dropped with it).
 A read-only ``b`` (``b.flags.writeable == False``, and so is every array it views, down to memory of
 its own or a ``bytes`` object) is trusted not to change; any other is re-verified on every call by a
-64-bit content fingerprint (one read of the weight, ~1/8 of packing it) and repacked when it changed. :func:`set_qgemm_threads` sets the threads these kernels use (default 1).
+64-bit content fingerprint (one read of the weight, ~1/8 of packing it) and repacked when it changed. :func:`set_qgemm_threads` sets the threads these kernels use outside a session (default 1); inside a
+session's run its intra-op thread count applies (``opstrata.ops.intra_op_threads``).
 """
 
 from __future__ import annotations
@@ -39,16 +40,23 @@ _displaced: dict[str, Callable[..., Any]] = {}
 
 
 def set_qgemm_threads(n: int) -> None:
-    """Threads the registered int8 kernels split rows over (default 1; opstrata.runtime's intra-op
-    setting is meant to drive it)."""
+    """Threads the registered int8 kernels split rows over outside a session (default 1); during an
+    InferenceSession's run its ``intra_op_num_threads`` applies instead (``ops.intra_op_threads``)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"set_qgemm_threads: n must be an int >= 1, got {n!r}")
     _state["threads"] = int(n)
 
 
 def get_qgemm_threads() -> int:
-    """Threads the registered int8 kernels use."""
+    """Threads the registered int8 kernels use outside a session (inside one: its intra-op count)."""
     return int(_state["threads"])
+
+
+def _threads() -> int:
+    """The enclosing ``ops.intra_op_threads`` limit (an InferenceSession's intra-op count during its runs),
+    else :func:`set_qgemm_threads`' setting. The C kernel still gives each thread >= ~4M multiply-adds."""
+    limit = ops.intra_op_thread_limit()
+    return int(limit) if limit is not None else int(_state["threads"])
 
 
 # --------------------------------------------------------------------------- packed-weight cache
@@ -146,7 +154,7 @@ def _matmul_integer_native(a: Any, b: Any, a_zero_point: Any = None, b_zero_poin
         return _displaced["matmul_integer"](a, b, a_zero_point, b_zero_point)
     a2, rows = _a_rows(a)
     w = _pack(b, b_zero_point)
-    out = qgemm(a2, w, _native_zp_a(a_zero_point, a2, rows), threads=_state["threads"])
+    out = qgemm(a2, w, _native_zp_a(a_zero_point, a2, rows), threads=_threads())
     count("matmul_integer", "native")
     return out.reshape(b.shape[1]) if a.ndim == 1 else out
 
@@ -190,7 +198,7 @@ def _qlinear_matmul_native(
     sa, sb, sy = (np.asarray(v).astype(np.float32) for v in (a_scale, b_scale, y_scale))
     out = qgemm(
         a2, _pack(b, b_zero_point), _native_zp_a(a_zero_point, a2, rows), a_scale=sa, b_scale=sb,
-        y_scale=sy, y_zero_point=yzp, threads=_state["threads"],
+        y_scale=sy, y_zero_point=yzp, threads=_threads(),
     )  # fmt: skip
     count("qlinear_matmul", "native")
     return out.reshape(b.shape[1]) if a.ndim == 1 else out
@@ -241,7 +249,7 @@ def _dynamic_qmatmul_native(
     a2, _ = _a_rows(xq)
     out = qgemm(
         a2, _pack(b, b_zero_point), zp, a_scale=scale, b_scale=np.asarray(b_scale, np.float32),
-        bias=None if bias is None else np.asarray(bias, np.float32), threads=_state["threads"],
+        bias=None if bias is None else np.asarray(bias, np.float32), threads=_threads(),
     )  # fmt: skip
     count("dynamic_qmatmul", "native")
     return out.reshape(n) if x.ndim == 1 else out.reshape((*x.shape[:-1], n))

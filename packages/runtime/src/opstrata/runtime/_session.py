@@ -186,6 +186,9 @@ class InferenceSession:
             self._preds = step_preds(self._schedule)
             # an unclosed, collected session still stops its workers (at exit, daemon workers just end)
             weakref.finalize(self, self._pool.close).atexit = False
+        #: threads a kernel may split its own work over during a run (ops.intra_op_threads): the intra-op
+        #: count, shared out among the streams when they run in parallel (nothing oversubscribes)
+        self._kernel_threads = self.threads.per_stream if self._pool is not None else self.threads.intra_op
 
     # ------------------------------------------------------------------ metadata
 
@@ -405,8 +408,9 @@ class InferenceSession:
             arena, template = self._program(key)
             tplan = self._thread_plans[key]
             saved = BLAS.enter(tplan.start)
-            try:
-                return self._run_program(key, arena, template, tplan, slots, feeds, t0)
+            try:  # kernels that thread their own work (attention, int8 GEMM) follow the session's count
+                with ops.intra_op_threads(self._kernel_threads):
+                    return self._run_program(key, arena, template, tplan, slots, feeds, t0)
             finally:
                 BLAS.exit(saved)
 

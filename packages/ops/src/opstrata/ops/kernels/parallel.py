@@ -8,6 +8,11 @@ tiles (numpy releases the GIL in matmul and ufunc loops, so Python threads run t
 Pinning BLAS needs ``threadpoolctl`` (a dependency, tolerated missing). Without it,
 ``default_workers()`` is 1 and work items run serially with BLAS left as configured. The pin is
 process-wide while a kernel runs: concurrent callers may find BLAS at one thread meanwhile.
+
+How many workers: inside ``with intra_op_threads(n)`` (what an InferenceSession sets around each run,
+from its ``intra_op_num_threads``) at most ``n``; else ``OPSTRATA_NUM_THREADS``; else the usable cores.
+The limit is a context variable, so it follows the caller's thread and context (a session's stream
+workers run in a copy of the caller's context) and two sessions in two threads do not see each other's.
 """
 
 from __future__ import annotations
@@ -16,11 +21,34 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from .._errors import OpError
 
-__all__ = ["default_workers", "run_tasks"]
+__all__ = ["default_workers", "intra_op_thread_limit", "intra_op_threads", "run_tasks"]
+
+_INTRA_OP: ContextVar[int | None] = ContextVar("opstrata_intra_op_threads", default=None)
+
+
+@contextmanager
+def intra_op_threads(n: int) -> Iterator[None]:
+    """Within the block, kernels that split work over threads (tiled attention, quant's int8 GEMM) use at
+    most ``n``: the caller's own setting (a session's intra-op threads) beats OPSTRATA_NUM_THREADS and the
+    core count. Nests; restored on exit, also when the block raises."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OpError("intra_op_threads", "n", "an int >= 1", repr(n))
+    token = _INTRA_OP.set(n)
+    try:
+        yield
+    finally:
+        _INTRA_OP.reset(token)
+
+
+def intra_op_thread_limit() -> int | None:
+    """The innermost :func:`intra_op_threads` limit in this context, None outside one."""
+    return _INTRA_OP.get()
+
 
 _CONTROLLER: list[Any] = []  # [threadpoolctl.ThreadpoolController | None], filled on first use
 
@@ -37,7 +65,11 @@ def _controller() -> Any:
 
 
 def default_workers() -> int:
-    """Usable cores (``OPSTRATA_NUM_THREADS`` overrides), or 1 when BLAS cannot be pinned."""
+    """The :func:`intra_op_threads` limit, else ``OPSTRATA_NUM_THREADS``, else the usable cores; 1 when
+    BLAS cannot be pinned (threads would oversubscribe it)."""
+    limit = _INTRA_OP.get()
+    if limit is not None:
+        return limit if _controller() is not None else 1
     env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
     if env:
         if not env.isdigit() or int(env) < 1:
