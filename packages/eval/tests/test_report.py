@@ -125,3 +125,29 @@ def test_report_renders_its_plots_in_a_real_browser(results, tmp_path) -> None:
         (abs(img[..., 0] - 0x4C) < 30) & (abs(img[..., 1] - 0x78) < 30) & (abs(img[..., 2] - 0xA8) < 30)
     )
     assert red > 50 and blue > 200
+
+
+def test_report_on_the_demos_outputs(tmp_path, capsys) -> None:
+    """`opstrata demo` writes model.onnx and profile.json; the report built from its profile, the model's
+    bfloat16 drift and its memory timeline holds one readable figure per input, each plotting that input."""
+    from opstrata.eval._demo import run_demo
+
+    result = run_demo(tmp_path / "demo", tp=1, new_tokens=2, say=lambda _line: None)
+    assert result.ok and result.model_path is not None and result.trace_path is not None
+    model, drift, memory = str(result.model_path), tmp_path / "drift.json", tmp_path / "memory.json"
+    dims = ["--dim", "batch=2", "--dim", "seq=12"]
+    assert _cli.main(["diff", model, "--drift", *dims, "--format", "json", "-o", str(drift)]) == 0
+    assert _cli.main(["run", model, "--random", *dims, "--repeat", "1", "--memory", str(memory)]) == 0
+    capsys.readouterr()
+    html_path, md_path = build_report([result.trace_path, drift, memory], tmp_path / "demo.html")
+    figures = _svgs(html_path.read_text())
+    assert [f.get("data-kind") for f in figures] == ["bar", "bar", "line", "line"]
+    trace = json.loads(Path(result.trace_path).read_text())["traceEvents"]
+    op_types = {e["args"]["op_type"] for e in trace if e.get("ph") == "X" and e.get("cat") != "session"}
+    assert int(figures[0].get("data-points")) == min(20, len(op_types))
+    assert int(figures[2].get("data-points")) == len(json.loads(drift.read_text())["rows"])
+    assert int(figures[3].get("data-points")) == len(json.loads(memory.read_text())["steps"])
+    for f in figures:
+        assert f.get("aria-label") and (f.findall(f".//{SVG}rect") or f.findall(f".//{SVG}circle"))
+    md = md_path.read_text()
+    assert "time per op type and per node" in md and "drift against float64" in md and "memory timeline" in md

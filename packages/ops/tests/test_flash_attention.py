@@ -438,3 +438,21 @@ def test_intra_op_threads_limit_the_workers(monkeypatch) -> None:
     for bad in (0, -1, 2.0, True, "2"):
         with pytest.raises(ops.OpError, match="intra_op_threads"), ops.intra_op_threads(bad):  # type: ignore[arg-type]
             pass
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_low_precision_backward_agrees_with_the_reference(dtype, causal) -> None:
+    """out and lse handed over in float16/bfloat16 are rounded; the cpu backward recomputes them in float32,
+    so it agrees with ref (which recomputes P from q and k) at the dtype's tolerance (the conformance
+    matrix found it 1.5-3x further off before)."""
+    r = np.random.default_rng(3)
+    q, k, v, go = (r.standard_normal((2, 2, 16, 8)).astype(np.float32) * 3 for _ in range(4))
+    q, k, v, go = (t.astype(dtype) for t in (q, k, v, go))
+    out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, device="ref")
+    got = ops.attention_backward(q, k, v, out, go, lse, causal=causal, device="cpu")
+    want = ops.attention_backward(q, k, v, out, go, lse, causal=causal, device="ref")
+    rtol = 1e-3 if dtype == np.float16 else 1.6e-2
+    for g, w in zip(got, want, strict=True):
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        np.testing.assert_allclose(g64, w64, rtol=rtol, atol=rtol * float(np.abs(w64).max()))

@@ -428,11 +428,21 @@ def attention_backward_cpu(
     block_k: int | None = None,
     workers: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FlashAttention-2 backward from the forward's ``out`` and ``lse``; tiles as :func:`attention_cpu`."""
+    """FlashAttention-2 backward from the forward's ``out`` and ``lse``; tiles as :func:`attention_cpu`.
+
+    For float16/bfloat16/float8 inputs ``out`` and ``lse`` come rounded to that dtype, and rebuilding the
+    probabilities from them costs 1.5-3x the error of recomputing them (found by the conformance matrix
+    against ``ref``): they are recomputed in float32 by one forward pass first (checked, not used).
+    """
     q, k, v, out, grad_out, lse, mask = _as_arrays(q, k, v, out, grad_out, lse, mask)
     s = _check_attention(q, k, v, mask, op="attention_backward")
     _check_backward(q, out, grad_out, lse, s)
     acc = accumulation_dtype(q.dtype)
+    if acc != q.dtype:  # low precision: the forward's statistics again, in the accumulation dtype
+        out, lse = attention_cpu(
+            q.astype(acc), k.astype(acc), v.astype(acc), causal=causal, mask=mask, scale=scale, return_lse=True,
+            block_q=block_q, block_k=block_k, workers=workers,
+        )  # fmt: skip
     t = _tiling("attention_backward", s, acc.itemsize, causal, block_q, block_k)
     sc = _scale(scale, s.d)
     qt = _pack(q, s, acc, sc)  # (B, Hkv, N*G, D)
