@@ -264,3 +264,61 @@ def test_variant_shapes_follow_the_variant() -> None:
     assert idx.min() >= -x.shape[1] and idx.max() < x.shape[1]
     (nan,), _ = SAMPLES["clip"].build(Gen(np.dtype(np.float32), rng, "nan/inf"))
     assert np.isnan(nan).any() and np.isinf(nan).any()
+
+
+# --------------------------------------------------------------------------- hypothesis search
+
+
+@pytest.fixture
+def relu_wrong_on_threes() -> Iterator[object]:
+    """A float32 cpu relu that is wrong only when the last dim has 3 elements: no fixed variant has one."""
+
+    def bad(x: np.ndarray) -> np.ndarray:
+        y = np.maximum(x, x.dtype.type(0))
+        return y + x.dtype.type(1) if x.ndim and x.shape[-1] == 3 else y
+
+    ops.register("relu", device="cpu", dtypes=[np.float32], priority=100)(bad)
+    try:
+        yield bad
+    finally:
+        ops.unregister("relu", device="cpu", kernel=bad)
+
+
+def test_the_search_finds_what_the_fixed_variants_miss_and_shrinks_it(relu_wrong_on_threes, tmp_path) -> None:
+    fixed = conformance_ops("cpu", op_names=["relu"], dtypes=["float32"], out_dir=tmp_path)
+    assert fixed.cells[("relu", "float32")].status == "native"  # (4, 4), (1, 4), (0, 4): no 3 anywhere
+    searched = conformance_ops("cpu", op_names=["relu"], dtypes=["float32"], out_dir=tmp_path, examples=60)
+    cell = searched.cells[("relu", "float32")]
+    assert cell.status == "deviates" and cell.detail.startswith("hypothesis (shrunk) input of shape(s) [3]")
+    rep = _conformance.load_reproducer(cell.repro)  # shrunk to the smallest input that shows it
+    assert rep.args[0].shape == (3,) and rep.variant == "hypothesis (shrunk)"
+    got = _conformance.replay_reproducer(cell.repro)
+    np.testing.assert_array_equal(got[0], np.maximum(rep.args[0], 0) + 1)
+
+
+def test_the_search_keeps_agreeing_kernels_native_and_is_reproducible() -> None:
+    names = ["add", "abs", "relu", "sum"]
+    a = conformance_ops("cpu", op_names=names, dtypes=["float32", "int32"], examples=15)
+    b = conformance_ops("cpu", op_names=names, dtypes=["float32", "int32"], examples=15)
+    assert not a.deviations and {(c.op, c.dtype): c.status for c in a.cells.values()} == {
+        (c.op, c.dtype): c.status for c in b.cells.values()
+    }
+    assert a.cells[("add", "float32")].variants >= 15 + 4  # the fixed variants, then the drawn inputs
+
+
+def test_examples_bad_value_and_missing_hypothesis(monkeypatch, capsys) -> None:
+    with pytest.raises(ValueError, match="examples must be an int >= 0"):
+        conformance_ops("cpu", op_names=["abs"], examples=-1)
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_hypothesis(name, *args, **kwargs):
+        if name == "hypothesis" or name.startswith("hypothesis."):
+            raise ImportError("No module named 'hypothesis'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hypothesis)
+    code = _cli.main(["conformance", "ops", "--ops", "abs", "--dtypes", "float32", "--examples", "5"])
+    assert code == 2
+    assert "pip install 'opstrata-eval[conformance]'" in capsys.readouterr().err

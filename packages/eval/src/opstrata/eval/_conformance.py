@@ -19,9 +19,12 @@ not a finding. Tolerances are the dtype defaults with atol scaled by the output'
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import os
 import re
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ import opstrata.ops as ops
 
 from ._compare import compare
 from ._conformance_samples import RANDOM_OPS, SAMPLES, Gen, OpSamples, applies, values
+from ._conformance_search import search
 from ._tolerances import default_tolerances, dtype_class
 
 __all__ = [
@@ -362,7 +366,15 @@ def _save_repro(out_dir: Path, op: str, dtype: str, case: Case, got: Sequence[An
                 arrays[f"{side}{i}"] = a
                 spec["outputs"][f"{side}{i}"] = a.dtype.name
     meta = np.array([op, device, against, variant])
-    np.savez(path, meta=meta, call=np.array(json.dumps(spec)), **arrays)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".tmp")
+    try:  # atomically: a reader never sees half a reproducer
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=meta, call=np.array(json.dumps(spec)), **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return str(path)
 
 
@@ -441,6 +453,32 @@ def _cases(op: str, fn: Callable[..., Any], dt: np.dtype, shape: tuple[int, ...]
     return [(name, tuple(args), {}) for name, args in _variants(rng, shape, dt, arity)], ""
 
 
+def _search(fn: Callable[..., Any], op: str, dt: np.dtype, rank: int, arity: int, examples: int, device: str,
+            against: str, out_dir: Path | None, v: _Verdict) -> None:  # fmt: skip
+    """Add a hypothesis search to a cell its fixed variants passed: a disagreement found (and shrunk)
+    becomes the cell's deviation, with its reproducer."""
+
+    def run(case: Case) -> tuple[str, float, Sequence[Any], Sequence[Any]] | None:
+        try:
+            want = _reference(fn, against, case, ())
+        except CandidateError:
+            return None
+        try:
+            got = _call(fn, device, case[1], case[2])
+            problem, err = _compare_outputs(got, want, dt, against)
+        except Exception as exc:
+            got, problem, err = [], f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", np.inf
+        return problem, err, got, want
+
+    found = search(fn, dt, rank, arity, examples, run)
+    v.ran += examples
+    if found is not None:
+        shapes = ", ".join(str(list(a.shape)) for a in found.case[1])
+        v.worst, v.detail = found.error, f"{found.case[0]} input of shape(s) {shapes}: {found.problem}"
+        if out_dir is not None:
+            v.repro = _save_repro(out_dir, op, dt.name, found.case, found.got, found.want, device, against)
+
+
 def _cell(op: str, dt: np.dtype, status: str, v: _Verdict, against: str) -> ConformanceCell:
     """The cell for a judged op x dtype."""
     if v.random:
@@ -457,14 +495,19 @@ def _cell(op: str, dt: np.dtype, status: str, v: _Verdict, against: str) -> Conf
 def conformance_ops(
     device: str = "cpu", *, against: str = "ref", op_names: Iterable[str] | None = None,
     dtypes: Iterable[Any] | None = None, out_dir: Path | None = None, seed: int = 0,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, examples: int = 0,
 ) -> ConformanceReport:  # fmt: skip
     """Run every registered op (or ``op_names``) x dtype on ``device`` against ``against``.
 
     Ops in the sample table get their own arguments; others taking one or two tensors are fed by
     shape; the rest are ``no-sample``. Deviations write an .npz reproducer (args, kwargs, actual and
     expected outputs, meta = op, device, against, variant) to ``out_dir``; :func:`replay_reproducer` reruns it.
+    ``examples`` > 0 adds a hypothesis search of that many drawn inputs to every shape-searched op x dtype
+    whose fixed variants agree (``_conformance_search``; needs hypothesis): a disagreement it finds is
+    shrunk to the smallest input that shows it, and that input is the reproducer.
     """
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+        raise ValueError(f"conformance: examples must be an int >= 0, got {examples!r}")
     devices = ops.list_devices()
     for d, what in ((device, "device"), (against, "against")):
         if d not in devices:
@@ -501,5 +544,7 @@ def conformance_ops(
                 cells[(op, dt.name)] = ConformanceCell(op, dt.name, "no-sample", detail=why)
                 continue
             verdict = _judge(fn, op, dt, cases, device, against, out_dir, inplace)
+            if examples and shape is not None and op not in SAMPLES and verdict.ran and not verdict.detail:
+                _search(fn, op, dt, len(shape), arity, examples, device, against, out_dir, verdict)
             cells[(op, dt.name)] = _cell(op, dt, status, verdict, against)
     return ConformanceReport(device, against, tuple(names), tuple(d.name for d in dts), cells)

@@ -18,6 +18,7 @@ from pathlib import Path
 import opstrata.ops as ops
 
 from ._conformance import ConformanceReport, conformance_ops
+from ._conformance_search import SearchUnavailable
 
 __all__ = ["add_arguments", "render", "run"]
 
@@ -47,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    parser.add_argument(
+        "--examples", type=int, default=0, metavar="N",
+        help="ops: also search N hypothesis-drawn inputs per shape-searched op x dtype, shrinking any "
+        "disagreement to its smallest input (needs opstrata-eval[conformance]; default 0: off)",
+    )  # fmt: skip
 
 
 def _cell(status: str) -> str:
@@ -125,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
     progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
     try:
         report = conformance_ops(args.device, against=args.against, op_names=names, dtypes=dtypes,
-                                 out_dir=args.out, seed=args.seed, progress=progress)  # fmt: skip
-    except ValueError as exc:
+                                 out_dir=args.out, seed=args.seed, progress=progress,
+                                 examples=args.examples)  # fmt: skip
+    except (ValueError, SearchUnavailable) as exc:
         print(f"opstrata conformance: error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(render(report, args.format))
