@@ -453,8 +453,8 @@ def _cases(op: str, fn: Callable[..., Any], dt: np.dtype, shape: tuple[int, ...]
     return [(name, tuple(args), {}) for name, args in _variants(rng, shape, dt, arity)], ""
 
 
-def _search(fn: Callable[..., Any], op: str, dt: np.dtype, rank: int, arity: int, examples: int, device: str,
-            against: str, out_dir: Path | None, v: _Verdict) -> None:  # fmt: skip
+def _search(fn: Callable[..., Any], op: str, dt: np.dtype, rank: int, arity: int, examples: int, seed: int,
+            device: str, against: str, out_dir: Path | None, v: _Verdict) -> None:  # fmt: skip
     """Add a hypothesis search to a cell its fixed variants passed: a disagreement found (and shrunk)
     becomes the cell's deviation, with its reproducer."""
 
@@ -470,7 +470,7 @@ def _search(fn: Callable[..., Any], op: str, dt: np.dtype, rank: int, arity: int
             got, problem, err = [], f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", np.inf
         return problem, err, got, want
 
-    found = search(fn, dt, rank, arity, examples, run)
+    found = search(fn, dt, rank, arity, examples, seed, run)
     v.ran += examples
     if found is not None:
         shapes = ", ".join(str(list(a.shape)) for a in found.case[1])
@@ -545,6 +545,6 @@ def conformance_ops(
                 continue
             verdict = _judge(fn, op, dt, cases, device, against, out_dir, inplace)
             if examples and shape is not None and op not in SAMPLES and verdict.ran and not verdict.detail:
-                _search(fn, op, dt, len(shape), arity, examples, device, against, out_dir, verdict)
+                _search(fn, op, dt, len(shape), arity, examples, seed, device, against, out_dir, verdict)
             cells[(op, dt.name)] = _cell(op, dt, status, verdict, against)
     return ConformanceReport(device, against, tuple(names), tuple(d.name for d in dts), cells)

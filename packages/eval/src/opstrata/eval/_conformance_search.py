@@ -4,8 +4,8 @@ and, when the device under test disagrees with the reference, shrinks to the sma
 The fixed variants (normal, size-1, empty, broadcast, NaN/inf, extreme) test the shapes a porting team
 expects; the search adds what nobody wrote down: shapes of any rank up to the op's base rank with
 sides 0-5 (mutually broadcastable for two-tensor ops), and values from hypothesis' float and integer
-strategies (NaN, infinities, subnormals, signed zeros, the dtype's extremes). Derandomized, so a run is
-reproducible; an input the reference refuses is rejected, not counted. Needs hypothesis
+strategies (NaN, infinities, subnormals, signed zeros, the dtype's extremes). Seeded by the conformance
+seed, so a run is reproducible on any install; an input the reference refuses is rejected, not counted. Needs hypothesis
 (``pip install 'opstrata-eval[conformance]'``).
 """
 
@@ -62,7 +62,7 @@ def _elements(st: Any, dt: np.dtype) -> Any:
 
 
 def search(
-    fn: Callable[..., Any], dt: np.dtype, base_rank: int, arity: int, examples: int,
+    fn: Callable[..., Any], dt: np.dtype, base_rank: int, arity: int, examples: int, seed: int,
     run: Callable[[tuple[str, tuple[np.ndarray, ...], dict[str, Any]]], tuple[str, float, Sequence[Any], Sequence[Any]] | None],
 ) -> Found | None:  # fmt: skip
     """Draw ``examples`` inputs for a one- or two-tensor op; ``run(case)`` returns None when the reference
@@ -73,10 +73,11 @@ def search(
     draw_dtype = dt if dtype_class(dt) in ("int", "bool") else np.dtype(np.float32)
 
     @hypothesis.settings(
-        max_examples=examples, deadline=None, database=None, derandomize=True, print_blob=False,
+        max_examples=examples, deadline=None, database=None, print_blob=False,
         suppress_health_check=list(hypothesis.HealthCheck),
         phases=[hypothesis.Phase.generate, hypothesis.Phase.shrink],
     )  # fmt: skip
+    @hypothesis.seed(seed)
     @hypothesis.given(data=st.data())
     def prop(data: Any) -> None:
         shapes = data.draw(
