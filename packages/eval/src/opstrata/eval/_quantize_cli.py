@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ._report import _write
 
 __all__ = ["add_arguments", "run"]
 
@@ -69,16 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="stdout format (default text)"
     )
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Temp file beside ``path``, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _input_ranks(model: Path) -> dict[str, tuple[int | None, int | None]]:
@@ -180,14 +171,14 @@ def _execute(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except oq.AccuracyError as exc:
         if args.report_json is not None and exc.report is not None:
-            _write_text(args.report_json, json.dumps(exc.report.to_dict(), indent=2))
+            _write(args.report_json, json.dumps(exc.report.to_dict(), indent=2))
         print(f"opstrata quantize: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BUDGET
     qm.save(output)
     d = qm.report.to_dict()
     d["output"] = str(output)
     if args.report_json is not None:
-        _write_text(args.report_json, json.dumps(d, indent=2))
+        _write(args.report_json, json.dumps(d, indent=2))
     if args.format == "json":
         print(json.dumps(d, indent=2))
     else:

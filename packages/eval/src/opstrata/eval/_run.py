@@ -29,6 +29,7 @@ import opstrata.runtime as rt
 from opstrata.graph.testing import random_feeds
 
 from ._memory_timeline import memory_timeline
+from ._report import _write
 
 __all__ = ["RunError", "add_arguments", "load_feeds", "run", "summarize"]
 
@@ -274,26 +275,13 @@ def _save(path: Path, arr: np.ndarray) -> None:
         raise
 
 
-def _write_json(path: Path, doc: Any) -> None:
-    """json.dump atomically (temp file + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _write_memory(sess: rt.InferenceSession, feeds: dict[str, np.ndarray], path: Path, say: Any) -> None:
     """The memory plan of these feeds' shapes as a timeline file; its headline on stdout."""
     shapes = {k: np.shape(v) for k, v in feeds.items()}
     plan = sess.plan.memory_for(shapes, dynamic=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, memory_timeline(plan, sess.plan.graph))
+        _write(path, json.dumps(memory_timeline(plan, sess.plan.graph), indent=1))
     except OSError as exc:
         raise RunError(f"--memory: cannot write '{path}': {exc.strerror or exc}") from None
     say("== memory")
