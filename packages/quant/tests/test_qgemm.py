@@ -679,7 +679,14 @@ def test_registered_kernels_use_the_sessions_threads(monkeypatch) -> None:
         seen.append(kwargs["threads"])
         return real(*args, **kwargs)
 
+    real_dynamic = _kernels.dynamic_qgemm
+
+    def spy_dynamic(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["threads"])
+        return real_dynamic(*args, **kwargs)
+
     monkeypatch.setattr(_kernels, "qgemm", spy)
+    monkeypatch.setattr(_kernels, "dynamic_qgemm", spy_dynamic)
     a, b = np.ones((4, 8), np.uint8), np.ones((8, 3), np.int8)
     x = np.ones((4, 8), np.float32)
     ops.matmul_integer(a, b)
@@ -692,3 +699,82 @@ def test_registered_kernels_use_the_sessions_threads(monkeypatch) -> None:
     finally:
         oq.set_qgemm_threads(1)
     assert seen == [1, 3, 3, 2]
+
+
+def _dql_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ops' reference DynamicQuantizeLinear applied to each row of a 2-D x (per-token quantization)."""
+    rows = [ops.dynamic_quantize_linear(r, device="ref") for r in x]
+    return (np.stack([q for q, _, _ in rows]), np.array([s for _, s, _ in rows], np.float32),
+            np.array([z for _, _, z in rows], np.uint8))  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 20), k=st.integers(1, 70), n=st.integers(1, 140), per_row=st.booleans(),
+    b_dt=st.sampled_from([U8, S8]), with_bias=st.booleans(), relu=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_dynamic_qgemm_equals_reference_on_every_path(m, k, n, per_row, b_dt, with_bias, relu, seed) -> None:
+    """One C call = DynamicQuantizeLinear (per tensor or per row) + exact int32 product + float epilogue:
+    the quantized values, scales and zero points bit-identical to ops' reference, the floats within
+    rounding, on every path this CPU runs."""
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal((m, k)) * r.uniform(0.1, 8.0, (m, 1))).astype(np.float32)
+    info = np.iinfo(b_dt)
+    b = r.integers(info.min, info.max + 1, (k, n)).astype(b_dt)
+    zp = np.asarray(r.integers(info.min, info.max + 1), b_dt)
+    sb = r.uniform(1e-3, 1e-1, n).astype(np.float32)
+    bias = r.standard_normal(n).astype(np.float32) if with_bias else None
+    if per_row:
+        q, s, z = _dql_rows(x)
+    else:
+        q0, s0, z0 = ops.dynamic_quantize_linear(x, device="ref")
+        q, s, z = q0, np.array([s0], np.float32), np.array([z0], np.uint8)
+    acc = (q.astype(np.int64) - z.astype(np.int64).reshape(-1, 1)) @ (b.astype(np.int64) - int(zp))
+    want = acc.astype(np.float32) * (s.reshape(-1, 1) * sb)
+    if bias is not None:
+        want = want + bias
+    if relu:
+        want = np.maximum(want, 0)
+    packed = oq.prepack_weight(b, zp)
+    for path in oq.native_status().paths:
+        got = oq.dynamic_qgemm(x, packed, sb, bias, per_row=per_row, relu=relu, path=path)
+        assert got is not None
+        y, gs, gz = got
+        assert np.array_equal(gs, s) and np.array_equal(gz, z), path
+        np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(want).max())))
+
+
+def test_dynamic_qgemm_nan_writes_nothing_and_out_is_filled_in_place() -> None:
+    b = oq.prepack_weight(np.ones((3, 2), np.int8))
+    sb = np.full(2, 0.5, np.float32)
+    out = np.full((2, 2), 7.0, np.float32)
+    x_nan = np.array([[1.0, np.nan, 0.0], [1.0, 2.0, 3.0]], np.float32)
+    assert oq.dynamic_qgemm(x_nan, b, sb, out=out) is None
+    assert (out == 7.0).all()
+    x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
+    y, _, _ = oq.dynamic_qgemm(x, b, sb, out=out)
+    assert y is out
+    np.testing.assert_allclose(
+        out, ops.dynamic_qmatmul(x, np.ones((3, 2), np.int8), sb, device="ref"), rtol=1e-6
+    )
+    with pytest.raises(oq.QuantError, match="b_scale must be a contiguous float32"):
+        oq.dynamic_qgemm(x, b, sb.astype(np.float64))
+    with pytest.raises(oq.QuantError, match="x must be float32"):
+        oq.dynamic_qgemm(x[:, :2], b, sb)
+
+
+def test_dynamic_qmatmul_writes_into_out() -> None:
+    """ops.dynamic_qmatmul(..., out=) on the native kernel and on ops' own: the same values, in out."""
+    r = np.random.default_rng(3)
+    x = r.standard_normal((2, 5, 16)).astype(np.float32)
+    b = r.integers(-127, 128, (16, 8)).astype(np.int8)
+    sc, bias = np.float32(0.02), r.standard_normal(8).astype(np.float32)
+    want = ops.dynamic_qmatmul(x, b, sc, None, bias, device="ref")
+    for device in ("cpu", "ref"):
+        out = np.empty((2, 5, 8), np.float32)
+        assert ops.dynamic_qmatmul(x, b, sc, None, bias, out=out, device=device) is out
+        np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL * float(np.abs(want).max()))
+    with pytest.raises(ops.OpError, match="out"):
+        ops.dynamic_qmatmul(x, b, sc, out=np.empty((2, 5, 7), np.float32))
+    with pytest.raises(ops.OpError, match="overlapping x"):
+        ops.dynamic_qmatmul(x, b, sc, out=x[..., :8])

@@ -176,3 +176,94 @@ def test_kernel_removed_after_build_takes_the_audited_fallback_then_rebinds(mode
     for w, g in zip(want, sess.run(None, feeds), strict=True):  # rebound to the native kernel again
         np.testing.assert_array_equal(g, w)
     assert add_cpu in resolved(sess)
+
+
+def _shape_subgraph_model(big: bool = False):
+    """x (B, S, 8) -> Reshape to (B, S*8) by a shape computed from x itself (Shape -> Gather -> Mul ->
+    Concat), plus a mask (S, S) built from Shape -> Range -> comparisons, as exporters emit."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["shp", "i1"], ["s"], axis=0),
+        helper.make_node("Mul", ["s", "eight"], ["s8"]),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Unsqueeze", ["s8", "ax0"], ["s81"]),
+        helper.make_node("Concat", ["b1", "s81"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Range", ["zero", "s", "one"], ["pos"]),
+        helper.make_node("Unsqueeze", ["pos", "ax0"], ["row"]),
+        helper.make_node("Unsqueeze", ["pos", "ax1"], ["col"]),
+        helper.make_node("GreaterOrEqual", ["col", "row"], ["keep"]),
+        helper.make_node("Cast", ["keep"], ["keepf"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),  # (B, S, S)
+        helper.make_node("Mul", ["xw", "keepf"], ["y"]),
+    ]
+    s_dim = 600 if big else "S"
+    g = helper.make_graph(
+        nodes, "shape_subgraph",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", s_dim, 8])],
+        [helper.make_tensor_value_info("flat", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("i0", 0), ints("i1", 1), ints("eight", 8), ints("ax0", [0]), ints("ax1", [1]), ints("zero", 0),
+         ints("one", 1), numpy_helper.from_array(np.ones((8, 600 if big else 5), np.float32), "w")],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_derived_steps_are_computed_once_per_shape() -> None:
+    """Shape -> Gather -> Concat -> Reshape and the Range/compare mask are constants of an input shape:
+    bound once per shape (left out of the per-run calls), the results those of the allocator path, for
+    every shape seen and for new feed values at a known shape."""
+    model = _shape_subgraph_model()
+    sess = InferenceSession(model)
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 5), (3, 5), (2, 5)):
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        want = _allocator_outputs(model, feeds, 0)
+        for w, g in zip(want, sess.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, w)
+    assert len(sess._bound) == 2
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        ran = {sch.steps[i].node.op_type for i in bound.index}
+        assert not ran & {"Shape", "Gather", "Concat", "Range", "GreaterOrEqual", "Cast", "Unsqueeze"}
+        assert "MatMul" in ran
+        folded = [v for v in bound.template if isinstance(v, np.ndarray) and not v.flags.writeable]
+        assert folded, "the folded values are read-only arrays of their own"
+
+
+def test_shape_derived_values_above_the_size_limit_are_recomputed() -> None:
+    from opstrata.runtime import _bound
+
+    model = _shape_subgraph_model(big=True)  # the (600, 600) float mask is 1.4 MB
+    sess = InferenceSession(model)
+    feeds = {"x": np.ones((1, 600, 8), np.float32)}
+    want = _allocator_outputs(model, feeds, 0)
+    for w, g in zip(want, sess.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(g, w)
+    (bound,) = sess._bound.values()
+    sch = sess._schedule
+    ran = [sch.steps[i].node.op_type for i in bound.index]
+    assert "Cast" in ran and "Shape" not in ran  # the large float mask stays a step; its small inputs fold
+    assert _bound.FOLD_MAX_BYTES < 600 * 600 * 4
+
+
+def test_random_ops_are_never_folded() -> None:
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shp"]),
+         helper.make_node("ConstantOfShape", ["shp"], ["zeros"]),  # shape-derived: would fold
+         helper.make_node("RandomNormalLike", ["zeros"], ["r"], dtype=TensorProto.FLOAT),
+         helper.make_node("Add", ["x", "r"], ["y"])],
+        "rnd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    x = np.zeros(4, np.float32)
+    a, b = sess.run(None, {"x": x})[0], sess.run(None, {"x": x})[0]
+    assert not np.array_equal(a, b)

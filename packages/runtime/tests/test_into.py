@@ -90,3 +90,67 @@ def test_epilogues_in_place_are_bit_identical_to_the_generic_path(models, name: 
     generic = InferenceSession(model, SessionOptions(graph_optimization_level=3, enable_mem_arena=False))
     for got, want in zip(arena.run(None, feeds), generic.run(None, feeds), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def _dynamic_quant_mlp():
+    """x (B, 16) -> DynamicQuantizeLinear -> MatMulInteger(int8 W) -> Cast -> Mul(scale) -> Add(bias): the
+    chain graph fuses into one ai.opstrata::DynamicQMatMul."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    r = np.random.default_rng(0)
+    w = r.integers(-127, 128, (16, 8)).astype(np.int8)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+        helper.make_node("Mul", ["accf", "scale"], ["prod"]),
+        helper.make_node("Add", ["prod", "bias"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.full(8, 0.01, np.float32), "ws"),
+         numpy_helper.from_array(r.standard_normal(8).astype(np.float32), "bias")],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_dynamic_qmatmul_writes_its_arena_view_with_a_read_only_weight(monkeypatch) -> None:
+    model = _dynamic_quant_mlp()
+    sess = InferenceSession(model)
+    assert [n.op_type for n in sess.graph.nodes] == ["DynamicQMatMul"]
+    (st,) = sess._schedule.steps
+    assert st.into is not None
+    weight = sess._schedule.template[st.ins[1]]
+    assert weight.dtype == np.int8 and not weight.flags.writeable and weight.base is None
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    assert _stored_ops(monkeypatch, sess, {"x": x}) == []
+    want = InferenceSession(model, SessionOptions(enable_mem_arena=False)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    ref = ops.dynamic_qmatmul(x, weight, np.float32(0.01), None, sess._schedule.steps[0].node.attrs["bias"],
+                              device="ref")  # fmt: skip
+    np.testing.assert_allclose(want, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_qmatmul_keeps_the_generic_path_when_a_kernel_takes_no_out(monkeypatch) -> None:
+    def no_out(x, b, b_scale, b_zero_point=None, bias=None):  # an older package's kernel
+        return ops.dynamic_qmatmul(x, b, b_scale, b_zero_point, bias, device="ref")
+
+    ops.register("dynamic_qmatmul", device="cpu", dtypes=(np.float32,), priority=5)(no_out)
+    try:
+        sess = InferenceSession(_dynamic_quant_mlp())
+        assert sess._schedule.steps[0].into is None
+        x = np.ones((2, 16), np.float32)
+        np.testing.assert_array_equal(
+            sess.run(None, {"x": x})[0],
+            no_out(
+                x,
+                sess._schedule.template[sess._schedule.steps[0].ins[1]],
+                np.float32(0.01),
+                None,
+                sess._schedule.steps[0].node.attrs["bias"],
+            ),
+        )
+    finally:
+        ops.unregister("dynamic_qmatmul", device="cpu", kernel=no_out)

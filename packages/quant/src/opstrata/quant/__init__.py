@@ -42,6 +42,7 @@ from ._packing import pack_int4 as pack_int4, unpack_int4 as unpack_int4
 from ._qgemm import (
     NativeUnavailableError as NativeUnavailableError,
     PackedWeight as PackedWeight,
+    dynamic_qgemm as dynamic_qgemm,
     prepack_weight as prepack_weight,
     qgemm as qgemm,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "accuracy_report",
     "calibrate",
     "dequantize",
+    "dynamic_qgemm",
     "get_qgemm_threads",
     "make_observer",
     "native_status",

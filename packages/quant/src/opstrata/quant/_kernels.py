@@ -27,7 +27,7 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from ._qgemm import PackedWeight, prepack_weight, qgemm
+from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
 from .native._library import count, library
 
 __all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
@@ -230,29 +230,29 @@ def _dynamic_quantize_linear_native(x: Any) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _dynamic_qmatmul_native(
-    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None
+    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, out: Any = None
 ) -> np.ndarray:
-    """x quantized in C, the int8 GEMM and its float epilogue (x_scale * b_scale, bias) in one call;
-    anything the native GEMM does not cover goes to ops' kernel."""
+    """x quantized, the int8 GEMM and its float epilogue (x_scale * b_scale, bias) in one C call, into
+    ``out`` when given (an arena view); anything the native GEMM does not cover goes to ops' kernel."""
     x, b = np.asarray(x), np.asarray(b)
     n = b.shape[1] if b.ndim == 2 else 0
     fits = (
         x.dtype == _F32 and x.ndim >= 1 and b.dtype in _INT8S and b.ndim == 2 and x.shape[-1] == b.shape[0]
         and _zp_fits(b_zero_point, b.dtype, (1, n)) and _float_scale(b_scale, (1, n))
-        and (bias is None or np.shape(bias) == (n,))
+        and (bias is None or np.shape(bias) == (n,)) and library() is not None
     )  # fmt: skip
-    q = _quantize_dynamic(x) if fits else None
-    if q is None:
+    got = None
+    if fits:
+        sb = np.ascontiguousarray(np.asarray(b_scale, _F32).reshape(-1))
+        bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32))
+        got = dynamic_qgemm(x, _pack(b, b_zero_point), sb, bi, threads=_threads(), out=out)
+    if got is None:  # not covered, or x holds a NaN: ops' kernel decides
         count("dynamic_qmatmul", "numpy")
-        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias)
-    xq, scale, zp = q
-    a2, _ = _a_rows(xq)
-    out = qgemm(
-        a2, _pack(b, b_zero_point), zp, a_scale=scale, b_scale=np.asarray(b_scale, np.float32),
-        bias=None if bias is None else np.asarray(bias, np.float32), threads=_threads(),
-    )  # fmt: skip
+        if out is None:
+            return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias)
+        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias, out=out)
     count("dynamic_qmatmul", "native")
-    return out.reshape(n) if x.ndim == 1 else out.reshape((*x.shape[:-1], n))
+    return got[0]
 
 
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)

@@ -11,6 +11,9 @@ same weight pays no packing. ``qgemm(a, packed, ...)`` then returns, for ``a`` (
 * int8/uint8 ``saturate(rint(acc * (a_scale * b_scale / y_scale)) + y_zp)`` (``y_scale=``: ONNX
   QLinearMatMul's requantization, bit-identical to opstrata.ops' reference).
 
+``dynamic_qgemm(x, packed, b_scale, bias)`` takes float32 ``x`` and quantizes it in the same C call
+(ONNX DynamicQuantizeLinear per tensor, or per row: per token), then runs the float epilogue.
+
 Every code path (``path=``) is exact; ``threads`` (an upper bound: each thread gets at least ~4M
 multiply-adds, so small products stay on one) splits rows, or column panels when rows are few.
 """
@@ -27,7 +30,7 @@ import numpy as np
 from ._errors import QuantError
 from .native._library import count, library, path_id
 
-__all__ = ["PackedWeight", "prepack_weight", "qgemm"]
+__all__ = ["PackedWeight", "dynamic_qgemm", "prepack_weight", "qgemm"]
 
 _U8, _S8, _I32, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
 _INT8S = (_U8, _S8)
@@ -289,3 +292,68 @@ def qgemm(
         )
     count("qgemm", "native")
     return out if out is not None else dst.reshape((*lead, b.n))
+
+
+def dynamic_qgemm(
+    x: np.ndarray,
+    b: PackedWeight,
+    b_scale: np.ndarray,
+    bias: np.ndarray | None = None,
+    *,
+    per_row: bool = False,
+    relu: bool = False,
+    threads: int = 1,
+    path: str | None = None,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """float32 ``x`` (..., K) quantized to uint8 as ONNX DynamicQuantizeLinear does (one scale and zero
+    point for all of ``x``, or with ``per_row`` one per row: per token), times the packed weight, scaled
+    by ``x_scale * b_scale`` (+ ``bias``, ReLU): one C call, no intermediate arrays. Returns ``(y, scales,
+    zero_points)``; None when ``x`` holds a NaN (nothing written: the caller's reference path decides).
+
+    ``b_scale`` / ``bias`` must be float32 and contiguous (1 or N values / N values); ``out`` as in
+    :func:`qgemm`. The hot path of the registered ``dynamic_qmatmul`` kernel: checks are kept to what
+    the C code needs.
+    """
+    op = "dynamic_qgemm"
+    lib = _lib(op)
+    if not isinstance(b, PackedWeight):
+        raise QuantError(
+            op, f"b must be a PackedWeight, got {type(b).__name__}", "pack it with prepack_weight"
+        )
+    x = np.asarray(x)
+    if x.dtype != _F32 or x.ndim < 1 or x.shape[-1] != b.k:
+        raise QuantError(
+            op, f"x must be float32 (..., K={b.k}), got {x.dtype}{list(x.shape)}", "match the weight"
+        )
+    for name, v, sizes in (("b_scale", b_scale, (1, b.n)), ("bias", bias, (b.n,))):
+        if v is not None and not (
+            isinstance(v, np.ndarray)
+            and v.dtype == _F32
+            and v.ndim <= 1
+            and v.size in sizes
+            and v.flags.c_contiguous
+        ):
+            raise QuantError(op, f"{name} must be a contiguous float32 array of {sizes} values", "convert it")
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise QuantError(op, f"threads must be an int >= 1, got {threads!r}")
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    x2 = x.reshape(m, b.k) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(m, b.k)
+    groups = m if per_row else 1
+    scales, zps = np.empty(max(groups, 1), _F32), np.empty(max(groups, 1), _U8)
+    dst = _target(op, out, (*lead, b.n), (m, b.n), _F32)
+    rc = lib.opstrata_dynamic_qgemm(
+        path_id(path, lib), m, b.n, b.k, x2.ctypes.data, int(bool(per_row)), *b.ptrs,
+        b_scale.ctypes.data, b_scale.size, None if bias is None else bias.ctypes.data, int(bool(relu)),
+        dst.ctypes.data, dst.strides[0] // dst.itemsize if m > 1 else b.n, scales.ctypes.data,
+        zps.ctypes.data, int(threads),
+    )  # fmt: skip
+    if rc == -2 and m * b.k and bool(np.isnan(x2).any()):
+        return None
+    if rc != 0:
+        raise QuantError(
+            op, f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {x.dtype}{list(x.shape)}"
+        )
+    y = out if out is not None else dst.reshape((*lead, b.n))
+    return y, scales[:groups], zps[:groups]

@@ -159,15 +159,96 @@ def _bind_step(
     return _generic(sch, st, t, static, vals, alias, arena)
 
 
-def bind_arena(sch: Schedule, arena: Arena, template: list[Any]) -> BoundProgram:
-    """The arena's steps (reshape-likes already on their input's bytes left out) as bound calls."""
+#: ops whose result is not a function of their inputs: never folded
+_NOT_PURE = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "Dropout",
+    }
+)
+#: ops that read only their input's shape
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+#: a shape-derived value above this size is recomputed per run rather than held beside the arena
+FOLD_MAX_BYTES = 1 << 20
+
+
+def shape_static_steps(sch: Schedule, vals: list[Any], unplanned: frozenset[int]) -> list[int]:
+    """Steps whose results are fixed once the input shapes are: ``Shape`` / ``Size`` of a planned value
+    and every deterministic node reading only initializers and such results (the Shape -> Gather ->
+    Concat -> Reshape / Expand / mask-building subgraphs exporters emit). Only results of a planned
+    shape of at most :data:`FOLD_MAX_BYTES` qualify."""
+    static = {sch.slot[x] for x in sch.graph.initializers}
+    found = []
+    for i, st in enumerate(sch.steps):
+        n = st.node
+        ins = [s for s in st.ins if s >= 0]
+        if not ins or n.op_type in _NOT_PURE or not all(s >= 0 for s in st.outs):
+            continue
+        if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_ONLY:
+            ok = ins[0] not in unplanned
+        else:
+            ok = all(s in static for s in ins)
+        ok = ok and all(isinstance(vals[s], np.ndarray) and vals[s].nbytes <= FOLD_MAX_BYTES for s in st.outs)
+        if ok:
+            found.append(i)
+            static.update(st.outs)
+    return found
+
+
+def _fold(sch: Schedule, steps: list[int], vals: list[Any], feeds: list[np.ndarray]) -> list[int]:
+    """Compute ``steps`` once (feeds give the Shape nodes their shapes) and put their results into
+    ``vals`` as read-only arrays of their own; returns the steps folded (one whose result does not match
+    its planned shape or dtype stays a step, where the run names the disagreement)."""
+    work = list(vals)
+    for s, f in zip(sch.input_slots, feeds, strict=True):
+        work[s] = f
+    done = []
+    for i in steps:
+        st = sch.steps[i]
+        ins = list(st.ins)
+        while ins and ins[-1] < 0:
+            ins.pop()
+        if any(s >= 0 and work[s] is None for s in ins):
+            continue
+        res = sch._compute(st, _args_of(tuple(ins), work))
+        outs = []
+        for k, s in enumerate(st.outs):
+            r = np.asarray(res[k]) if k < len(res) else None
+            planned = vals[s]
+            if r is None or r.shape != planned.shape or r.dtype != planned.dtype:
+                break
+            own = np.array(r, copy=True)
+            own.flags.writeable = False
+            outs.append((s, own))
+        else:
+            for s, own in outs:
+                vals[s] = work[s] = own
+            done.append(i)
+    return done
+
+
+def bind_arena(
+    sch: Schedule, arena: Arena, template: list[Any], feeds: list[np.ndarray] | None = None
+) -> BoundProgram:
+    """The arena's steps (reshape-likes already on their input's bytes left out) as bound calls. With the
+    run's ``feeds``, steps fixed by the input shapes (:func:`shape_static_steps`) are computed here once
+    and left out too: their results are constants of this arena."""
     generation = ops.registry_generation()
     vals = list(template)
     alias = sch.alias_slots(arena)
-    skip = sch.view_steps(arena)
+    skip = set(sch.view_steps(arena))
+    unplanned = frozenset(
+        s for st in sch.steps for s in st.outs if s >= 0 and vals[s] is None
+    )  # dynamic shapes
+    if feeds is not None:
+        skip.update(_fold(sch, shape_static_steps(sch, vals, unplanned | alias), vals, feeds))
     # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
     set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
-    unplanned = {s for st in sch.steps for s in st.outs if s >= 0 and vals[s] is None}  # dynamic shapes
     dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped) | unplanned
     calls, index = [], []
     for i, st in enumerate(sch.steps):

@@ -7,12 +7,15 @@ through ``ops.linear(..., out=)`` / ``ops.matmul(..., out=)`` (BLAS fills the ar
 Linear's bias + relu / gelu / silu runs in place on that view with ``ops.bias_act(..., out=)``: one C
 loop for float32 when the ops native library is built, numpy tiles in cache otherwise), and ``SkipLayerNorm`` writes its residual sum with
 ``ops.add(..., out=)`` (into the output's view when the sum is not an output) and normalizes it into
-the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output). None of these ops is planned in place, so no output aliases an input. A node
+the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output).
+``DynamicQMatMul`` writes through ``ops.dynamic_qmatmul(..., out=)`` (quantize, int8 GEMM and float
+epilogue straight into the view) when every registered kernel of that op takes ``out=``. None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -27,8 +30,9 @@ __all__ = ["into_kernel"]
 Into = Callable[[list[Any], list[np.ndarray]], object]
 
 _LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
+_DYN_QMM = (OPSTRATA_DOMAIN, "DynamicQMatMul")
 #: the graph's kernels these writers stand for
-_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN)}
+_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM) if k in KERNELS}
 
 #: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -77,6 +81,19 @@ def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarr
     return _call_into("layer_norm", y, s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps)
 
 
+def _dynamic_qmatmul(scale: Any, bias: Any, args: list[Any], dsts: list[np.ndarray]) -> object:
+    return _call_into(
+        "dynamic_qmatmul", dsts[0], args[0], args[1], scale, args[2] if len(args) > 2 else None, bias
+    )
+
+
+def _kernels_take_out(op: str) -> bool:
+    """Every kernel registered for ``op`` accepts ``out=`` (one that does not, e.g. from an older
+    package, keeps the generic path rather than failing at run time)."""
+    entries = ops.kernels(op)
+    return bool(entries) and all("out" in inspect.signature(e.fn).parameters for e in entries)
+
+
 def into_kernel(node: Node) -> Into | None:
     """The ``(args, output views) -> None`` writer for ``node``, or None for the generic path."""
     key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
@@ -84,6 +101,10 @@ def into_kernel(node: Node) -> Into | None:
         return None
     if key == _SKIP_LN:
         return partial(_skip_layer_norm, node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5))
+    if key == _DYN_QMM:
+        if len(node.outputs) != 1 or not _kernels_take_out("dynamic_qmatmul"):
+            return None
+        return partial(_dynamic_qmatmul, node.attrs["w_scale"], node.attrs.get("bias"))
     if len(node.outputs) != 1:
         return None
     if key == _MATMUL:

@@ -5,6 +5,10 @@ transposed-B GEMM, which OpenBLAS runs 3-15% slower than the plain one at transf
 same values in Fortran order make ``w.T`` C-contiguous, so the kernel's GEMM needs no transpose. The
 packed copy lives in the schedule's value template (the plan's graph keeps its own array), so a
 session holds such weights twice; the values, shapes and dtypes are unchanged.
+
+2-D int8/uint8 initializers (the weights of integer GEMMs) get a read-only copy of their own: an int8
+kernel that caches its packed form per weight (opstrata.quant's) then trusts it not to change, instead
+of fingerprinting its bytes on every call. A kernel writing into one fails loudly.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import numpy as np
 from opstrata.graph import OPSTRATA_DOMAIN, Graph
 
 __all__ = ["prepack_weights"]
+
+_INT8S = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _transposed_operand(graph: Graph) -> set[str]:
@@ -36,8 +42,15 @@ def _transposed_operand(graph: Graph) -> set[str]:
 
 
 def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> int:
-    """Put Fortran-ordered copies of the transposed GEMM weights into ``template``; returns how many."""
+    """Put Fortran-ordered copies of the transposed GEMM weights and read-only copies of 2-D int8 weights
+    into ``template``; returns how many."""
     count = 0
+    for name, w in graph.initializers.items():
+        if w.dtype in _INT8S and w.ndim == 2 and w.size > 1:
+            frozen = np.array(w, order="C", copy=True)
+            frozen.flags.writeable = False
+            template[slot[name]] = frozen
+            count += 1
     for name in sorted(_transposed_operand(graph)):
         w = graph.initializers[name]
         if w.ndim == 2 and w.size > 1 and not w.flags.f_contiguous:

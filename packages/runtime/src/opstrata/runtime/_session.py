@@ -432,7 +432,7 @@ class InferenceSession:
         if arena is not None and prof is None and (sprog is None or not sprog.parallel):
             bound = self._bound.get(key)
             if bound is None or bound.generation != ops.registry_generation():
-                bound = self._bound[key] = bind_arena(sch, arena, template)  # (re)resolve kernels
+                bound = self._bound[key] = bind_arena(sch, arena, template, feeds)  # (re)resolve kernels
                 bound.calls = with_switches(bound.calls, bound.index, tplan, BLAS.set)
             bvals = run_bound(sch, bound, feeds)
             try:

@@ -369,12 +369,17 @@ def matmul_integer(
 def _dynamic_qmatmul_with(matmul: Any) -> Any:
     """The dynamic-quantized product through ``matmul`` (the exact int64 one or the float64-BLAS one)."""
 
-    def kernel(x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None) -> np.ndarray:
+    def kernel(
+        x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, out: Any = None
+    ) -> np.ndarray:
         q, s, z = _dynamic_quantize_linear(x)
         acc = matmul(q, b, z, b_zero_point)
         y = acc.astype(float32) * (s * np.asarray(b_scale).astype(float32)).astype(float32)
         if bias is not None:
             y = y + np.asarray(bias).astype(float32)
+        if out is not None:
+            np.copyto(out, y)
+            return out
         return y.astype(float32, copy=False)
 
     return kernel
@@ -385,12 +390,20 @@ register("dynamic_qmatmul", device="cpu", dtypes=(float32,))(_dynamic_qmatmul_wi
 
 
 def dynamic_qmatmul(
-    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, device: str | None = None
+    x: Any,
+    b: Any,
+    b_scale: Any,
+    b_zero_point: Any = None,
+    bias: Any = None,
+    *,
+    out: np.ndarray | None = None,
+    device: str | None = None,
 ) -> np.ndarray:
     """``x`` (..., K) float32 quantized on the fly (ONNX DynamicQuantizeLinear: uint8, per tensor), times
     the int8/uint8 weight ``b`` (K, N) exactly in int32, scaled back to float32 by ``x_scale * b_scale``
     (per tensor or per column), plus ``bias`` (N,): what DynamicQuantizeLinear -> MatMulInteger -> Cast ->
     Mul (-> Add) computes, as one op (onnxruntime's DynamicQuantizeMatMul) that a native kernel can fuse.
+    ``out``: a float32 array of the result's shape to write into (e.g. an arena view), not overlapping x.
 
     >>> w = np.array([[2], [1]], np.int8)
     >>> dynamic_qmatmul(np.array([[1.0, 2.0]], np.float32), w, np.float32(0.5)).round(2).tolist()
@@ -409,7 +422,20 @@ def dynamic_qmatmul(
         raise OpError(op, "b_scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
     if bias is not None and np.shape(bias) != (n,):
         raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
-    return call(op, x, b, b_scale, b_zero_point, bias, device=device)
+    if out is None:
+        return call(op, x, b, b_scale, b_zero_point, bias, device=device)
+    want = (*x.shape[:-1], n)
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != float32
+        or out.shape != want
+        or not out.flags.writeable
+    ):
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OpError(op, "out", f"a writeable float32 array of shape {want}", got, fix="pass a matching out")
+    if np.may_share_memory(out, x):
+        raise OpError(op, "out", "memory apart from x", "an array overlapping x", fix="pass a separate out")
+    return call(op, x, b, b_scale, b_zero_point, bias, out=out, device=device)
 
 
 def _conv_int(x: np.ndarray, w: np.ndarray, stride: Any, pads: Any, dilation: Any, groups: Any) -> np.ndarray:

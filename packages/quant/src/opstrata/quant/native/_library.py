@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-ABI = 2  # opstrata_qgemm_abi() of a library these bindings understand
+ABI = 3  # opstrata_qgemm_abi() of a library these bindings understand
 #: code paths by id (the C enum QG_PATH_*), slowest first
 PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 #: forces the path of the registered kernels (``auto`` or one of :data:`PATHS`)
@@ -49,6 +49,14 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "opstrata_qgemm_fingerprint": ([_P, _I64, _I64, _I64], ctypes.c_uint64),
     "opstrata_qgemm_pack_b": ([_P, _I64, _INT, _P, _I64, _I64, _I64, _P, _P, _P], _INT),
     "opstrata_dynamic_quantize": ([_P, _I64, _P, _P, _P], _INT),
+    "opstrata_dynamic_qgemm": (
+        [
+            *(_INT, _I64, _I64, _I64, _P, _INT),  # path, M, N, K, x, per_row
+            *(_P, _P, _P, _P, _I64, _P, _INT),  # packed B, colsum, zbe, b_scale, n, bias, relu
+            *(_P, _I64, _P, _P, _INT),  # out, ldo, scales, zero points, threads
+        ],
+        _INT,
+    ),
     "opstrata_qgemm": (
         [
             *(_INT, _I64, _I64, _I64),  # path, M, N, K

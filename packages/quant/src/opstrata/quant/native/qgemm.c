@@ -39,7 +39,7 @@
 #define QG_X86 0
 #endif
 
-#define QG_ABI 2
+#define QG_ABI 3
 #define NR 64 /* columns per packed panel */
 #define KG 4  /* k per group */
 
@@ -499,6 +499,35 @@ static T512 void qg_epi_512(const qg_epi *e, const int32_t *t, int mr, int64_t r
 static T2 void qg_epi_2(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
     qg_epilogue(e, t, mr, r0, c0, nc);
 }
+
+/* the float32 epilogue in zmm registers, 16 columns per step (masked tail): the zero-point corrections in
+   wrapping int32, then acc * (a_scale * b_scale) (+ bias) (ReLU); the generic loop above does not
+   vectorise its per-column/per-tensor scale stride */
+static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    const int32_t *cs = e->colsum + c0, *zb = e->zbe + c0;
+    const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
+    const float *bias = e->bias ? e->bias + c0 : NULL;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int r = 0; r < mr; ++r) {
+        const int64_t i = r0 + r;
+        const __m512i za = _mm512_set1_epi32(e->zae[i]), rt = _mm512_set1_epi32(e->rterm[i]);
+        const float sa = e->a_scale[e->a_scale_rows ? i : 0];
+        const __m512 sav = _mm512_set1_ps(sa), one = _mm512_set1_ps(sa * sb[0]);
+        const int32_t *tr = t + r * NR;
+        float *o = (float *)e->out + i * e->ldo + c0;
+        for (int c = 0; c < nc; c += 16) {
+            const __mmask16 m = nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u);
+            __m512i acc = _mm512_maskz_loadu_epi32(m, tr + c);
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(za, _mm512_maskz_loadu_epi32(m, cs + c)));
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(m, zb + c), rt));
+            const __m512 sc = e->b_scale_cols ? _mm512_mul_ps(sav, _mm512_maskz_loadu_ps(m, sb + c)) : one;
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
+            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+            if (e->relu) v = _mm512_max_ps(v, zero);
+            _mm512_mask_storeu_ps(o + c, m, v);
+        }
+    }
+}
 #endif /* QG_X86 */
 
 static void qg_epi_portable(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
@@ -525,6 +554,7 @@ static void qg_run(const qg_job *j) {
 #if QG_X86
     if (j->path == QG_PATH_AVX512VNNI || j->path == QG_PATH_AVXVNNI) epi = qg_epi_512;
     if (j->path == QG_PATH_AVX2 || (j->path == QG_PATH_AVXVNNI && !qg_avx512vnni())) epi = qg_epi_2;
+    if (j->e->kind == QG_OUT_F32 && epi == qg_epi_512) epi = qg_epi_f32_512;
 #endif
     int32_t tile[MR_MAX * NR] __attribute__((aligned(64)));
     for (int64_t m0 = j->r_begin; m0 < j->r_end; m0 += MC) {
@@ -569,6 +599,9 @@ static void *qg_worker(void *arg) {
     return NULL;
 }
 
+static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *ap, int64_t ald,
+                     const int8_t *Bp, const qg_epi *e, int nthreads);
+
 /* C = epilogue(A @ B). path: QG_PATH_* or -1 (best on this CPU). A: M x K bytes (row stride lda),
    a_signed 1 (s8) / 0 (u8); za: 1 or M int32 zero points (n_za). Bp / colsum / zbe from
    opstrata_qgemm_pack_b. kind QG_OUT_*; out: M x N (row stride ldo). a_scale (1 or M) and b_scale
@@ -589,7 +622,7 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
     if (M == 0 || N == 0) return QG_OK;
     if (nthreads < 1) nthreads = 1;
 
-    const int64_t kp = qg_kpad(K), kg = kp / KG;
+    const int64_t kp = qg_kpad(K);
     /* A as u8 rows padded to kp (as u16 for the AVX2 path: its kernel broadcasts 4 widened values
        straight from memory), with za' and rowsum(Au) - K za' per row */
     uint8_t *aw = NULL;
@@ -639,14 +672,23 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
     }
     qg_epi e = {kind, out, ldo, colsum, zbe, zae, rterm, a_scale, n_a_scale != 1,
                 b_scale, n_b_scale != 1, bias, relu, y_zp};
-    const int mr_max = path == QG_PATH_AVX2 ? 4 : 6;
-    const int64_t panels = (N + NR - 1) / NR;
     const uint8_t *ap = a16 ? (const uint8_t *)a16 : (aw ? aw : A);
     const int64_t ald = a16 ? 2 * kp : (aw ? kp : lda); /* bytes */
-    qg_job base = {path, mr_max, ap, ald, M, N, kg, Bp, &e, 0, M, 0, panels};
-    if (kp == 0) { /* K == 0: the dot products are 0; one tile of zeros per block */
-        base.kg = 0;
-    }
+    qg_drive(path, M, N, K, ap, ald, Bp, &e, nthreads);
+    free(aw);
+    free(a16);
+    free(rows);
+    return QG_OK;
+}
+
+/* the micro-kernels and epilogue over all rows and panels: ap holds A in the path's layout (u8 rows of
+   kp bytes, or u16 for AVX2) with row stride ald bytes; threads split rows or panels */
+static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *ap, int64_t ald,
+                     const int8_t *Bp, const qg_epi *e, int nthreads) {
+    const int64_t kg = qg_kpad(K) / KG; /* K == 0: the dot products are 0; one tile of zeros per block */
+    const int mr_max = path == QG_PATH_AVX2 ? 4 : 6;
+    const int64_t panels = (N + NR - 1) / NR;
+    qg_job base = {path, mr_max, ap, ald, M, N, kg, Bp, e, 0, M, 0, panels};
     /* threads: split rows (in micro-tile multiples) when there are enough, else panels */
     const int by_rows = M >= (int64_t)nthreads * mr_max;
     const int64_t work_units = by_rows ? (M + mr_max - 1) / mr_max : panels;
@@ -681,10 +723,6 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
                 qg_run(&jobs[t]); /* could not start a thread: do its share here */
         }
     }
-    free(aw);
-    free(a16);
-    free(rows);
-    return QG_OK;
 }
 
 /* ONNX DynamicQuantizeLinear of n float32 values, computed as the ONNX reference does in float32: the
@@ -751,6 +789,59 @@ static __attribute__((target("avx2"))) void qg_dq_apply_avx2(const float *x, int
                                                                uint8_t *y) {
     qg_dq_apply(x, n, s, z, y);
 }
+#if QG_X86
+/* AVX-512: the same range and the same rounding (division, round half to even, + zp, clip), 16 lanes */
+static T512 int qg_dq_range_512(const float *x, int64_t n, float *hi_out, float *lo_out) {
+    __m512 h0 = _mm512_setzero_ps(), h1 = h0, l0 = h0, l1 = h0;
+    __mmask16 bad = 0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        bad |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+        h0 = _mm512_max_ps(a, h0); /* a > h ? a : h */
+        h1 = _mm512_max_ps(b, h1);
+        l0 = _mm512_min_ps(a, l0);
+        l1 = _mm512_min_ps(b, l1);
+    }
+    for (; i < n; i += 16) { /* masked-off lanes load 0, inside the range already */
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 a = _mm512_maskz_loadu_ps(m, x + i);
+        bad |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        h0 = _mm512_max_ps(a, h0);
+        l0 = _mm512_min_ps(a, l0);
+    }
+    *hi_out = _mm512_reduce_max_ps(_mm512_max_ps(h0, h1));
+    *lo_out = _mm512_reduce_min_ps(_mm512_min_ps(l0, l1));
+    return bad != 0;
+}
+
+/* y = clip(rint(x / s) + z, 0, 255) for n values; returns the sum of the bytes written */
+static T512 uint32_t qg_dq_apply_512(const float *x, int64_t n, float s, float z, uint8_t *y) {
+    const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), lo = _mm512_setzero_ps();
+    const __m512 hi = _mm512_set1_ps(255.0f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        q = _mm512_add_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+        q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+        const __m512i v = _mm512_maskz_mov_epi32(m, _mm512_cvttps_epi32(q));
+        sum = _mm512_add_epi32(sum, v);
+        _mm512_mask_cvtepi32_storeu_epi8(y + i, m, v);
+    }
+    return (uint32_t)_mm512_reduce_add_epi32(sum);
+}
+#endif
+
+/* the scale and zero point ONNX DynamicQuantizeLinear derives from the range [lo, hi] (0 inside it) */
+static inline void qg_dq_params(float hi, float lo, float *s_out, float *z_out) {
+    const float s = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+    float z = 0.0f - lo / s;
+    z = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);
+    *s_out = s;
+    *z_out = (z + QG_MAGIC) - QG_MAGIC;
+}
+
 static int qg_dq_range_base(const float *x, int64_t n, float *hi, float *lo) { return qg_dq_range(x, n, hi, lo); }
 static void qg_dq_apply_base(const float *x, int64_t n, float s, float z, uint8_t *y) {
     qg_dq_apply(x, n, s, z, y);
@@ -760,13 +851,20 @@ static void qg_dq_apply_base(const float *x, int64_t n, float s, float z, uint8_
    kernel decides what that means) or n < 0. */
 int opstrata_dynamic_quantize(const float *x, int64_t n, uint8_t *y, float *scale, uint8_t *zp) {
     if (n < 0) return QG_ERR_ARGS;
+    float hi, lo, s, z;
+#if QG_X86
+    if (qg_avx512vnni()) {
+        if (qg_dq_range_512(x, n, &hi, &lo)) return QG_ERR_ARGS;
+        qg_dq_params(hi, lo, &s, &z);
+        qg_dq_apply_512(x, n, s, z, y);
+        *scale = s;
+        *zp = (uint8_t)z;
+        return QG_OK;
+    }
+#endif
     const int wide = qg_avx2();
-    float hi, lo;
     if (wide ? qg_dq_range_avx2(x, n, &hi, &lo) : qg_dq_range_base(x, n, &hi, &lo)) return QG_ERR_ARGS;
-    const float s = hi == lo ? 1.0f : (hi - lo) / 255.0f;
-    float z = 0.0f - lo / s;
-    z = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);
-    z = (z + QG_MAGIC) - QG_MAGIC;
+    qg_dq_params(hi, lo, &s, &z);
     if (wide)
         qg_dq_apply_avx2(x, n, s, z, y);
     else
@@ -774,4 +872,86 @@ int opstrata_dynamic_quantize(const float *x, int64_t n, uint8_t *y, float *scal
     *scale = s;
     *zp = (uint8_t)z;
     return QG_OK;
+}
+
+/* x (M x K float32, rows contiguous) quantized as ONNX DynamicQuantizeLinear does (per_row 0: one scale
+   and zero point for all of x; 1: one per row, i.e. per token), times the packed B, with the float32
+   epilogue (x_scale * b_scale, bias, ReLU) into out (M x N, row stride ldo): DynamicQuantizeLinear ->
+   MatMulInteger -> Cast -> Mul (-> Add) in one call. scales / zps receive the 1 or M scales and zero
+   points. Returns QG_ERR_ARGS (out untouched) when x holds a NaN. */
+int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const float *x, int per_row,
+                           const int8_t *Bp, const int32_t *colsum, const int32_t *zbe, const float *b_scale,
+                           int64_t n_b_scale, const float *bias, int relu, float *out, int64_t ldo,
+                           float *scales, uint8_t *zps, int nthreads) {
+    if (path < 0) path = opstrata_qgemm_best_path();
+    if (path >= QG_NPATHS || !(opstrata_qgemm_paths() & (1 << path))) return QG_ERR_PATH;
+    if (M < 0 || N < 0 || K < 0 || !b_scale || (n_b_scale != 1 && n_b_scale != N)) return QG_ERR_ARGS;
+    const int64_t groups = per_row ? M : 1, glen = per_row ? K : M * K;
+    for (int64_t g = 0; g < groups; ++g) { /* the ranges first: a NaN anywhere leaves everything untouched */
+        float hi, lo;
+        const float *xg = x + g * glen;
+        int bad;
+#if QG_X86
+        if (qg_avx512vnni())
+            bad = qg_dq_range_512(xg, glen, &hi, &lo);
+        else
+#endif
+            bad = qg_avx2() ? qg_dq_range_avx2(xg, glen, &hi, &lo) : qg_dq_range_base(xg, glen, &hi, &lo);
+        if (bad) return QG_ERR_ARGS;
+        float s, z;
+        qg_dq_params(hi, lo, &s, &z);
+        scales[g] = s;
+        zps[g] = (uint8_t)z;
+    }
+    if (M == 0 || N == 0) return QG_OK;
+    if (nthreads < 1) nthreads = 1;
+    const int64_t kp = qg_kpad(K);
+#if QG_X86
+    if ((path == QG_PATH_AVX512VNNI || path == QG_PATH_AVXVNNI) && qg_avx512vnni()) {
+        /* quantize straight into the kernels' layout (rows of kp bytes, zero padded) with the row sums */
+        uint8_t *aw = (uint8_t *)malloc((size_t)(M * (kp ? kp : 1)));
+        int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
+        if (!aw || !rows) {
+            free(aw);
+            free(rows);
+            return QG_ERR_NOMEM;
+        }
+        int32_t *zae = rows, *rterm = rows + M;
+        for (int64_t i = 0; i < M; ++i) {
+            const int64_t g = per_row ? i : 0;
+            uint8_t *dst = aw + i * kp;
+            const uint32_t sum = qg_dq_apply_512(x + i * K, K, scales[g], (float)zps[g], dst);
+            for (int64_t k = K; k < kp; ++k) dst[k] = 0;
+            zae[i] = (int32_t)zps[g];
+            rterm[i] = (int32_t)(sum - (uint32_t)K * (uint32_t)zps[g]);
+        }
+        qg_epi e = {QG_OUT_F32, out, ldo, colsum, zbe, zae, rterm, scales, per_row != 0,
+                    b_scale, n_b_scale != 1, bias, relu, 0};
+        qg_drive(path, M, N, K, aw, kp, Bp, &e, nthreads);
+        free(aw);
+        free(rows);
+        return QG_OK;
+    }
+#endif
+    /* the other paths: quantize, then the general driver (which lays A out for its kernels) */
+    uint8_t *q = (uint8_t *)malloc((size_t)(M * K ? M * K : 1));
+    int32_t *za = (int32_t *)malloc(sizeof(int32_t) * (size_t)groups);
+    if (!q || !za) {
+        free(q);
+        free(za);
+        return QG_ERR_NOMEM;
+    }
+    const int wide = qg_avx2();
+    for (int64_t g = 0; g < groups; ++g) {
+        if (wide)
+            qg_dq_apply_avx2(x + g * glen, glen, scales[g], (float)zps[g], q + g * glen);
+        else
+            qg_dq_apply_base(x + g * glen, glen, scales[g], (float)zps[g], q + g * glen);
+        za[g] = zps[g];
+    }
+    const int rc = opstrata_qgemm(path, M, N, K, q, K, 0, za, groups, Bp, colsum, zbe, QG_OUT_F32, out, ldo,
+                                  scales, groups, b_scale, n_b_scale, bias, relu, 0, nthreads);
+    free(q);
+    free(za);
+    return rc;
 }
