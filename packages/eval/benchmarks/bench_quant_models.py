@@ -44,6 +44,7 @@ def _build(name: str, size: str) -> Any:
     from opstrata.eval.zoo import _builders as zb
 
     tf = zb._transformers()
+    zb.require_torch().manual_seed(0)  # the same random weights on every run (as the zoo's build())
     hidden, layers, heads, inter = SIZES[size]
     common = {"vocab_size": 1000, "attn_implementation": "eager"}
     if name == "bert":
