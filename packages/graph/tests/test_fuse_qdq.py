@@ -240,3 +240,92 @@ def test_dynamic_patterns_it_leaves_alone(change: str) -> None:
         del g.node[1].input[2]
     fused, report = og.optimize(og.from_onnx(m), 2)
     assert report.matched("fuse_dynamic_qmatmul") == 0 and "DynamicQMatMul" not in _ops(fused)
+
+
+# --------------------------------------------------------------------------- QDQ Conv -> QConv
+
+
+def _qdq_conv_model(
+    c: int, oc: int, k: int, *, groups: int = 1, stride: int = 1, pad: int = 0, dilation: int = 1,
+    act_dtype: Any = np.uint8, per_channel: bool = True, bias: bool = True, seed: int = 0,
+    auto_pad: str | None = None,
+) -> Any:  # fmt: skip
+    """x (N, C, H, W) float -> QuantizeLinear -> DequantizeLinear -> Conv(DQ(int8 weight)[, bias])."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, size=(oc, c // groups, k, k)).astype(np.int8)
+    w_scale = (rng.random(oc if per_channel else 1) * 0.02 + 0.005).astype(np.float32)
+    inits = [
+        nh.from_array(np.array(0.05, np.float32), "x_scale"),
+        nh.from_array(np.array(128 if act_dtype == np.uint8 else 3, act_dtype), "x_zp"),
+        nh.from_array(w, "w_q"),
+        nh.from_array(w_scale if per_channel else w_scale.reshape(()), "w_scale"),
+    ]
+    conv_in = ["x_dq", "w_dq"]
+    if bias:
+        inits.append(nh.from_array(rng.standard_normal(oc).astype(np.float32), "bias"))
+        conv_in.append("bias")
+    attrs: dict[str, Any] = {"group": groups, "strides": [stride, stride], "dilations": [dilation, dilation]}
+    if auto_pad:
+        attrs["auto_pad"] = auto_pad
+    else:
+        attrs["pads"] = [pad] * 4
+    nodes = [
+        oh.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["x_q"], name="q_x"),
+        oh.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x_dq"], name="dq_x"),
+        oh.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w_dq"], name="dq_w", **({"axis": 0} if per_channel else {})),
+        oh.make_node("Conv", conv_in, ["y"], name="conv", **attrs),
+    ]  # fmt: skip
+    g = oh.make_graph(
+        nodes, "qdq_conv", [oh.make_tensor_value_info("x", T.FLOAT, ["n", c, "h", "w"])],
+        [oh.make_tensor_value_info("y", T.FLOAT, None)], inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    c=st.sampled_from([1, 3, 4, 8]), mult=st.integers(1, 3), k=st.integers(1, 3), depthwise=st.booleans(),
+    stride=st.integers(1, 2), pad=st.integers(0, 1), act=st.sampled_from([np.uint8, np.int8]),
+    per_channel=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_conv_fused_equals_the_qdq_graph(
+    c, mult, k, depthwise, stride, pad, act, per_channel, bias, seed
+) -> None:
+    groups = c if depthwise else 1
+    m = _qdq_conv_model(c, c * mult, k, groups=groups, stride=stride, pad=pad, act_dtype=act,
+                        per_channel=per_channel, bias=bias, seed=seed)  # fmt: skip
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["QuantizeLinear", "QConv"] and report.matched("fuse_qdq_conv") == 1
+    x = np.random.default_rng(seed + 1).standard_normal((2, c, 6, 5)).astype(np.float32)
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_conv_fused_matches_onnxruntime() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    m = _qdq_conv_model(8, 16, 3, pad=1, seed=5)
+    x = np.random.default_rng(6).standard_normal((2, 8, 9, 9)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_allclose(_run(m, 2, x), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("change", ["auto_pad", "float_activation", "per_axis_activation", "shared_weight"])
+def test_conv_patterns_it_leaves_alone(change: str) -> None:
+    m = _qdq_conv_model(4, 8, 3, auto_pad="SAME_UPPER" if change == "auto_pad" else None)
+    if change == "float_activation":  # weight-only: the DQ'd weight is folded, the Conv stays float
+        m.graph.node[3].input[0] = "x"
+    if change == "per_axis_activation":
+        m.graph.initializer[0].CopyFrom(nh.from_array(np.full(4, 0.05, np.float32), "x_scale"))
+        m.graph.initializer[1].CopyFrom(nh.from_array(np.full(4, 128, np.uint8), "x_zp"))
+        for node in m.graph.node[:2]:
+            node.attribute.append(oh.make_attribute("axis", 1))
+    if change == "shared_weight":
+        m.graph.output.append(oh.make_tensor_value_info("w_dq", T.FLOAT, None))
+    g, _ = og.optimize(og.from_onnx(m), 2)
+    assert "QConv" not in _ops(g) and "Conv" in _ops(g)

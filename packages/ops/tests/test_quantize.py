@@ -351,3 +351,38 @@ def test_dynamic_qmatmul_errors_name_the_argument() -> None:
         ops.dynamic_qmatmul(x, w, np.ones(2, np.float32))
     with pytest.raises(OpError, match=r"dynamic_qmatmul.*bias"):
         ops.dynamic_qmatmul(x, w, np.float32(1), None, np.ones(4, np.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qconv_is_the_dequantized_float_conv(device: str) -> None:
+    """qconv = conv(x - x_zp, w - w_zp) * scale (per output channel) + bias, as the QDQ Conv computes."""
+    x = rng.integers(0, 256, (2, 4, 6, 5)).astype(np.uint8)
+    w = rng.integers(-128, 128, (6, 2, 3, 2)).astype(np.int8)
+    w_zp = rng.integers(-3, 4, 6).astype(np.int8)
+    scale = rng.uniform(0.001, 0.1, 6).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    geo = {"pads": [1, 0, 1, 1], "stride": [2, 1], "groups": 2}
+    got = ops.qconv(x, np.uint8(7), w, w_zp, scale, bias, device=device, **geo)
+    acc = ops.conv_nd(
+        x.astype(np.float64) - 7, w.astype(np.float64) - w_zp.reshape(-1, 1, 1, 1).astype(np.float64), **geo
+    )
+    want = acc * scale.reshape(1, -1, 1, 1).astype(np.float64) + bias.reshape(1, -1, 1, 1)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+    out = np.empty_like(got)
+    assert ops.qconv(x, np.uint8(7), w, w_zp, scale, bias, out=out, device=device, **geo) is out
+    np.testing.assert_array_equal(out, got)
+
+
+def test_qconv_errors_name_the_argument() -> None:
+    x, w = np.ones((1, 2, 4, 4), np.uint8), np.ones((3, 2, 3, 3), np.int8)
+    with pytest.raises(OpError, match=r"qconv.*x"):
+        ops.qconv(x.astype(np.float32), 0, w, 0, np.float32(1))
+    with pytest.raises(OpError, match=r"qconv.*w"):
+        ops.qconv(x, 0, np.ones((3, 2, 3), np.int8), 0, np.float32(1))
+    with pytest.raises(OpError, match=r"qconv.*scale"):
+        ops.qconv(x, 0, w, 0, np.ones(2, np.float32))
+    with pytest.raises(OpError, match=r"qconv.*bias"):
+        ops.qconv(x, 0, w, 0, np.float32(1), np.ones(2, np.float32))
+    with pytest.raises(OpError, match=r"qconv.*out"):
+        ops.qconv(x, 0, w, 0, np.float32(1), out=np.empty((1, 3, 2, 2), np.float64))

@@ -266,6 +266,8 @@ def test_uninstall_gives_ops_kernels_back_and_install_restores() -> None:
             "qlinear_matmul",
             "dynamic_quantize_linear",
             "dynamic_qmatmul",
+            "qconv",
+            "quantize_linear",
         ]
     assert ops.resolve_kernel("matmul_integer", U8, device="cpu") is _kernels._matmul_integer_native
     _kernels.install()  # idempotent: no second entry

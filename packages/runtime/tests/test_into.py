@@ -154,3 +154,35 @@ def test_dynamic_qmatmul_keeps_the_generic_path_when_a_kernel_takes_no_out(monke
         )
     finally:
         ops.unregister("dynamic_qmatmul", device="cpu", kernel=no_out)
+
+
+def test_qconv_writes_its_arena_view(monkeypatch) -> None:
+    """A QDQ Conv fused to ai.opstrata::QConv writes its arena view through ops.qconv(..., out=); the
+    result equals the allocator path and the unfused QDQ graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    r = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    g = helper.make_graph(
+        nodes, "qconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [numpy_helper.from_array(np.array(0.05, np.float32), "xs"), numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+         numpy_helper.from_array(r.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8), "w"),
+         numpy_helper.from_array(np.full(4, 0.01, np.float32), "ws"),
+         numpy_helper.from_array(r.standard_normal(4).astype(np.float32), "b")],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model)
+    (st,) = [s for s in sess._schedule.steps if s.node.op_type == "QConv"]
+    assert st.into is not None
+    x = r.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    assert "QConv" not in _stored_ops(monkeypatch, sess, {"x": x})
+    want = InferenceSession(model, SessionOptions(enable_mem_arena=False)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    unfused = InferenceSession(model, SessionOptions(graph_optimization_level=0)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(want, unfused, rtol=1e-5, atol=1e-5 * float(np.abs(unfused).max()))

@@ -16,6 +16,7 @@ __version__: str = _check_compatible("opstrata-quant")
 
 from ._api import QuantizedModel as QuantizedModel, quantize as quantize
 from ._calibrate import calibrate as calibrate
+from ._conv import PackedConv as PackedConv, prepack_conv as prepack_conv, qconv2d as qconv2d
 from ._dtypes import QDType as QDType, qdtype as qdtype
 from ._dynamic import quantize_dynamic as quantize_dynamic
 from ._errors import (
@@ -86,6 +87,7 @@ __all__ = [
     "Observer",
     "OutputMetrics",
     "OutputReport",
+    "PackedConv",
     "PackedWeight",
     "PercentileObserver",
     "QDType",
@@ -105,7 +107,9 @@ __all__ = [
     "native_status",
     "pack_int4",
     "params_from_range",
+    "prepack_conv",
     "prepack_weight",
+    "qconv2d",
     "qdtype",
     "qgemm",
     "quantize",

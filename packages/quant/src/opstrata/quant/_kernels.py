@@ -27,6 +27,8 @@ import numpy as np
 
 import opstrata.ops as ops
 
+from ._conv import conv_geometry, prepack_conv, run_qconv2d
+from ._errors import QuantError
 from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
 from .native._library import count, library
 
@@ -63,7 +65,7 @@ def _threads() -> int:
 
 _cache_lock = threading.Lock()
 #: id(b) -> (weakref to b, layout + zero-point key, content fingerprint or None if read-only, packed)
-_packed: dict[int, tuple[weakref.ref[np.ndarray], tuple[Any, ...], int | None, PackedWeight]] = {}
+_packed: dict[int, tuple[weakref.ref[np.ndarray], tuple[Any, ...], int | None, Any]] = {}
 
 
 def _layout_key(b: np.ndarray, zp: Any) -> tuple[Any, ...]:
@@ -91,19 +93,28 @@ def _immutable(b: np.ndarray) -> bool:
     return x is None or isinstance(x, bytes)
 
 
-def _pack(b: np.ndarray, zp: Any) -> PackedWeight:
-    """The packed form of ``b`` (K, N), cached per array object: trusted when read-only, verified by
-    its content fingerprint when writeable (a changed weight is packed again)."""
-    key, layout = id(b), _layout_key(b, zp)
-    fp = None if _immutable(b) else _fingerprint(b)
+def _cached(b: np.ndarray, layout: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    """``build()``'s packed form of ``b``, cached per array object and ``layout``: trusted when ``b`` is
+    read-only, verified by its content fingerprint when writeable (a changed weight is packed again)."""
+    key = id(b)
+    fp = (
+        None
+        if _immutable(b)
+        else _fingerprint(b if b.ndim == 2 else np.ascontiguousarray(b).reshape(b.shape[0], -1))
+    )
     with _cache_lock:
         hit = _packed.get(key)
         if hit is not None and hit[0]() is b and hit[1] == layout and hit[2] == fp:
             return hit[3]
-    w = prepack_weight(b, zp)
+    w = build()
     with _cache_lock:
         _packed[key] = (weakref.ref(b, lambda _r, k=key: _packed.pop(k, None)), layout, fp, w)
     return w
+
+
+def _pack(b: np.ndarray, zp: Any) -> PackedWeight:
+    """The packed form of ``b`` (K, N) (see :func:`_cached`)."""
+    return _cached(b, _layout_key(b, zp), lambda: prepack_weight(b, zp))  # type: ignore[no-any-return]
 
 
 def packed_cache_size() -> int:
@@ -255,12 +266,98 @@ def _dynamic_qmatmul_native(
     return got[0]
 
 
+def _qconv_fits(
+    x: np.ndarray, w: np.ndarray, x_zp: Any, w_zp: Any, scale: Any, bias: Any, groups: Any
+) -> bool:
+    if x.ndim != 4 or w.ndim != 4 or x.dtype not in _INT8S or w.dtype not in _INT8S:
+        return False
+    g = int(groups)
+    oc = w.shape[0]
+    if g < 1 or x.shape[1] != w.shape[1] * g or oc % g:
+        return False
+    return (
+        _zp_fits(x_zp, x.dtype, (1,)) and _zp_fits(w_zp, w.dtype, (1, oc)) and _float_scale(scale, (1, oc))
+        and (bias is None or np.shape(bias) == (oc,))
+    )  # fmt: skip
+
+
+def _qconv_native(
+    x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *,
+    stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
+) -> np.ndarray:  # fmt: skip
+    """ops' ``qconv`` (a fused QDQ Conv) on the native int8 kernels for 2-D NCHW convolutions: im2col of
+    channels-last patches into the int8 GEMM, or the direct depthwise kernel; anything else (1-D/3-D,
+    negative pads, zero points of another dtype) goes to ops' kernel."""
+    x, w = np.asarray(x), np.asarray(w)
+    geometry = None
+    if _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) and library() is not None:
+        zk = None if w_zero_point is None else np.asarray(w_zero_point).tobytes()
+        layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
+        packed = _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
+        try:
+            geometry = conv_geometry(x.shape, packed, stride, pads, dilation)
+        except (QuantError, ValueError, TypeError):  # what the C code does not take: ops' kernel decides
+            geometry = None
+    if geometry is None:
+        count("qconv", "numpy")
+        kw = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
+        if out is not None:
+            kw["out"] = out
+        return _displaced["qconv"](x, x_zero_point, w, w_zero_point, scale, bias, **kw)
+    sc = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
+    bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
+    direct = out is not None and out.flags.c_contiguous
+    zx = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(()))
+    y = run_qconv2d(
+        np.ascontiguousarray(x), packed, zx, sc, bi, geometry, _threads(), None, out if direct else None
+    )
+    if out is not None and not direct:
+        np.copyto(out, y)
+        return out
+    return y
+
+
+def _quantize_linear_native(
+    x: Any, scale: Any, zero_point: Any = None, *, axis: int = 1, block_size: int = 0, saturate: bool = True,
+    output_dtype: Any = None, precision: Any = None,
+) -> np.ndarray:  # fmt: skip
+    """ONNX QuantizeLinear of float32 x to int8/uint8 with one scale and zero point, in C (bit-identical to
+    ops' kernel: float32 division, round half to even, saturation, NaN -> 0); per-axis, blocked, float8,
+    other dtypes and precisions go to ops' kernel."""
+    x, s = np.asarray(x), np.asarray(scale)
+    zp = None if zero_point is None else np.asarray(zero_point)
+    out = zp.dtype if zp is not None else (np.dtype(output_dtype) if output_dtype is not None else _U8)
+    fits = (
+        x.dtype == _F32 and s.dtype == _F32 and s.size == 1 and out in _INT8S and not block_size
+        and precision is None and (zp is None or zp.size == 1)
+        and (output_dtype is None or np.dtype(output_dtype) == out) and library() is not None
+    )  # fmt: skip
+    if fits:
+        lib = library()
+        xc = np.ascontiguousarray(x)
+        y = np.empty(x.shape, out)
+        z = 0 if zp is None else int(zp.reshape(()))
+        if (
+            lib.opstrata_quantize_linear(
+                xc.ctypes.data, xc.size, float(s.reshape(())), z, int(out == _S8), y.ctypes.data
+            )
+            == 0
+        ):
+            count("quantize_linear", "native")
+            return y
+    count("quantize_linear", "numpy")
+    return _displaced["quantize_linear"](x, scale, zero_point, axis=axis, block_size=block_size, saturate=saturate,
+                                         output_dtype=output_dtype, precision=precision)  # fmt: skip
+
+
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)
 _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "matmul_integer": (_matmul_integer_native, _INT8S),
     "qlinear_matmul": (_qlinear_matmul_native, _INT8S),
     "dynamic_quantize_linear": (_dynamic_quantize_linear_native, (_F32,)),
     "dynamic_qmatmul": (_dynamic_qmatmul_native, (_F32,)),
+    "qconv": (_qconv_native, _INT8S),
+    "quantize_linear": (_quantize_linear_native, (_F32,)),
 }
 
 

@@ -30,9 +30,9 @@ __all__ = ["into_kernel"]
 Into = Callable[[list[Any], list[np.ndarray]], object]
 
 _LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
-_DYN_QMM = (OPSTRATA_DOMAIN, "DynamicQMatMul")
+_DYN_QMM, _QCONV = (OPSTRATA_DOMAIN, "DynamicQMatMul"), (OPSTRATA_DOMAIN, "QConv")
 #: the graph's kernels these writers stand for
-_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM) if k in KERNELS}
+_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV) if k in KERNELS}
 
 #: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -87,6 +87,17 @@ def _dynamic_qmatmul(scale: Any, bias: Any, args: list[Any], dsts: list[np.ndarr
     )
 
 
+def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
+    """QConv's window from its attributes: graph fuses only Convs with explicit pads (no auto_pad), so
+    the defaults are ONNX's (stride 1, no pads, dilation 1, one group)."""
+    a, nd = node.attrs, args[0].ndim - 2
+    kw = {
+        "stride": list(a.get("strides") or [1] * nd), "pads": list(a.get("pads") or [0] * (2 * nd)),
+        "dilation": list(a.get("dilations") or [1] * nd), "groups": int(a.get("group", 1)),
+    }  # fmt: skip
+    return _call_into("qconv", dsts[0], *args[:4], a["scale"], a.get("bias"), **kw)
+
+
 def _kernels_take_out(op: str) -> bool:
     """Every kernel registered for ``op`` accepts ``out=`` (one that does not, e.g. from an older
     package, keeps the generic path rather than failing at run time)."""
@@ -105,6 +116,10 @@ def into_kernel(node: Node) -> Into | None:
         if len(node.outputs) != 1 or not _kernels_take_out("dynamic_qmatmul"):
             return None
         return partial(_dynamic_qmatmul, node.attrs["w_scale"], node.attrs.get("bias"))
+    if key == _QCONV:
+        if len(node.outputs) != 1 or not _kernels_take_out("qconv"):
+            return None
+        return partial(_qconv, node)
     if len(node.outputs) != 1:
         return None
     if key == _MATMUL:

@@ -6,7 +6,7 @@ same values in Fortran order make ``w.T`` C-contiguous, so the kernel's GEMM nee
 packed copy lives in the schedule's value template (the plan's graph keeps its own array), so a
 session holds such weights twice; the values, shapes and dtypes are unchanged.
 
-2-D int8/uint8 initializers (the weights of integer GEMMs) get a read-only copy of their own: an int8
+int8/uint8 initializers of rank >= 2 (the weights of integer GEMMs and convolutions) get a read-only copy of their own: an int8
 kernel that caches its packed form per weight (opstrata.quant's) then trusts it not to change, instead
 of fingerprinting its bytes on every call. A kernel writing into one fails loudly.
 """
@@ -42,11 +42,11 @@ def _transposed_operand(graph: Graph) -> set[str]:
 
 
 def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> int:
-    """Put Fortran-ordered copies of the transposed GEMM weights and read-only copies of 2-D int8 weights
+    """Put Fortran-ordered copies of the transposed GEMM weights and read-only copies of int8 weights
     into ``template``; returns how many."""
     count = 0
     for name, w in graph.initializers.items():
-        if w.dtype in _INT8S and w.ndim == 2 and w.size > 1:
+        if w.dtype in _INT8S and w.ndim >= 2 and w.size > 1:
             frozen = np.array(w, order="C", copy=True)
             frozen.flags.writeable = False
             template[slot[name]] = frozen

@@ -194,6 +194,22 @@ def _run_dynamic_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
     return [ops.dynamic_qmatmul(x[0], x[1], n.attrs["w_scale"], w_zp, n.attrs.get("bias"))]
 
 
+# --------------------------------------------------------------------------- QConv (fused QDQ Conv)
+
+
+def _qconv_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    ctx.need_dtype(0, "iu", "int8/uint8 activations")
+    ctx.need_dtype(2, "iu", "an int8/uint8 weight")
+    return [(np.dtype(np.float32), _qconv_shape(n, ctx, 0, 2))]
+
+
+def _run_qconv(n: Node, x: list[Arr]) -> list[Arr]:
+    """``ops.qconv``: the exact int32 convolution of the quantized values, scaled per output channel (+ bias)."""
+    return [
+        ops.qconv(x[0], x[1], x[2], x[3], n.attrs["scale"], n.attrs.get("bias"), **_window(n, x[0], x[2]))
+    ]
+
+
 # --------------------------------------------------------------------------- BitCast
 
 
@@ -252,6 +268,11 @@ define(
     "QMatMul", OPSTRATA_DOMAIN, shape=_qmatmul_rule, kernel=_run_qmatmul, uses=("matmul_integer",),
     onnx=False, dtypes="int8/uint8 -> float32",
     doc="a QDQ MatMul/Gemm fused: (a_q, a_zp, w_q (K, N), w_zp), attrs scale, bias; exact int32 product, scaled once",
+)  # fmt: skip
+define(
+    "QConv", OPSTRATA_DOMAIN, shape=_qconv_rule, kernel=_run_qconv, uses=("qconv",), onnx=False,
+    dtypes="int8/uint8 -> float32",
+    doc="a QDQ Conv fused: (x_q, x_zp, w_q, w_zp), Conv's window attrs, attrs scale (per channel), bias; exact int32",
 )  # fmt: skip
 define(
     "DynamicQMatMul", OPSTRATA_DOMAIN, shape=_dynamic_qmatmul_rule, kernel=_run_dynamic_qmatmul,

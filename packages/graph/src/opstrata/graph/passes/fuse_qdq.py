@@ -11,6 +11,9 @@ Matched: a per-tensor int8/uint8 ``DequantizeLinear`` feeding input A, and a con
 weight with a per-tensor or per-output-column ``DequantizeLinear`` (no blocks) feeding input B of a
 ``MatMul`` or of a ``Gemm`` with transA=0, alpha=beta=1 and a constant bias. Constant folding leaves
 such weight dequantizations alone (:func:`is_fusable_weight_dq`) so this pass still sees them.
+
+``fuse_qdq_conv`` does the same for ``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``ai.opstrata::QConv``: the exact
+int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per output channel.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .pattern import Matcher, is_onnx
 
-__all__ = ["fuse_dynamic_qmatmul", "fuse_qdq_matmul", "is_fusable_weight_dq"]
+__all__ = ["fuse_dynamic_qmatmul", "fuse_qdq_conv", "fuse_qdq_matmul", "is_fusable_weight_dq"]
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -82,9 +85,39 @@ def _gemm_ok(m: Matcher, node: Node) -> bool:
     return len(node.inputs) < 3 or not node.inputs[2] or m.const(node.inputs[2]) is not None
 
 
+def _conv_weight(m: Matcher, dq: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """The constant (M, C/groups, *kernel) int8/uint8 conv weight, its scale and zero point (scalar or one
+    per output channel, axis 0)."""
+    parts = _dq_parts(m, dq)
+    if parts is None:
+        return None
+    name, scale, zp = parts
+    w = m.const(name)
+    if w is None or w.ndim < 3 or w.dtype not in _INT8:
+        return None
+    for v in (scale, zp):
+        if (
+            v is not None
+            and v.size > 1
+            and (dq.attrs.get("axis", 1) % w.ndim != 0 or v.shape != (w.shape[0],))
+        ):
+            return None
+    return w, scale.reshape(-1), None if zp is None else zp.reshape(-1)
+
+
+def _conv_ok(m: Matcher, node: Node) -> bool:
+    bias_ok = len(node.inputs) < 3 or not node.inputs[2] or m.const(node.inputs[2]) is not None
+    return bias_ok and node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+
+
 def is_fusable_weight_dq(m: Matcher, dq: Node) -> bool:
-    """A weight DequantizeLinear that :func:`fuse_qdq_matmul` will consume: constant folding keeps it."""
+    """A weight DequantizeLinear that :func:`fuse_qdq_matmul` or :func:`fuse_qdq_conv` will consume:
+    constant folding keeps it."""
     user = m.only_use(dq.outputs[0])
+    if user is not None and is_onnx(user, "Conv") and _conv_ok(m, user):
+        if len(user.inputs) < 2 or user.inputs[1] != dq.outputs[0] or user.inputs[0] == dq.outputs[0]:
+            return False
+        return _conv_weight(m, dq) is not None and _activation(m, user.inputs[0]) is not None
     if user is None or not (is_onnx(user, "MatMul") or (is_onnx(user, "Gemm") and _gemm_ok(m, user))):
         return False
     if len(user.inputs) < 2 or user.inputs[1] != dq.outputs[0] or user.inputs[0] == dq.outputs[0]:
@@ -122,6 +155,49 @@ def _fuse(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     if is_onnx(node, "Gemm") and len(node.inputs) > 2 and node.inputs[2]:
         attrs["bias"] = np.asarray(m.const(node.inputs[2]), np.float32)
     return [Node("QMatMul", ins, node.outputs, attrs, g.fresh_node_name("QMatMul"), OPSTRATA_DOMAIN)]
+
+
+def _fuse_conv(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
+    if len(node.inputs) < 2 or not _conv_ok(m, node):
+        return None
+    dq_w = m.producer(node.inputs[1], "DequantizeLinear")
+    if dq_w is None or not is_fusable_weight_dq(m, dq_w):
+        return None
+    w, w_scale, w_zp = _conv_weight(m, dq_w)  # type: ignore[misc]
+    x_q, x_scale, x_zp = _activation(m, node.inputs[0])  # type: ignore[misc]
+    base = node.name or "qconv"
+
+    def const(suffix: str, value: np.ndarray) -> str:
+        name = g.fresh_name(f"{base}_{suffix}")
+        g.add_initializer(name, value)
+        return name
+
+    ins = [
+        x_q,
+        const("x_zero_point", x_zp.reshape(()) if x_zp is not None else np.zeros((), m.g.values[x_q].dtype)),
+        const("w_int", w),
+        const("w_zero_point", w_zp if w_zp is not None else np.zeros((), w.dtype)),
+    ]
+    attrs = dict(node.attrs)
+    attrs["scale"] = (x_scale.reshape(()).astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        attrs["bias"] = np.asarray(m.const(node.inputs[2]), np.float32)
+    return [Node("QConv", ins, node.outputs, attrs, g.fresh_node_name("QConv"), OPSTRATA_DOMAIN)]
+
+
+def fuse_qdq_conv(graph: Graph) -> Graph:
+    """``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``QConv(x_q, x_zp, W_q, W_zp)`` with the Conv's window
+    attributes, ``scale`` (x_scale * W_scale, scalar or per output channel) and ``bias``."""
+    g = graph.copy()
+    m = Matcher(g)
+    for node in list(g.nodes):
+        if not is_onnx(node, "Conv"):
+            continue
+        new = _fuse_conv(g, m, node)
+        if new is not None:
+            g.replace_node(node, new)
+            m = Matcher(g)
+    return g
 
 
 def fuse_qdq_matmul(graph: Graph) -> Graph:

@@ -635,3 +635,83 @@ def qlinear_conv(
         "qlinear_conv", x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias,
         stride=stride, pads=pads, dilation=dilation, groups=groups, device=device,
     )  # fmt: skip
+
+
+def _qconv(
+    x: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_zero_point: Any,
+    scale: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    out: Any = None,
+) -> np.ndarray:
+    acc = _conv_integer(
+        x, w, x_zero_point, w_zero_point, stride=stride, pads=pads, dilation=dilation, groups=groups
+    )
+    per_channel = (1, -1) + (1,) * (acc.ndim - 2)
+    y = acc.astype(float32) * np.asarray(scale, float32).reshape(per_channel if np.size(scale) > 1 else ())
+    if bias is not None:
+        y = y + np.asarray(bias, float32).reshape(per_channel)
+    if out is not None:
+        np.copyto(out, y)
+        return out
+    return y.astype(float32, copy=False)
+
+
+register("qconv", device="ref", dtypes=MM_DTYPES)(_qconv)
+register("qconv", device="cpu", dtypes=MM_DTYPES)(_qconv)
+
+
+def qconv(
+    x: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_zero_point: Any,
+    scale: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    out: np.ndarray | None = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """A dequantizing integer convolution: ``conv(x - x_zp, w - w_zp)`` exactly in int32, times ``scale``
+    (``x_scale * w_scale``: a scalar or one per output channel), plus a float ``bias`` per output channel,
+    as float32 — what ``Conv(DequantizeLinear(x_q), DequantizeLinear(w_q), bias)`` computes in a QDQ
+    model, as one op a native kernel can run on int8 (graph's ``ai.opstrata::QConv``). ``out``: a float32
+    array of the result's shape to write into.
+
+    >>> x = np.full((1, 1, 2, 2), 3, np.uint8)
+    >>> qconv(x, np.uint8(1), np.ones((1, 1, 2, 2), np.int8), np.int8(0), np.float32(0.5)).tolist()
+    [[[[4.0]]]]
+    """
+    op = "qconv"
+    x, w = _check_int8(op, "x", x), _check_int8(op, "w", w)
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise OpError(op, "w", f"(M, C/groups, *kernel) of x's rank {x.ndim}", f"shape {w.shape}",
+                      fix="pass x (N, C, *spatial) and w (M, C/groups, *kernel)")  # fmt: skip
+    m = w.shape[0]
+    sc = np.asarray(scale)
+    if sc.dtype.kind != "f" or sc.size not in (1, m) or sc.ndim > 1:
+        raise OpError(
+            op, "scale", f"a float scalar or ({m},) per output channel", f"{sc.dtype}{list(sc.shape)}"
+        )
+    if bias is not None and np.shape(bias) != (m,):
+        raise OpError(op, "bias", f"shape ({m},)", str(np.shape(bias)))
+    kw = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups, "device": device}
+    if out is None:
+        return call(op, x, x_zero_point, w, w_zero_point, scale, bias, **kw)
+    if not isinstance(out, np.ndarray) or out.dtype != float32 or not out.flags.writeable:
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OpError(
+            op, "out", "a writeable float32 array of the result's shape", got, fix="pass a matching out"
+        )
+    return call(op, x, x_zero_point, w, w_zero_point, scale, bias, out=out, **kw)

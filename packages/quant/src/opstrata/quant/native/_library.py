@@ -49,6 +49,36 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "opstrata_qgemm_fingerprint": ([_P, _I64, _I64, _I64], ctypes.c_uint64),
     "opstrata_qgemm_pack_b": ([_P, _I64, _INT, _P, _I64, _I64, _I64, _P, _P, _P], _INT),
     "opstrata_dynamic_quantize": ([_P, _I64, _P, _P, _P], _INT),
+    "opstrata_qconv2d": (
+        [
+            *(_INT, _I64, _I64, _I64, _I64, _P, _INT, _I32),  # path, N, C, H, W, x, x_signed, x_zp
+            *(_I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64),  # OC, kh, kw, sh, sw, ph, pw, dh, dw
+            *(_I64, _I64, _I64),  # OH, OW, groups
+            *(_P, _P, _P),  # per group: packed B, colsum, zbe (arrays of pointers)
+            *(_P, _I64, _P, _P, _INT),  # scale, n, bias, out, threads
+        ],
+        _INT,
+    ),
+    "opstrata_qconv2d_depthwise": (
+        [
+            *(_I64, _I64, _I64, _I64, _P, _INT, _I32),  # N, C, H, W, x, x_signed, x_zp
+            *(
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+            ),  # kh, kw, sh, sw, ph, pw, dh, dw, OH, OW
+            *(_P, _P, _I64, _P, _P, _INT),  # centred weight, scale, n, bias, out, threads
+        ],
+        _INT,
+    ),
+    "opstrata_quantize_linear": ([_P, _I64, ctypes.c_float, _I32, _INT, _P], _INT),
     "opstrata_dynamic_qgemm": (
         [
             *(_INT, _I64, _I64, _I64, _P, _INT),  # path, M, N, K, x, per_row

@@ -240,7 +240,16 @@ typedef struct {
     const float *bias;   /* N or NULL */
     int relu;
     int32_t y_zp;
+    int64_t ocs;         /* f32 only: 0 = row-major out; else column c of row i goes to
+                            out[qg_row_base(e, i) + c * ocs] (a convolution's rows are pixels: NCHW output,
+                            channel stride ocs; rows of image i / ocs start img_stride apart) */
+    int64_t img_stride;
 } qg_epi;
+
+/* where row i of a channel-major (conv) output starts: pixel i % ocs of image i / ocs */
+static inline int64_t qg_row_base(const qg_epi *e, int64_t i) {
+    return e->ocs ? (i / e->ocs) * e->img_stride + i % e->ocs : i * e->ldo;
+}
 
 /* tile: mr x nc int32 dot products (row stride NR) for rows r0.., columns c0..; writes the output */
 static inline __attribute__((always_inline)) void qg_epilogue(const qg_epi *e, const int32_t *tile, int mr,
@@ -256,7 +265,8 @@ static inline __attribute__((always_inline)) void qg_epilogue(const qg_epi *e, c
         if (e->kind == QG_OUT_I32) {
             memcpy((int32_t *)e->out + i * e->ldo + c0, acc, sizeof(int32_t) * (size_t)nc);
         } else if (e->kind == QG_OUT_F32) {
-            float *o = (float *)e->out + i * e->ldo + c0;
+            const int64_t cs = e->ocs ? e->ocs : 1;
+            float *o = (float *)e->out + qg_row_base(e, i) + c0 * cs;
             const float sa = e->a_scale[e->a_scale_rows ? i : 0];
             const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
             const int sbs = e->b_scale_cols ? 1 : 0;
@@ -265,7 +275,7 @@ static inline __attribute__((always_inline)) void qg_epilogue(const qg_epi *e, c
                 float v = (float)acc[c] * (sa * sb[c * sbs]);
                 if (bias) v += bias[c];
                 if (e->relu) v = v > 0.0f ? v : 0.0f;
-                o[c] = v;
+                o[c * cs] = v;
             }
         } else { /* requantize: saturate(rint(acc * multiplier) + y_zp), multiplier float32, product double */
             const float *mul = e->b_scale + (e->b_scale_cols ? c0 : 0);
@@ -508,23 +518,40 @@ static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64
     const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
     const float *bias = e->bias ? e->bias + c0 : NULL;
     const __m512 zero = _mm512_setzero_ps();
-    for (int r = 0; r < mr; ++r) {
-        const int64_t i = r0 + r;
-        const __m512i za = _mm512_set1_epi32(e->zae[i]), rt = _mm512_set1_epi32(e->rterm[i]);
-        const float sa = e->a_scale[e->a_scale_rows ? i : 0];
-        const __m512 sav = _mm512_set1_ps(sa), one = _mm512_set1_ps(sa * sb[0]);
-        const int32_t *tr = t + r * NR;
-        float *o = (float *)e->out + i * e->ldo + c0;
-        for (int c = 0; c < nc; c += 16) {
-            const __mmask16 m = nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u);
-            __m512i acc = _mm512_maskz_loadu_epi32(m, tr + c);
-            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(za, _mm512_maskz_loadu_epi32(m, cs + c)));
-            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(m, zb + c), rt));
-            const __m512 sc = e->b_scale_cols ? _mm512_mul_ps(sav, _mm512_maskz_loadu_ps(m, sb + c)) : one;
+    float buf[MR_MAX][16]; /* channel-major output: one 16-column slice of every row, written column-wise */
+    int64_t base[MR_MAX];
+    for (int r = 0; r < mr; ++r) base[r] = qg_row_base(e, r0 + r);
+    for (int c = 0; c < nc; c += 16) {
+        const __mmask16 m = nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u);
+        const __m512i csv = _mm512_maskz_loadu_epi32(m, cs + c), zbv = _mm512_maskz_loadu_epi32(m, zb + c);
+        const __m512 sbv = e->b_scale_cols ? _mm512_maskz_loadu_ps(m, sb + c) : _mm512_set1_ps(sb[0]);
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c) : zero;
+        for (int r = 0; r < mr; ++r) {
+            const int64_t i = r0 + r;
+            __m512i acc = _mm512_maskz_loadu_epi32(m, t + r * NR + c);
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[i]), csv));
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zbv, _mm512_set1_epi32(e->rterm[i])));
+            const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(e->a_scale[e->a_scale_rows ? i : 0]), sbv);
             __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
-            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+            if (bias) v = _mm512_add_ps(v, bv);
             if (e->relu) v = _mm512_max_ps(v, zero);
-            _mm512_mask_storeu_ps(o + c, m, v);
+            if (e->ocs)
+                _mm512_storeu_ps(buf[r], v);
+            else
+                _mm512_mask_storeu_ps((float *)e->out + base[r] + c0 + c, m, v);
+        }
+        if (e->ocs) {
+            const int nl = nc - c < 16 ? nc - c : 16;
+            float *o = (float *)e->out + (c0 + c) * e->ocs;
+            const int same_image = base[mr - 1] - base[0] == mr - 1; /* rows on consecutive pixels */
+            for (int l = 0; l < nl; ++l, o += e->ocs) {
+                if (same_image) {
+                    float *d = o + base[0];
+                    for (int r = 0; r < mr; ++r) d[r] = buf[r][l];
+                } else {
+                    for (int r = 0; r < mr; ++r) o[base[r]] = buf[r][l];
+                }
+            }
         }
     }
 }
@@ -934,7 +961,7 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
     }
 #endif
     /* the other paths: quantize, then the general driver (which lays A out for its kernels) */
-    uint8_t *q = (uint8_t *)malloc((size_t)(M * K ? M * K : 1));
+    uint8_t *q = (uint8_t *)malloc((size_t)(M * K > 0 ? M * K : 1));
     int32_t *za = (int32_t *)malloc(sizeof(int32_t) * (size_t)groups);
     if (!q || !za) {
         free(q);
@@ -954,4 +981,338 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
     free(q);
     free(za);
     return rc;
+}
+
+
+/* ------------------------------------------------------------------ 2-D convolution */
+
+/* x (N, C, H, W) int8/uint8 NCHW (x_signed: int8, moved to uint8 by + 128 with its zero point) convolved
+   with a weight packed per group as a (kh * kw * C/g, OC/g) GEMM operand (rows ordered tap-major: (i, j, c)),
+   scaled per output channel (scale) + bias, into out (N, OC, OH, OW) float32. Each image is laid out
+   channels-last once; each group's rows (one per output pixel, kh * kw runs of C/g bytes, the zero point
+   where the window leaves the image) then go through the int8 GEMM, whose epilogue writes NCHW. A 1x1,
+   stride-1, unpadded convolution of one group multiplies the channels-last image directly. */
+int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed,
+                     int32_t x_zp, int64_t OC, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                     int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int64_t groups,
+                     const int8_t *const *Bp, const int32_t *const *colsum, const int32_t *const *zbe,
+                     const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads) {
+    if (path < 0) path = opstrata_qgemm_best_path();
+    if (path >= QG_NPATHS || !(opstrata_qgemm_paths() & (1 << path))) return QG_ERR_PATH;
+    if (N < 0 || C < 1 || H < 0 || W < 0 || OC < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 ||
+        dw < 1 || OH < 0 || OW < 0 || groups < 1 || C % groups || OC % groups || (n_scale != 1 && n_scale != OC))
+        return QG_ERR_ARGS;
+    if (N == 0 || OH == 0 || OW == 0) return QG_OK;
+    if (nthreads < 1) nthreads = 1;
+    const int64_t cg = C / groups, ocg = OC / groups, K = kh * kw * cg, kp = qg_kpad(K), P = OH * OW, M = N * P;
+    const uint8_t flip = x_signed ? 0x80 : 0;
+    const int32_t za = x_zp + (x_signed ? 128 : 0);
+    const int direct = groups == 1 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
+                       dh == 1 && dw == 1 && OH == H && OW == W && K == kp && path != QG_PATH_AVX2;
+    const int64_t img = H * W * C;
+    uint8_t *xh = (uint8_t *)malloc((size_t)(N * img > 0 ? N * img : 1));
+    uint8_t *rows = direct ? NULL : (uint8_t *)malloc((size_t)(M * kp));
+    int32_t *rt = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
+    uint16_t *a16 = path == QG_PATH_AVX2 ? (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(M * kp)) : NULL;
+    if (!xh || (!direct && !rows) || !rt || (path == QG_PATH_AVX2 && !a16)) {
+        free(xh);
+        free(rows);
+        free(rt);
+        free(a16);
+        return QG_ERR_NOMEM;
+    }
+    int32_t *zae = rt, *rterm = rt + M;
+    for (int64_t i = 0; i < M; ++i) zae[i] = za;
+    for (int64_t n = 0; n < N; ++n) { /* channels-last: xh[n][(h * W + w) * C + c] */
+        const uint8_t *xn = x + n * img;
+        uint8_t *dn = xh + n * img;
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t q = 0; q < H * W; ++q) dn[q * C + c] = xn[c * H * W + q] ^ flip;
+    }
+    const float one = 1.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *a = xh;
+        int64_t lda = C;
+        if (!direct) {
+            for (int64_t n = 0; n < N; ++n)
+                for (int64_t oh = 0; oh < OH; ++oh)
+                    for (int64_t ow = 0; ow < OW; ++ow) {
+                        uint8_t *dst = rows + ((n * OH + oh) * OW + ow) * kp;
+                        const uint8_t *src = xh + n * img + g * cg;
+                        const int64_t iw0 = ow * sw - pw;
+                        const int whole_rows = groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
+                        for (int64_t i = 0; i < kh; ++i) {
+                            const int64_t ih = oh * sh - ph + i * dh;
+                            if (ih < 0 || ih >= H) { /* a kernel row above or below the image */
+                                memset(dst, (int)za, (size_t)(kw * cg));
+                                dst += kw * cg;
+                                continue;
+                            }
+                            if (whole_rows) { /* kw taps of all channels: one contiguous channels-last run */
+                                memcpy(dst, src + (ih * W + iw0) * C, (size_t)(kw * C));
+                                dst += kw * C;
+                                continue;
+                            }
+                            for (int64_t j = 0; j < kw; ++j, dst += cg) {
+                                const int64_t iw = ow * sw - pw + j * dw;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                                    memset(dst, (int)za, (size_t)cg);
+                                } else if (cg < 16) { /* a few channels (the RGB stem): no call per tap */
+                                    const uint8_t *sp = src + (ih * W + iw) * C;
+                                    for (int64_t c = 0; c < cg; ++c) dst[c] = sp[c];
+                                } else {
+                                    memcpy(dst, src + (ih * W + iw) * C, (size_t)cg);
+                                }
+                            }
+                        }
+                        memset(dst, 0, (size_t)(kp - K));
+                    }
+            a = rows;
+            lda = kp;
+        }
+        for (int64_t r = 0; r < M; ++r) {
+            const uint8_t *ar = a + r * lda;
+            uint32_t sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += ar[k];
+            rterm[r] = (int32_t)(sum - (uint32_t)K * (uint32_t)za);
+        }
+        const float *sg = n_scale == 1 ? scale : scale + g * ocg;
+        qg_epi e = {QG_OUT_F32, out + g * ocg * P, 1, colsum[g], zbe[g], zae, rterm, &one, 0, sg, n_scale != 1,
+                    bias ? bias + g * ocg : NULL, 0, 0, P, OC * P};
+        if (a16) { /* the AVX2 kernel broadcasts rows widened to u16 */
+            for (int64_t r = 0; r < M; ++r)
+                for (int64_t k = 0; k < kp; ++k) a16[r * kp + k] = a[r * lda + k];
+            qg_drive(path, M, ocg, K, (const uint8_t *)a16, 2 * kp, Bp[g], &e, nthreads);
+        } else {
+            qg_drive(path, M, ocg, K, a, lda, Bp[g], &e, nthreads);
+        }
+    }
+    free(xh);
+    free(rows);
+    free(rt);
+    free(a16);
+    return QG_OK;
+}
+
+/* depthwise 2-D convolution (groups == C == OC), channels-last: the image centred by its zero point into
+   an int16 (Hp, Wp, C) buffer padded with zeros, then per output pixel and tap a multiply-add of C int16
+   pairs into int32 accumulators (the channel loop vectorises), scaled per channel into NCHW float32. Exact.
+   wc: the weight centred by its zero point, (C, kh * kw) int16. Threads split images x output rows. */
+typedef struct {
+    int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, Hp, Wp;
+    const uint8_t *x;
+    uint8_t flip;
+    int32_t za;
+    const int16_t *wt; /* (kh * kw, C): tap-major */
+    const float *scale;
+    int64_t n_scale;
+    const float *bias;
+    float *out;
+    const int16_t *xp; /* (N, Hp, Wp, C) */
+    int64_t r0, r1;    /* output rows (n * OH + oh) of this worker */
+} qg_dw_job;
+
+static inline __attribute__((always_inline)) void qg_dw_rows_body(const qg_dw_job *j) {
+    const int64_t C = j->C, P = j->OH * j->OW;
+    int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)C);
+    float *sc = (float *)malloc(sizeof(float) * (size_t)C);
+    if (!acc || !sc) {
+        free(acc);
+        free(sc);
+        return; /* checked by the caller's probe allocation */
+    }
+    for (int64_t c = 0; c < C; ++c) sc[c] = j->scale[j->n_scale == 1 ? 0 : c];
+    for (int64_t r = j->r0; r < j->r1; ++r) {
+        const int64_t n = r / j->OH, oh = r % j->OH;
+        const int16_t *xn = j->xp + n * j->Hp * j->Wp * C;
+        float *on = j->out + n * C * P + oh * j->OW;
+        for (int64_t ow = 0; ow < j->OW; ++ow) {
+            for (int64_t c = 0; c < C; ++c) acc[c] = 0;
+            for (int64_t i = 0; i < j->kh; ++i)
+                for (int64_t t = 0; t < j->kw; ++t) {
+                    const int16_t *src = xn + ((oh * j->sh + i * j->dh) * j->Wp + ow * j->sw + t * j->dw) * C;
+                    const int16_t *wv = j->wt + (i * j->kw + t) * C;
+                    for (int64_t c = 0; c < C; ++c) acc[c] += (int32_t)src[c] * (int32_t)wv[c];
+                }
+            for (int64_t c = 0; c < C; ++c)
+                on[c * P + ow] = (float)acc[c] * sc[c] + (j->bias ? j->bias[c] : 0.0f);
+        }
+    }
+    free(acc);
+    free(sc);
+}
+
+/* the channel loops vectorise with the widest ISA this CPU has */
+#if QG_X86
+/* AVX-512: 16 channels' accumulators stay in a register across all taps of one output pixel */
+static T512 void qg_dw_rows_512(const qg_dw_job *j) {
+    const int64_t C = j->C, P = j->OH * j->OW, tstep = j->dw * C; /* int16 elements between taps */
+    for (int64_t r = j->r0; r < j->r1; ++r) {
+        const int64_t n = r / j->OH, oh = r % j->OH;
+        const int16_t *xn = j->xp + n * j->Hp * j->Wp * C;
+        float *on = j->out + n * C * P + oh * j->OW;
+        for (int64_t ow = 0; ow < j->OW; ++ow) {
+            for (int64_t c = 0; c < C; c += 16) {
+                const __mmask16 m = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1u);
+                __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0; /* two chains: the adds overlap */
+                const int16_t *wp = j->wt + c;
+                for (int64_t i = 0; i < j->kh; ++i) {
+                    const int16_t *src = xn + ((oh * j->sh + i * j->dh) * j->Wp + ow * j->sw) * C + c;
+                    int64_t t = 0;
+                    for (; t + 1 < j->kw; t += 2, src += tstep * 2, wp += 2 * C) {
+                        const __m512i x0 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, src));
+                        const __m512i x1 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, src + tstep));
+                        const __m512i w0 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, wp));
+                        const __m512i w1 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, wp + C));
+                        acc0 = _mm512_add_epi32(acc0, _mm512_mullo_epi32(x0, w0));
+                        acc1 = _mm512_add_epi32(acc1, _mm512_mullo_epi32(x1, w1));
+                    }
+                    for (; t < j->kw; ++t, src += tstep, wp += C) {
+                        const __m512i x0 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, src));
+                        const __m512i w0 = _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, wp));
+                        acc0 = _mm512_add_epi32(acc0, _mm512_mullo_epi32(x0, w0));
+                    }
+                }
+                __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1));
+                const __m512 sc = j->n_scale == 1 ? _mm512_set1_ps(j->scale[0]) : _mm512_maskz_loadu_ps(m, j->scale + c);
+                v = _mm512_mul_ps(v, sc);
+                if (j->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, j->bias + c));
+                float lanes[16];
+                _mm512_storeu_ps(lanes, v);
+                const int nl = C - c < 16 ? (int)(C - c) : 16;
+                for (int l = 0; l < nl; ++l) on[(c + l) * P + ow] = lanes[l];
+            }
+        }
+    }
+}
+static __attribute__((target("avx2"))) void qg_dw_rows_avx2(const qg_dw_job *j) { qg_dw_rows_body(j); }
+#endif
+static void qg_dw_rows_base(const qg_dw_job *j) { qg_dw_rows_body(j); }
+
+static void qg_dw_rows(const qg_dw_job *j) {
+#if QG_X86
+    if (qg_avx512vnni()) {
+        qg_dw_rows_512(j);
+        return;
+    }
+    if (qg_avx2()) {
+        qg_dw_rows_avx2(j);
+        return;
+    }
+#endif
+    qg_dw_rows_base(j);
+}
+
+static void *qg_dw_worker(void *arg) {
+    qg_dw_rows((const qg_dw_job *)arg);
+    return NULL;
+}
+
+int opstrata_qconv2d_depthwise(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed,
+                               int32_t x_zp, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                               int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, const int16_t *wc,
+                               const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads) {
+    if (N < 0 || C < 1 || H < 0 || W < 0 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
+        OH < 0 || OW < 0 || ph < 0 || pw < 0 || (n_scale != 1 && n_scale != C))
+        return QG_ERR_ARGS;
+    if (N == 0 || OH == 0 || OW == 0) return QG_OK;
+    /* the padded image covers every tap of every output position (and the whole input) */
+    int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
+    if (Hp < H + ph) Hp = H + ph;
+    if (Wp < W + pw) Wp = W + pw;
+    const int64_t taps = kh * kw;
+    int16_t *xp = (int16_t *)calloc((size_t)(N * Hp * Wp * C), sizeof(int16_t));
+    int16_t *wt = (int16_t *)malloc(sizeof(int16_t) * (size_t)(taps * C));
+    void *probe = malloc((sizeof(int32_t) + sizeof(float)) * (size_t)C);
+    if (!xp || !wt || !probe) {
+        free(xp);
+        free(wt);
+        free(probe);
+        return QG_ERR_NOMEM;
+    }
+    free(probe);
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t t = 0; t < taps; ++t) wt[t * C + c] = wc[c * taps + t];
+    const uint8_t flip = x_signed ? 0x80 : 0;
+    const int32_t za = x_zp + (x_signed ? 128 : 0);
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+            const uint8_t *xc = x + (n * C + c) * H * W;
+            int16_t *dn = xp + n * Hp * Wp * C + c;
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t w = 0; w < W; ++w)
+                    dn[((h + ph) * Wp + w + pw) * C] = (int16_t)((int32_t)(uint8_t)(xc[h * W + w] ^ flip) - za);
+        }
+    qg_dw_job base = {C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, Hp, Wp, x, flip, za, wt, scale, n_scale,
+                      bias, out, xp, 0, N * OH};
+    const int64_t rows = N * OH;
+    int64_t by_work = (rows * OW * C * taps) >> 20; /* ~1M multiply-adds per thread at least */
+    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
+    if (nthreads > rows) nthreads = (int)rows;
+    if (nthreads > 64) nthreads = 64;
+    if (nthreads <= 1) {
+        qg_dw_rows(&base);
+    } else {
+        qg_dw_job jobs[64];
+        pthread_t tid[64];
+        int started[64] = {0};
+        for (int t = 0; t < nthreads; ++t) {
+            jobs[t] = base;
+            jobs[t].r0 = rows * t / nthreads;
+            jobs[t].r1 = rows * (t + 1) / nthreads;
+        }
+        for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_dw_worker, &jobs[t]) == 0;
+        qg_dw_rows(&jobs[0]);
+        for (int t = 1; t < nthreads; ++t) {
+            if (started[t])
+                pthread_join(tid[t], NULL);
+            else
+                qg_dw_rows(&jobs[t]);
+        }
+    }
+    free(xp);
+    free(wt);
+    return QG_OK;
+}
+
+/* ONNX QuantizeLinear of n float32 values with one scale and zero point, as ops' reference computes it:
+   v = x / s in float32, rint (half to even) + zp, saturated to the output type; NaN -> 0 (numpy's
+   nan_to_num before the cast). y is uint8 (is_signed 0) or int8 bytes. */
+static inline __attribute__((always_inline)) void qg_ql_body(const float *x, int64_t n, float s, float z,
+                                                             float lo, float hi, uint8_t *y) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i] / s;
+        float q = (v == v) ? (fabsf(v) < 4194304.0f ? ((v + QG_MAGIC) - QG_MAGIC) : v) + z : 0.0f;
+        q = q < lo ? lo : (q > hi ? hi : q);
+        y[i] = (uint8_t)(int32_t)q;
+    }
+}
+static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
+    qg_ql_body(x, n, s, z, lo, hi, y);
+}
+#if QG_X86
+static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
+    const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        const __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+        __m512 q = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+        q = _mm512_maskz_mov_ps(ok, _mm512_min_ps(_mm512_max_ps(q, vlo), vhi)); /* NaN -> 0 */
+        _mm512_mask_cvtepi32_storeu_epi8(y + i, m, _mm512_cvttps_epi32(q));
+    }
+}
+#endif
+
+int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y) {
+    if (n < 0 || !(s == s)) return QG_ERR_ARGS;
+    const float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
+#if QG_X86
+    if (qg_avx512vnni()) {
+        qg_ql_512(x, n, s, (float)zp, lo, hi, y);
+        return QG_OK;
+    }
+#endif
+    qg_ql_base(x, n, s, (float)zp, lo, hi, y);
+    return QG_OK;
 }

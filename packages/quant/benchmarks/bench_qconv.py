@@ -1,0 +1,128 @@
+"""quant's native int8 convolution (ops' ``qconv``: the dequantizing QDQ Conv) against ops' fp32
+``conv2d`` on the same shapes, with onnxruntime's fp32 Conv and int8 QLinearConv beside them.
+
+Run: ``python packages/quant/benchmarks/bench_qconv.py [--quick] [--repeats N]``.
+One thread everywhere (set before numpy / onnxruntime load). Shapes: ResNet-18's and MobileNet's
+convolutions at the zoo's 64x64 input, batch 8 (stem 7x7/2, 3x3 of each stage, 1x1 projections,
+depthwise 3x3 and 5x5). Each cell is a median of interleaved rounds with alternating order; ratios are
+the figures (absolute times on a shared machine are noise). Every int8 result is checked against ops'
+reference kernel first.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPSTRATA_NUM_THREADS"):
+    os.environ[_var] = "1"
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import opstrata.ops as ops  # noqa: E402
+import opstrata.quant as oq  # noqa: E402
+from opstrata.ops.benchtools import format_table  # noqa: E402
+
+try:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+except ImportError:  # the onnxruntime columns are optional
+    ort = None  # type: ignore[assignment]
+
+#: (name, N, C, H, OC, k, stride, pad, groups)
+SHAPES = [
+    ("resnet stem 7x7/2", 8, 3, 64, 64, 7, 2, 3, 1),
+    ("resnet 3x3 c64", 8, 64, 16, 64, 3, 1, 1, 1),
+    ("resnet 3x3 c128", 8, 128, 8, 128, 3, 1, 1, 1),
+    ("resnet 3x3 c256", 8, 256, 4, 256, 3, 1, 1, 1),
+    ("resnet 1x1/2 proj", 8, 64, 16, 128, 1, 2, 0, 1),
+    ("mobilenet 1x1 c16->72", 8, 16, 16, 72, 1, 1, 0, 1),
+    ("depthwise 3x3/2 c72", 8, 72, 16, 72, 3, 2, 1, 72),
+    ("depthwise 5x5 c96", 8, 96, 8, 96, 5, 1, 2, 96),
+]
+
+
+def _ort_conv(
+    w: np.ndarray, b: np.ndarray, stride: int, pad: int, groups: int, int8: bool
+) -> Callable[..., Any]:
+    """An onnxruntime session of one fp32 Conv or one QLinearConv (uint8 x, int8 w, uint8 y)."""
+    attrs = {"strides": [stride] * 2, "pads": [pad] * 4, "group": groups}
+    if int8:
+        inits = [numpy_helper.from_array(np.array(0.05, np.float32), "xs"), numpy_helper.from_array(np.array(3, np.uint8), "xz"),
+                 numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.full(w.shape[0], 0.01, np.float32), "ws"),
+                 numpy_helper.from_array(np.zeros(w.shape[0], np.int8), "wz"), numpy_helper.from_array(np.array(0.1, np.float32), "ys"),
+                 numpy_helper.from_array(np.array(128, np.uint8), "yz")]  # fmt: skip
+        node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], **attrs)
+        x_t, y_t = TensorProto.UINT8, TensorProto.UINT8
+    else:
+        inits = [numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(b, "b")]
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+        x_t, y_t = TensorProto.FLOAT, TensorProto.FLOAT
+    g = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", x_t, None)],
+                          [helper.make_tensor_value_info("y", y_t, None)], inits)  # fmt: skip
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                                so, providers=["CPUExecutionProvider"])  # fmt: skip
+    return lambda x: sess.run(None, {"x": x})
+
+
+def _interleaved(cands: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    names = list(cands)
+    for r in range(rounds):
+        for k in names if r % 2 == 0 else reversed(names):
+            t = time.perf_counter()
+            cands[k]()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two shapes, 3 rounds (a smoke run)")
+    ap.add_argument("--repeats", type=int, default=21)
+    args = ap.parse_args()
+    rounds = 3 if args.quick else args.repeats
+    r = np.random.default_rng(0)
+    rows = []
+    for name, n, c, h, oc, k, s, p, g in SHAPES[:2] if args.quick else SHAPES:
+        xq = r.integers(0, 256, (n, c, h, h)).astype(np.uint8)
+        w = r.integers(-127, 128, (oc, c // g, k, k)).astype(np.int8)
+        w.flags.writeable = False  # as a session's weights: packed once, trusted
+        scale, bias = np.full(oc, 0.01, np.float32), r.standard_normal(oc).astype(np.float32)
+        xf, wf = (xq.astype(np.float32) - 3) * 0.05, w.astype(np.float32) * 0.01
+        geo = {"stride": s, "pads": p, "groups": g}
+        got = ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, **geo)
+        want = ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, device="ref", **geo)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+        cands: dict[str, Callable[[], object]] = {
+            "int8": lambda xq=xq, w=w, scale=scale, bias=bias, geo=geo: ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, **geo),
+            "fp32": lambda xf=xf, wf=wf, bias=bias, s=s, p=p, g=g: ops.conv2d(xf, wf, bias, stride=s, padding=p, groups=g),
+        }  # fmt: skip
+        if ort is not None:
+            ort_f, ort_q = _ort_conv(wf, bias, s, p, g, False), _ort_conv(w, bias, s, p, g, True)
+            cands["ort fp32"] = lambda f=ort_f, xf=xf: f(xf)
+            cands["ort int8"] = lambda f=ort_q, xq=xq: f(xq)
+        ms = _interleaved(cands, rounds)
+        row = [name, f"{ms['int8']:.3f}", f"{ms['fp32']:.3f}", f"{ms['fp32'] / ms['int8']:.2f}x"]
+        if ort is not None:
+            row += [f"{ms['ort int8']:.3f}", f"{ms['int8'] / ms['ort int8']:.2f}x", f"{ms['ort fp32']:.3f}"]
+        rows.append(row)
+    print(f"int8 conv (ops.qconv -> opstrata.quant) vs fp32, one thread, {rounds} interleaved rounds; "
+          f"{platform.machine()}, native paths {oq.native_status().paths}")  # fmt: skip
+    head = ["shape", "int8 ms", "fp32 ms", "int8 speed-up"]
+    if ort is not None:
+        head += ["ort QLinearConv ms", "int8 / ort int8", "ort fp32 ms"]
+    print(format_table(head, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The native int8 convolution (``qconv2d``, ops' ``qconv`` registered from quant) and QuantizeLinear:
+exact integer parts against ops' reference on every code path, the registered kernels' hand-offs, and a
+quantized CNN that runs its Conv nodes as QConv on them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import opstrata.ops as ops
+import opstrata.quant as oq
+from opstrata.ops.testing import TOLERANCES
+from opstrata.quant.native import _library
+
+pytestmark = pytest.mark.skipif(
+    shutil.which((os.environ.get("CC") or "cc").split()[0]) is None
+    or os.environ.get("OPSTRATA_NATIVE") == "off",
+    reason="no C compiler on this machine (or OPSTRATA_NATIVE=off): the int8 library cannot be built",
+)
+RTOL, ATOL = TOLERANCES[np.dtype(np.float32)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2), c_per_group=st.integers(1, 6), groups=st.sampled_from([1, 2, 3, "depthwise"]),
+    mult=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), kh=st.integers(1, 4), kw=st.integers(1, 4),
+    stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+    dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), x_dt=st.sampled_from([np.uint8, np.int8]),
+    w_dt=st.sampled_from([np.int8, np.uint8]), per_channel_zp=st.booleans(), with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_qconv2d_equals_ops_reference_on_every_path(
+    n, c_per_group, groups, mult, h, w, kh, kw, stride, pads, dilation, x_dt, w_dt, per_channel_zp, with_bias, seed
+) -> None:  # fmt: skip
+    """conv(x - x_zp, w - w_zp) exactly in int32, scaled per output channel (+ bias): any geometry
+    (asymmetric pads, strides, dilations), grouped and depthwise, int8/uint8 on both sides."""
+    g = c_per_group if groups == "depthwise" else groups
+    cg = 1 if groups == "depthwise" else c_per_group
+    c, oc = cg * g, g * (1 if groups == "depthwise" else mult)
+    if (
+        h + pads[0] + pads[2] < dilation[0] * (kh - 1) + 1
+        or w + pads[1] + pads[3] < dilation[1] * (kw - 1) + 1
+    ):
+        return  # an empty output: nothing to compare
+    r = np.random.default_rng(seed)
+    xi, wi = np.iinfo(x_dt), np.iinfo(w_dt)
+    x = r.integers(xi.min, xi.max + 1, (n, c, h, w)).astype(x_dt)
+    wt = r.integers(wi.min, wi.max + 1, (oc, cg, kh, kw)).astype(w_dt)
+    x_zp = np.asarray(r.integers(xi.min, xi.max + 1), x_dt)
+    w_zp = r.integers(wi.min, wi.max + 1, oc if per_channel_zp else ()).astype(w_dt)
+    scale = r.uniform(1e-3, 1e-1, oc).astype(np.float32)
+    bias = r.standard_normal(oc).astype(np.float32) if with_bias else None
+    geo = {"stride": list(stride), "pads": list(pads), "dilation": list(dilation)}
+    want = ops.qconv(x, x_zp, wt, w_zp, scale, bias, groups=g, device="ref", **geo)
+    packed = oq.prepack_conv(wt, w_zp, g)
+    assert packed.depthwise == (cg == 1 and oc == g)
+    tol = ATOL * max(1.0, float(np.abs(want).max()))
+    for path in _library.available_paths():
+        got = oq.qconv2d(x, packed, x_zp, scale, bias, path=path, **geo)
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=tol, err_msg=path)
+
+
+def test_registered_qconv_runs_native_and_hands_off_what_it_does_not_cover() -> None:
+    r = np.random.default_rng(1)
+    x = r.integers(0, 256, (2, 4, 7, 7)).astype(np.uint8)
+    w = r.integers(-127, 128, (6, 2, 3, 3)).astype(np.int8)
+    scale, bias = np.full(6, 0.01, np.float32), np.arange(6, dtype=np.float32)
+    oq.reset_native_stats()
+    got = ops.qconv(x, np.uint8(5), w, np.int8(0), scale, bias, pads=1, groups=2)
+    want = ops.qconv(x, np.uint8(5), w, np.int8(0), scale, bias, pads=1, groups=2, device="ref")
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * float(np.abs(want).max()))
+    out = np.empty_like(want)
+    assert ops.qconv(x, np.uint8(5), w, np.int8(0), scale, bias, pads=1, groups=2, out=out) is out
+    np.testing.assert_array_equal(out, got)
+    assert oq.native_status().calls["qconv"] == {"native": 2, "numpy": 0}
+    x1 = r.integers(0, 256, (1, 4, 9)).astype(np.uint8)  # a 1-D convolution: ops' kernel
+    w1 = r.integers(-127, 128, (3, 4, 3)).astype(np.int8)
+    y1 = ops.qconv(x1, np.uint8(0), w1, np.int8(0), np.float32(0.5))
+    np.testing.assert_array_equal(
+        y1, ops.qconv(x1, np.uint8(0), w1, np.int8(0), np.float32(0.5), device="ref")
+    )
+    assert oq.native_status().calls["qconv"] == {"native": 2, "numpy": 1}
+
+
+def test_prepack_conv_and_qconv2d_errors() -> None:
+    w = np.ones((4, 2, 3, 3), np.int8)
+    with pytest.raises(oq.QuantError, match="4-D int8/uint8"):
+        oq.prepack_conv(w.astype(np.float32))
+    with pytest.raises(oq.QuantError, match="groups=3 must divide the 4 output channels"):
+        oq.prepack_conv(w, None, 3)
+    packed = oq.prepack_conv(w)
+    with pytest.raises(oq.QuantError, match=r"x must be \(N, 2, H, W\)"):
+        oq.qconv2d(np.ones((1, 3, 5, 5), np.uint8), packed, 0, np.float32(1))
+    with pytest.raises(oq.QuantError, match="pads"):
+        oq.qconv2d(np.ones((1, 2, 5, 5), np.uint8), packed, 0, np.float32(1), pads=[1, 1])
+    with pytest.raises(oq.QuantError, match="scale must be a scalar or one per output channel"):
+        oq.qconv2d(np.ones((1, 2, 5, 5), np.uint8), packed, 0, np.ones(3, np.float32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    size=st.integers(0, 300), out_dt=st.sampled_from([np.uint8, np.int8, None]),
+    scale=st.floats(1e-3, 10.0), zp=st.integers(-128, 255), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_quantize_linear_native_is_bit_identical(size, out_dt, scale, zp, seed) -> None:
+    """Division, round half to even, + zero point, saturation, NaN -> 0 and infinities as ops' kernel."""
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal(size) * r.uniform(0.1, 500)).astype(np.float32)
+    special = np.array([np.nan, np.inf, -np.inf, 0.5 * scale, 1.5 * scale, -2.5 * scale], np.float32)
+    x[: min(size, 6)] = special[: min(size, 6)]
+    zero = (
+        None
+        if out_dt is None
+        else np.asarray(np.clip(zp, *((0, 255) if out_dt == np.uint8 else (-128, 127))), out_dt)
+    )
+    oq.reset_native_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = ops.quantize_linear(x, np.float32(scale), zero)
+        want = ops.quantize_linear(x, np.float32(scale), zero, device="ref")
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert oq.native_status().calls["quantize_linear"] == {"native": 1, "numpy": 0}
+
+
+def test_quantize_linear_per_axis_goes_to_ops_kernel() -> None:
+    x = np.ones((2, 3), np.float32)
+    oq.reset_native_stats()
+    got = ops.quantize_linear(x, np.array([1.0, 2.0], np.float32), np.zeros(2, np.uint8), axis=0)
+    assert got.tolist() == [[1, 1, 1], [0, 0, 0]] and got.dtype == np.uint8
+    assert oq.native_status().calls["quantize_linear"] == {"native": 0, "numpy": 1}
+
+
+def test_quantized_cnn_runs_its_convs_as_native_qconv() -> None:
+    """quantize(..., "w8a8") of a CNN: every Conv becomes a QConv in the session, run natively, and the
+    outputs stay within a quantization step of onnxruntime on the same QDQ model."""
+    from _quant_models import convnet, feeds, run_ort
+
+    from opstrata.runtime import InferenceSession
+
+    calib = feeds((4, 3, 16, 16), 4, seed=0)
+    qm = oq.quantize(convnet(), calib, "w8a8")
+    sess = qm.session()
+    assert sess.plan.graph.op_counts().get("ai.opstrata::QConv") == 2
+    held = feeds((4, 3, 16, 16), 2, seed=9)
+    oq.reset_native_stats()
+    ours = np.concatenate([sess.run(None, f)[0] for f in held])
+    assert oq.native_status().calls["qconv"]["native"] == 4
+    theirs = run_ort(qm.model, held, level="none")[0]
+    np.testing.assert_allclose(ours, theirs, atol=0.05 * float(np.abs(theirs).max()))
+    assert isinstance(InferenceSession(qm.model), InferenceSession)
