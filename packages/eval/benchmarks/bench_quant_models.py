@@ -1,9 +1,10 @@
 """W8A8 dynamic quantization end to end: transformers models exported by torch.onnx, quantized by
 opstrata.quant and by onnxruntime's quantize_dynamic, each run in its own runtime, one thread.
 
-Per model, five candidates timed interleaved (every round runs all of them, the order alternating
-forward and reverse; medians): opstrata fp32, opstrata's w8a8-dynamic model in opstrata, the same
-model in onnxruntime, onnxruntime fp32, onnxruntime's quantize_dynamic model in onnxruntime. Printed:
+Per model, six candidates timed interleaved (every round runs all of them, the order alternating
+forward and reverse; medians): opstrata fp32, opstrata's w8a8-dynamic model (one scale per tensor) and
+its w8a8-dynamic-token model (symmetric int8 per token) in opstrata, the per-tensor model in onnxruntime,
+onnxruntime fp32, onnxruntime's quantize_dynamic model in onnxruntime. Printed:
 speed-up of opstrata's quantized model over opstrata fp32, its ratio to onnxruntime's quantized
 model (below 1: opstrata faster), and output cosine to the fp32 model. Random weights, built in code
 (nothing downloaded); ``--quick`` shrinks the models and rounds.
@@ -123,6 +124,8 @@ def main() -> None:
             fp32 = _export(name, size, Path(tmp))
             ours_q = fp32.with_name(fp32.stem + ".w8a8-dynamic.onnx")
             oq.quantize(fp32, scheme="w8a8-dynamic").save(ours_q)
+            ours_t = fp32.with_name(fp32.stem + ".w8a8-dynamic-token.onnx")
+            oq.quantize(fp32, scheme="w8a8-dynamic-token").save(ours_t)
             ort_q = fp32.with_name(fp32.stem + ".ort-dynamic.onnx")
             quantize_dynamic(str(fp32), str(ort_q), weight_type=QuantType.QInt8)
             ids = np.random.default_rng(0).integers(0, 1000, (1, seq)).astype(np.int64)
@@ -131,25 +134,29 @@ def main() -> None:
             sess = {
                 "opstrata fp32": rt.InferenceSession(fp32, opts),
                 "opstrata w8a8-dyn": rt.InferenceSession(ours_q, opts),
+                "opstrata w8a8-dyn-token": rt.InferenceSession(ours_t, opts),
                 "onnxruntime on ours": _ort(ours_q),
                 "onnxruntime fp32": _ort(fp32),
                 "onnxruntime quantize_dynamic": _ort(ort_q),
             }
             ref = sess["opstrata fp32"].run(None, feeds)[0]
             cos = _cosine(sess["opstrata w8a8-dyn"].run(None, feeds)[0], ref)
+            cos_tok = _cosine(sess["opstrata w8a8-dyn-token"].run(None, feeds)[0], ref)
             cos_ort = _cosine(sess["onnxruntime quantize_dynamic"].run(None, feeds)[0], ref)
             med = _interleaved({k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sess.items()}, rounds)
             ours, ort_q_t = med["opstrata w8a8-dyn"], med["onnxruntime quantize_dynamic"]
+            tok = med["opstrata w8a8-dyn-token"]
             rows.append([
-                name, f"{med['opstrata fp32'] * 1e3:.2f}", f"{ours * 1e3:.2f}", f"{ort_q_t * 1e3:.2f}",
-                f"{med['opstrata fp32'] / ours:.2f}x", f"{ours / ort_q_t:.2f}x",
-                f"{med['onnxruntime fp32'] / ort_q_t:.2f}x", f"{cos:.5f}", f"{cos_ort:.5f}",
+                name, f"{med['opstrata fp32'] * 1e3:.2f}", f"{ours * 1e3:.2f}", f"{tok * 1e3:.2f}",
+                f"{ort_q_t * 1e3:.2f}", f"{med['opstrata fp32'] / ours:.2f}x", f"{ours / ort_q_t:.2f}x",
+                f"{tok / ort_q_t:.2f}x", f"{med['onnxruntime fp32'] / ort_q_t:.2f}x", f"{cos:.5f}", f"{cos_tok:.5f}",
+                f"{cos_ort:.5f}",
             ])  # fmt: skip
     print(f"W8A8 dynamic, 1 thread, batch 1, seq {seq}; models hidden {hidden}, {layers} layers, {heads} heads, "
           f"ffn {inter}; medians of {rounds} interleaved rounds")  # fmt: skip
     print(format_table(
-        ["model", "ours fp32 ms", "ours q ms", "ort q ms", "ours q speed-up", "ours q / ort q", "ort q speed-up",
-         "cos ours", "cos ort"], rows,
+        ["model", "ours fp32 ms", "ours q ms", "ours q-token ms", "ort q ms", "ours q speed-up", "ours q / ort q",
+         "ours q-token / ort q", "ort q speed-up", "cos ours", "cos ours token", "cos ort"], rows,
     ))  # fmt: skip
 
 

@@ -329,3 +329,72 @@ def test_conv_patterns_it_leaves_alone(change: str) -> None:
         m.graph.output.append(oh.make_tensor_value_info("w_dq", T.FLOAT, None))
     g, _ = og.optimize(og.from_onnx(m), 2)
     assert "QConv" not in _ops(g) and "Conv" in _ops(g)
+
+
+# --------------------------------------------------------------------------- per-token dynamic quantization
+
+
+def _token_model(
+    k: int, n: int, *, eps: float | None = None, bias: bool = True, opset: int = 18, seed: int = 0
+) -> Any:
+    """x -> symmetric int8 per row (Abs, ReduceMax, Div 127, Max eps, Div, Round, Clip, Cast) ->
+    MatMulInteger(int8 W) -> Cast -> Mul(s) -> Mul(W_scale) [-> Add(bias)], as opstrata.quant writes it."""
+    rng = np.random.default_rng(seed)
+    tiny = float(np.finfo(np.float32).tiny) if eps is None else eps
+    inits = [
+        nh.from_array(np.array(127, np.float32), "c127"), nh.from_array(np.array(-127, np.float32), "cm127"),
+        nh.from_array(np.array(tiny, np.float32), "tiny"),
+        nh.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "w_q"),
+        nh.from_array((rng.random(n) * 0.02 + 0.005).astype(np.float32), "w_scale"),
+    ]  # fmt: skip
+    red = (oh.make_node("ReduceMax", ["a", "axes"], ["amax"], keepdims=1) if opset >= 18
+           else oh.make_node("ReduceMax", ["a"], ["amax"], axes=[-1], keepdims=1))  # fmt: skip
+    if opset >= 18:
+        inits.append(nh.from_array(np.array([-1], np.int64), "axes"))
+    nodes = [
+        oh.make_node("Abs", ["x"], ["a"]), red, oh.make_node("Div", ["amax", "c127"], ["t"]),
+        oh.make_node("Max", ["t", "tiny"], ["s"]), oh.make_node("Div", ["x", "s"], ["xs"]),
+        oh.make_node("Round", ["xs"], ["xr"]), oh.make_node("Clip", ["xr", "cm127", "c127"], ["xc"]),
+        oh.make_node("Cast", ["xc"], ["xq"], to=T.INT8), oh.make_node("MatMulInteger", ["xq", "w_q"], ["acc"]),
+        oh.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT), oh.make_node("Mul", ["accf", "s"], ["ys"]),
+        oh.make_node("Mul", ["ys", "w_scale"], ["y" if not bias else "yw"]),
+    ]  # fmt: skip
+    if bias:
+        inits.append(nh.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+        nodes.append(oh.make_node("Add", ["yw", "bias"], ["y"]))
+    g = oh.make_graph(
+        nodes, "token", [oh.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", k])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", n])], inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", opset)])
+
+
+@settings(max_examples=15, deadline=None)
+@given(k=st.integers(1, 40), n=st.integers(1, 20), bias=st.booleans(), opset=st.sampled_from([13, 18]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_token_fused_equals_the_unfused_graph(k, n, bias, opset, seed) -> None:
+    m = _token_model(k, n, bias=bias, opset=opset, seed=seed)
+    fused, _ = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["DynamicQMatMul"] and fused.nodes[0].attrs.get("per_token") == 1
+    r = np.random.default_rng(seed + 1)
+    x = (r.standard_normal((2, 3, k)) * r.uniform(0.01, 50, (2, 3, 1))).astype(np.float32)
+    x[0, 0] = 0.0  # an all-zero row: the scale floor
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_token_form_matches_onnxruntime() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    m = _token_model(32, 16, seed=7)
+    x = np.random.default_rng(8).standard_normal((2, 5, 32)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_allclose(_run(m, 2, x), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_token_form_with_another_epsilon_is_left_alone() -> None:
+    """The fused kernel floors the scale at float32's smallest normal; another floor stays unfused."""
+    g, _ = og.optimize(og.from_onnx(_token_model(8, 4, eps=1e-8)), 2)
+    assert "DynamicQMatMul" not in _ops(g) and "MatMulInteger" in _ops(g)

@@ -386,3 +386,42 @@ def test_qconv_errors_name_the_argument() -> None:
         ops.qconv(x, 0, w, 0, np.float32(1), np.ones(2, np.float32))
     with pytest.raises(OpError, match=r"qconv.*out"):
         ops.qconv(x, 0, w, 0, np.float32(1), out=np.empty((1, 3, 2, 2), np.float64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    x=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
+                 elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=True)),
+)  # fmt: skip
+def test_token_quantize_is_symmetric_per_row(x: np.ndarray) -> None:
+    """One scale per row: max|x| / 127 (floored at float32's smallest normal), values rint(x / s) in
+    [-127, 127]; dequantized, each row is within half a step of x."""
+    q, s = ops.token_quantize(x)
+    assert q.dtype == np.int8 and q.shape == x.shape and s.shape == (*x.shape[:-1], 1)
+    amax = np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros_like(s)
+    want_s = (
+        np.maximum(amax / np.float32(127), ops.TOKEN_SCALE_MIN)
+        if x.shape[-1]
+        else np.full_like(s, ops.TOKEN_SCALE_MIN)
+    )
+    np.testing.assert_array_equal(s, want_s.astype(np.float32))
+    assert np.abs(q.astype(np.int32)).max(initial=0) <= 127
+    np.testing.assert_array_equal(q, np.clip(np.rint(x / s), -127, 127).astype(np.int8))
+    assert np.all(np.abs(q * s.astype(np.float64) - x) <= s * 0.5001 + 1e-30)
+
+
+def test_dynamic_qmatmul_per_token_scales_each_row() -> None:
+    r = np.random.default_rng(5)
+    x = (r.standard_normal((2, 3, 16)) * np.array([0.01, 1.0, 100.0]).reshape(1, 3, 1)).astype(np.float32)
+    b = r.integers(-127, 128, (16, 8)).astype(np.int8)
+    sc, bias = r.uniform(0.001, 0.01, 8).astype(np.float32), r.standard_normal(8).astype(np.float32)
+    q, s = ops.token_quantize(x)
+    want = (q.astype(np.int64) @ b.astype(np.int64)).astype(np.float32) * (s * sc) + bias
+    for device in DEVICES:
+        got = ops.dynamic_qmatmul(x, b, sc, None, bias, per_token=True, device=device)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+    # per token, a row of small values keeps its precision; one scale for the tensor would not
+    exact = x @ (b.astype(np.float32) * sc) + bias
+    per_tensor = ops.dynamic_qmatmul(x, b, sc, None, bias)
+    row0 = (slice(None), 0)
+    assert np.abs(want[row0] - exact[row0]).max() < np.abs(per_tensor[row0] - exact[row0]).max()

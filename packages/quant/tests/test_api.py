@@ -268,7 +268,8 @@ def test_calibration_data_that_does_not_fit(model, cal) -> None:
 
 def test_bad_scheme_budget_options_and_models(model, cal) -> None:
     with pytest.raises(
-        QuantError, match=r"unknown scheme 'int8'.*Fix: use one of w8a8, w8a8-dynamic, w8, w4"
+        QuantError,
+        match=r"unknown scheme 'int8'.*Fix: use one of w8a8, w8a8-dynamic, w8a8-dynamic-token, w8, w4",
     ):
         quantize(model, cal, "int8")
     with pytest.raises(QuantError, match="unknown scheme 'w4-g1'"):

@@ -712,7 +712,7 @@ def _dql_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @settings(max_examples=30, deadline=None)
 @given(
-    m=st.integers(1, 20), k=st.integers(1, 70), n=st.integers(1, 140), per_row=st.booleans(),
+    m=st.integers(1, 20), k=st.integers(1, 70), n=st.integers(1, 140), per_row=st.sampled_from([False, True, "sym"]),
     b_dt=st.sampled_from([U8, S8]), with_bias=st.booleans(), relu=st.booleans(), seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_dynamic_qgemm_equals_reference_on_every_path(m, k, n, per_row, b_dt, with_bias, relu, seed) -> None:
@@ -726,7 +726,10 @@ def test_dynamic_qgemm_equals_reference_on_every_path(m, k, n, per_row, b_dt, wi
     zp = np.asarray(r.integers(info.min, info.max + 1), b_dt)
     sb = r.uniform(1e-3, 1e-1, n).astype(np.float32)
     bias = r.standard_normal(n).astype(np.float32) if with_bias else None
-    if per_row:
+    if per_row == "sym":  # per-token symmetric int8: held as uint8 + 128
+        qs, s = ops.token_quantize(x)
+        q, s, z = qs.astype(np.int16) + 128, s.reshape(-1), np.full(m, 128, np.uint8)
+    elif per_row:
         q, s, z = _dql_rows(x)
     else:
         q0, s0, z0 = ops.dynamic_quantize_linear(x, device="ref")
@@ -739,7 +742,9 @@ def test_dynamic_qgemm_equals_reference_on_every_path(m, k, n, per_row, b_dt, wi
         want = np.maximum(want, 0)
     packed = oq.prepack_weight(b, zp)
     for path in oq.native_status().paths:
-        got = oq.dynamic_qgemm(x, packed, sb, bias, per_row=per_row, relu=relu, path=path)
+        got = oq.dynamic_qgemm(
+            x, packed, sb, bias, per_row=bool(per_row), symmetric=per_row == "sym", relu=relu, path=path
+        )
         assert got is not None
         y, gs, gz = got
         assert np.array_equal(gs, s) and np.array_equal(gz, z), path

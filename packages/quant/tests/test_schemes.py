@@ -296,3 +296,30 @@ def test_dynamic_leaves_activation_matmuls_float_unless_asked() -> None:
     assert (
         min(cosine(a, b) for a, b in zip(run_opstrata(default, ev), run_opstrata(m, ev), strict=True)) > 0.999
     )
+
+
+def test_dynamic_per_token_is_standard_onnx_fused_natively() -> None:
+    """per_token=True: symmetric int8 per row in standard ONNX (checker, onnx.reference and onnxruntime
+    agree with opstrata), fused into one native per-token DynamicQMatMul per layer in the session, and
+    closer to float than one scale per tensor on rows of very different magnitudes."""
+    import opstrata.quant as oq
+
+    m, _, _ = _setup("mlp")
+    r = np.random.default_rng(3)
+    ev = [
+        {"x": (r.standard_normal((8, 64)) * np.logspace(-2, 2, 8).reshape(8, 1)).astype(np.float32)}
+        for _ in range(4)
+    ]
+    q = quantize_dynamic(m, per_token=True)
+    assert "DynamicQuantizeLinear" not in _ops(q) and _ops(q).count("MatMulInteger") == 3
+    c_token = _check_runs(q, m, ev, 0.999, exact=True)
+    sess = oq.quantize(m, scheme="w8a8-dynamic-token").session()
+    nodes = [n for n in sess.plan.graph.nodes if n.op_type == "DynamicQMatMul"]
+    assert len(nodes) == 3 and all(n.attrs.get("per_token") == 1 for n in nodes)
+    oq.reset_native_stats()
+    sess.run(None, ev[0])
+    assert oq.native_status().calls["dynamic_qmatmul"] == {"native": 3, "numpy": 0}
+    c_tensor = cosine(run_opstrata(quantize_dynamic(m), ev)[0], run_opstrata(m, ev)[0])
+    assert c_token > c_tensor
+    with pytest.raises(QuantError, match="unknown setting"):
+        quantize_dynamic(m, overrides={"fc1": {"per_tokn": True}})

@@ -25,7 +25,7 @@ from ._report import _write
 __all__ = ["add_arguments", "run"]
 
 EXIT_BUDGET, EXIT_BAD_INPUT = 1, 2
-_SCHEMES = "w8a8|w8a8-dynamic|w8|w4|w4-g<N>|w8-g<N>|fp8"
+_SCHEMES = "w8a8|w8a8-dynamic|w8a8-dynamic-token|w8|w4|w4-g<N>|w8-g<N>|w4-g<N>-gptq|fp8"
 
 
 class _BadInput(Exception):

@@ -222,6 +222,7 @@ from .kernels.pool import (
     max_pool2d as max_pool2d,
 )
 from .kernels.quantize import (
+    TOKEN_SCALE_MIN as TOKEN_SCALE_MIN,
     conv_integer as conv_integer,
     dequantize_linear as dequantize_linear,
     dynamic_qmatmul as dynamic_qmatmul,
@@ -231,6 +232,7 @@ from .kernels.quantize import (
     qlinear_conv as qlinear_conv,
     qlinear_matmul as qlinear_matmul,
     quantize_linear as quantize_linear,
+    token_quantize as token_quantize,
 )
 from .kernels.recurrent import gru as gru, lstm as lstm, rnn as rnn
 from .kernels.reduce import (
@@ -322,6 +324,7 @@ __all__ = [
     "SELU_GAMMA",
     "STRING_DTYPE",
     "TENSOR_DTYPES",
+    "TOKEN_SCALE_MIN",
     "AutotuneCacheWarning",
     "AutotuneStats",
     "DevicePluginError",
@@ -560,6 +563,7 @@ __all__ = [
     "tensor_scatter",
     "thresholded_relu",
     "tile",
+    "token_quantize",
     "top_k",
     "transpose",
     "tunables",

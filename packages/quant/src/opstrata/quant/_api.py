@@ -45,7 +45,17 @@ __all__ = ["BUDGET_KEYS", "SCHEMES", "TASKS", "QuantizedModel", "parse_scheme", 
 
 _WHERE = "quantize"
 #: The scheme names (``w<bits>-g<N>`` takes any group size N >= 2, e.g. ``w4-g32``).
-SCHEMES = ("w8a8", "w8a8-dynamic", "w8", "w4", "w8-g<N>", "w4-g<N>", "w4-g<N>-gptq", "fp8")
+SCHEMES = (
+    "w8a8",
+    "w8a8-dynamic",
+    "w8a8-dynamic-token",
+    "w8",
+    "w4",
+    "w8-g<N>",
+    "w4-g<N>",
+    "w4-g<N>-gptq",
+    "fp8",
+)
 #: Accuracy budget terms: output cosine floor, max abs error ceiling, top-1 agreement floor (0..1),
 #: perplexity increase ceiling (task="lm").
 BUDGET_KEYS = ("min_cosine", "max_abs", "min_top1", "max_ppl_delta")
@@ -70,6 +80,8 @@ def parse_scheme(scheme: Any) -> _Scheme:
         return _Scheme(s, quantize_static, {"activation_dtype": _FP8, "weight_dtype": _FP8}, True)
     if s == "w8a8-dynamic":
         return _Scheme(s, quantize_dynamic, {}, False)
+    if s == "w8a8-dynamic-token":  # symmetric int8 activations, one scale per row (per token)
+        return _Scheme(s, quantize_dynamic, {"per_token": True}, False)
     m = re.fullmatch(r"w(4|8)(?:-g(\d+))?(-gptq)?", s or "")
     if m and (m.group(2) is None or int(m.group(2)) >= 2):
         group = int(m.group(2)) if m.group(2) else None
@@ -259,7 +271,8 @@ def quantize(
     """Quantize ``model`` (path, bytes or ModelProto) with ``scheme`` and measure it against float.
 
     Schemes: ``"w8a8"`` (static: calibrated uint8 activations, int8 per-channel weights),
-    ``"w8a8-dynamic"`` (int8 weights, activations quantized at run time), ``"w8"`` / ``"w4"`` /
+    ``"w8a8-dynamic"`` (int8 weights, activations quantized at run time per tensor; ``"w8a8-dynamic-token"``:
+    per token, symmetric int8), ``"w8"`` / ``"w4"`` /
     ``"w4-g128"`` (weight-only, per channel or per group of N input channels; ``"w4-g128-gptq"`` rounds with
     GPTQ on the calibration data instead of to nearest), ``"fp8"`` (static float8 e4m3fn activations and
     weights). ``calibration_data``: an iterable of feed dicts {input name: array}

@@ -16,7 +16,7 @@ from onnx import helper
 from ._common import finish_model, needed_opset, quantize_weight, require_float32
 from ._dtypes import qdtype
 from ._errors import CalibrationError, QuantError
-from ._model import ModelInfo, ensure_opset, load_model
+from ._model import ModelInfo, ensure_opset, load_model, opset as model_opset
 from ._qdq import Rewriter
 from ._report import enforce, precheck
 from ._select import Target, _attr, channel_axis, select_targets
@@ -41,6 +41,39 @@ def _dql(rw: Rewriter, tensor: str, before: str) -> tuple[str, str, str]:
         return outs[0], outs[1], outs[2]
 
     return rw.cached(("dql", tensor), make)
+
+
+#: float32's smallest normal: the floor of a per-token scale (as opstrata.ops.TOKEN_SCALE_MIN)
+_TOKEN_SCALE_MIN = np.float32(np.finfo(np.float32).tiny)
+
+
+def _token_q(rw: Rewriter, tensor: str, before: str, model_opset: int) -> tuple[str, str]:
+    """Per-token symmetric int8 quantization of ``tensor`` in standard ONNX (one per tensor): ``s =
+    Max(ReduceMax(Abs(x), axes=[-1], keepdims=1) / 127, FLT_MIN)``, ``q = Cast<int8>(Clip(Round(x / s),
+    -127, 127))``. Returns (q, s); opstrata's graph fuses the chain into DynamicQMatMul(per_token=1)."""
+
+    def make() -> tuple[str, str]:
+        f = partial(rw.fresh)
+        absx, amax, t, s, xs, xr, xc, q = (f(f"{tensor}_{k}") for k in
+                                           ("abs", "amax", "amax_127", "token_scale", "scaled", "rounded", "clipped", "token_quantized"))  # fmt: skip
+        c127 = rw.init(f"{tensor}_127", np.array(127, np.float32))
+        cm127 = rw.init(f"{tensor}_minus_127", np.array(-127, np.float32))
+        cmin = rw.init(f"{tensor}_scale_min", _TOKEN_SCALE_MIN)
+        rw.node("Abs", [tensor], [absx], before, f"{tensor}_Abs")
+        if model_opset >= 18:
+            axes = rw.init(f"{tensor}_last_axis", np.array([-1], np.int64))
+            rw.node("ReduceMax", [absx, axes], [amax], before, f"{tensor}_ReduceMax", keepdims=1)
+        else:
+            rw.node("ReduceMax", [absx], [amax], before, f"{tensor}_ReduceMax", axes=[-1], keepdims=1)
+        rw.node("Div", [amax, c127], [t], before, f"{tensor}_amax_Div")
+        rw.node("Max", [t, cmin], [s], before, f"{tensor}_scale_Max")
+        rw.node("Div", [tensor, s], [xs], before, f"{tensor}_Div")
+        rw.node("Round", [xs], [xr], before, f"{tensor}_Round")
+        rw.node("Clip", [xr, cm127, c127], [xc], before, f"{tensor}_Clip")
+        rw.node("Cast", [xc], [q], before, f"{tensor}_Cast", to=onnx.TensorProto.INT8)
+        return q, s
+
+    return rw.cached(("token", tensor), make)
 
 
 def _dql_dq(rw: Rewriter, tensor: str, before: str) -> str:
@@ -92,18 +125,32 @@ def _integer_node(t: Target, info: ModelInfo, rw: Rewriter) -> None:
         return rw.init(f"{base}_quantized", q), zp, w_scale
 
     q_name, zp_name, w_scale = rw.cached(key, make)
-    aq, a_s, a_z = _dql(rw, n.input[0], n.name)
-    mm_in = [aq, q_name, a_z] + ([zp_name] if zp_name else [])
     acc, accf, scale = rw.fresh(f"{n.name}_int32"), rw.fresh(f"{n.name}_float"), rw.fresh(f"{n.name}_scale")
-    nodes = [
-        helper.make_node("MatMulInteger", mm_in, [acc], name=rw.fresh(f"{n.name}_MatMulInteger")),
-        helper.make_node("Cast", [acc], [accf], name=rw.fresh(f"{n.name}_Cast"), to=onnx.TensorProto.FLOAT),
-        helper.make_node("Mul", [a_s, w_scale], [scale], name=rw.fresh(f"{n.name}_scale_Mul")),
-    ]
     y = n.output[0]
     has_c = n.op_type == "Gemm" and len(n.input) > 2 and n.input[2]
     prod = rw.fresh(f"{n.name}_product") if has_c else y
-    nodes.append(helper.make_node("Mul", [accf, scale], [prod], name=rw.fresh(f"{n.name}_Mul")))
+    if s.get("per_token"):  # symmetric int8 per row: x_q int8 (no zero point), scaled by s then W_scale
+        aq, a_s = _token_q(rw, n.input[0], n.name, model_opset(rw.m))
+        mm_in = [aq, q_name] + (["", zp_name] if zp_name else [])
+        nodes = [
+            helper.make_node("MatMulInteger", mm_in, [acc], name=rw.fresh(f"{n.name}_MatMulInteger")),
+            helper.make_node(
+                "Cast", [acc], [accf], name=rw.fresh(f"{n.name}_Cast"), to=onnx.TensorProto.FLOAT
+            ),
+            helper.make_node("Mul", [accf, a_s], [scale], name=rw.fresh(f"{n.name}_token_Mul")),
+            helper.make_node("Mul", [scale, w_scale], [prod], name=rw.fresh(f"{n.name}_Mul")),
+        ]
+    else:
+        aq, a_s, a_z = _dql(rw, n.input[0], n.name)
+        mm_in = [aq, q_name, a_z] + ([zp_name] if zp_name else [])
+        nodes = [
+            helper.make_node("MatMulInteger", mm_in, [acc], name=rw.fresh(f"{n.name}_MatMulInteger")),
+            helper.make_node(
+                "Cast", [acc], [accf], name=rw.fresh(f"{n.name}_Cast"), to=onnx.TensorProto.FLOAT
+            ),
+            helper.make_node("Mul", [a_s, w_scale], [scale], name=rw.fresh(f"{n.name}_scale_Mul")),
+            helper.make_node("Mul", [accf, scale], [prod], name=rw.fresh(f"{n.name}_Mul")),
+        ]
     if has_c:
         c = n.input[2]
         if beta != 1.0:
@@ -148,9 +195,11 @@ def quantize_dynamic(
     smoothquant: float | None = None,
     calibration_data: Any = None,
     activation_matmuls: bool = False,
+    per_token: bool = False,
 ) -> onnx.ModelProto:
     """Dynamic W8A8 (no calibration): int8 weights per output channel, uint8 activations quantized per
-    tensor at run time. MatMul/Gemm with a 2-D weight take the MatMulInteger form unless ``form="qdq"``;
+    tensor at run time (``per_token=True``: symmetric int8 with one scale per row, i.e. per token, in
+    standard ONNX ops that onnxruntime runs; opstrata fuses it into one native kernel). MatMul/Gemm with a 2-D weight take the MatMulInteger form unless ``form="qdq"``;
     other nodes (Conv, transA Gemm) use the QDQ form. MatMuls of two activations (attention's scores and
     context) stay float unless ``activation_matmuls=True``, as in onnxruntime's quantize_dynamic: the
     runtime then fuses the attention, and both operands would be quantized on every call.
@@ -179,7 +228,7 @@ def quantize_dynamic(
                          "smoothquant=, and it was not set", "pass smoothquant=alpha (e.g. 0.5), or drop "
                          "calibration_data=")  # fmt: skip
     defaults = {"weight_dtype": weight_dtype, "weight_symmetric": weight_symmetric, "per_channel": per_channel,
-                "form": form}  # fmt: skip
+                "form": form, "per_token": bool(per_token)}  # fmt: skip
     for name, o in (overrides or {}).items():
         if isinstance(o, Mapping) and o.get("form", form) not in _FORMS:
             raise QuantError(f"{_WHERE}(overrides)", f"node {name!r}: unknown form {o['form']!r}",
@@ -200,6 +249,6 @@ def quantize_dynamic(
         for pos in (*t.activations, *t.weights):
             require_float32(info, t.node.input[pos], t.name, _WHERE)
         (_integer_node if _integer_ok(t, info) else _qdq_node)(t, info, rw)
-    out = finish_model(rw.finish(), "w8a8-dynamic", _WHERE)
+    out = finish_model(rw.finish(), "w8a8-dynamic-token" if per_token else "w8a8-dynamic", _WHERE)
     enforce(orig, out, eval_data, min_cosine, _WHERE)
     return out

@@ -241,8 +241,9 @@ def _dynamic_quantize_linear_native(x: Any) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _dynamic_qmatmul_native(
-    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, out: Any = None
-) -> np.ndarray:
+    x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, per_token: bool = False,
+    out: Any = None,
+) -> np.ndarray:  # fmt: skip
     """x quantized, the int8 GEMM and its float epilogue (x_scale * b_scale, bias) in one C call, into
     ``out`` when given (an arena view); anything the native GEMM does not cover goes to ops' kernel."""
     x, b = np.asarray(x), np.asarray(b)
@@ -256,12 +257,14 @@ def _dynamic_qmatmul_native(
     if fits:
         sb = np.ascontiguousarray(np.asarray(b_scale, _F32).reshape(-1))
         bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32))
-        got = dynamic_qgemm(x, _pack(b, b_zero_point), sb, bi, threads=_threads(), out=out)
+        got = dynamic_qgemm(x, _pack(b, b_zero_point), sb, bi, per_row=per_token, symmetric=per_token,
+                            threads=_threads(), out=out)  # fmt: skip
     if got is None:  # not covered, or x holds a NaN: ops' kernel decides
         count("dynamic_qmatmul", "numpy")
-        if out is None:
-            return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias)
-        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias, out=out)
+        kw: dict[str, Any] = {"per_token": True} if per_token else {}
+        if out is not None:
+            kw["out"] = out
+        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias, **kw)
     count("dynamic_qmatmul", "native")
     return got[0]
 

@@ -301,6 +301,7 @@ def dynamic_qgemm(
     bias: np.ndarray | None = None,
     *,
     per_row: bool = False,
+    symmetric: bool = False,
     relu: bool = False,
     threads: int = 1,
     path: str | None = None,
@@ -310,6 +311,8 @@ def dynamic_qgemm(
     point for all of ``x``, or with ``per_row`` one per row: per token), times the packed weight, scaled
     by ``x_scale * b_scale`` (+ ``bias``, ReLU): one C call, no intermediate arrays. Returns ``(y, scales,
     zero_points)``; None when ``x`` holds a NaN (nothing written: the caller's reference path decides).
+    ``per_row=True, symmetric=True``: per-token symmetric int8 (``opstrata.ops.token_quantize``); the
+    returned zero points are then 128 (the int8 values are held as uint8 + 128).
 
     ``b_scale`` / ``bias`` must be float32 and contiguous (1 or N values / N values); ``out`` as in
     :func:`qgemm`. The hot path of the registered ``dynamic_qmatmul`` kernel: checks are kept to what
@@ -337,6 +340,8 @@ def dynamic_qgemm(
             raise QuantError(op, f"{name} must be a contiguous float32 array of {sizes} values", "convert it")
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise QuantError(op, f"threads must be an int >= 1, got {threads!r}")
+    if symmetric and not per_row:
+        raise QuantError(op, "symmetric quantization is per row (per token) here", "pass per_row=True too")
     lead = x.shape[:-1]
     m = math.prod(lead)
     x2 = x.reshape(m, b.k) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(m, b.k)
@@ -344,7 +349,7 @@ def dynamic_qgemm(
     scales, zps = np.empty(max(groups, 1), _F32), np.empty(max(groups, 1), _U8)
     dst = _target(op, out, (*lead, b.n), (m, b.n), _F32)
     rc = lib.opstrata_dynamic_qgemm(
-        path_id(path, lib), m, b.n, b.k, x2.ctypes.data, int(bool(per_row)), *b.ptrs,
+        path_id(path, lib), m, b.n, b.k, x2.ctypes.data, (2 if symmetric else 1) if per_row else 0, *b.ptrs,
         b_scale.ctypes.data, b_scale.size, None if bias is None else bias.ctypes.data, int(bool(relu)),
         dst.ctypes.data, dst.strides[0] // dst.itemsize if m > 1 else b.n, scales.ctypes.data,
         zps.ctypes.data, int(threads),

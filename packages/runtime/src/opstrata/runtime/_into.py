@@ -81,10 +81,11 @@ def _skip_layer_norm(axis: int, eps: float, args: list[Any], dsts: list[np.ndarr
     return _call_into("layer_norm", y, s, args[2], args[3] if len(args) > 3 else None, axis=axis, eps=eps)
 
 
-def _dynamic_qmatmul(scale: Any, bias: Any, args: list[Any], dsts: list[np.ndarray]) -> object:
-    return _call_into(
-        "dynamic_qmatmul", dsts[0], args[0], args[1], scale, args[2] if len(args) > 2 else None, bias
-    )
+def _dynamic_qmatmul(
+    scale: Any, bias: Any, kw: dict[str, Any], args: list[Any], dsts: list[np.ndarray]
+) -> object:
+    w_zp = args[2] if len(args) > 2 else None
+    return _call_into("dynamic_qmatmul", dsts[0], args[0], args[1], scale, w_zp, bias, **kw)
 
 
 def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
@@ -115,7 +116,8 @@ def into_kernel(node: Node) -> Into | None:
     if key == _DYN_QMM:
         if len(node.outputs) != 1 or not _kernels_take_out("dynamic_qmatmul"):
             return None
-        return partial(_dynamic_qmatmul, node.attrs["w_scale"], node.attrs.get("bias"))
+        kw = {"per_token": True} if node.attrs.get("per_token") else {}
+        return partial(_dynamic_qmatmul, node.attrs["w_scale"], node.attrs.get("bias"), kw)
     if key == _QCONV:
         if len(node.outputs) != 1 or not _kernels_take_out("qconv"):
             return None

@@ -191,7 +191,8 @@ def _dynamic_qmatmul_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 def _run_dynamic_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
     """``ops.dynamic_qmatmul``: x quantized on the fly, the exact int32 product, scaled once (+ bias)."""
     w_zp = x[2] if len(x) > 2 else None
-    return [ops.dynamic_qmatmul(x[0], x[1], n.attrs["w_scale"], w_zp, n.attrs.get("bias"))]
+    kw = {"per_token": True} if n.attrs.get("per_token") else {}
+    return [ops.dynamic_qmatmul(x[0], x[1], n.attrs["w_scale"], w_zp, n.attrs.get("bias"), **kw)]
 
 
 # --------------------------------------------------------------------------- QConv (fused QDQ Conv)
@@ -277,7 +278,7 @@ define(
 define(
     "DynamicQMatMul", OPSTRATA_DOMAIN, shape=_dynamic_qmatmul_rule, kernel=_run_dynamic_qmatmul,
     uses=("dynamic_qmatmul",), onnx=False, dtypes="float32 x int8/uint8 -> float32",
-    doc="DynamicQuantizeLinear -> MatMulInteger -> scale (-> bias) fused: (x, w_q (K, N), w_zp), attrs w_scale, bias",
+    doc="DynamicQuantizeLinear -> MatMulInteger -> scale (-> bias) fused: (x, w_q (K, N), w_zp), attrs w_scale, bias, per_token",
 )  # fmt: skip
 define(
     "BitCast", shape=_bitcast_rule, kernel=_run_bitcast, uses=(HOST,), dtypes="all",

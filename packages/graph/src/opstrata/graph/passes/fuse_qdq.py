@@ -18,6 +18,8 @@ int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
@@ -281,13 +283,117 @@ def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> tuple[list[Node], list[Node
     return replaced, [node]
 
 
+#: float32's smallest normal: the floor of a per-token scale (``opstrata.ops.TOKEN_SCALE_MIN``)
+_TOKEN_SCALE_MIN = float(np.finfo(np.float32).tiny)
+
+
+def _is_const(m: Matcher, name: str, value: float) -> bool:
+    v = m.scalar(name)
+    return v is not None and np.float32(v) == np.float32(value)
+
+
+def _other(node: Node, name: str) -> str:
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def _token_quantized(m: Matcher, q_name: str) -> tuple[str, str] | None:
+    """(x, scale) when ``q_name`` is per-token symmetric int8 quantization of x as opstrata.quant writes it:
+    ``Cast<int8>(Clip(Round(Div(x, s)), -127, 127))`` with ``s = Max(Div(ReduceMax(Abs(x), axes=[-1],
+    keepdims=1), 127), FLT_MIN)``."""
+    cast = m.producer(q_name, "Cast")
+    if cast is None or cast.attrs.get("to") != np.dtype(np.int8):
+        return None
+    clip = m.producer(cast.inputs[0], "Clip")
+    if (
+        clip is None
+        or len(clip.inputs) != 3
+        or not (_is_const(m, clip.inputs[1], -127) and _is_const(m, clip.inputs[2], 127))
+    ):
+        return None
+    rnd = m.producer(clip.inputs[0], "Round")
+    div = m.producer(rnd.inputs[0], "Div") if rnd is not None else None
+    if div is None:
+        return None
+    x, s = div.inputs[0], div.inputs[1]
+    mx = m.producer(s, "Max")
+    if mx is None or len(mx.inputs) != 2:
+        return None
+    t = next((i for i in mx.inputs if not _is_const(m, i, _TOKEN_SCALE_MIN)), None)
+    if t is None or _other(mx, t) == t or not _is_const(m, _other(mx, t), _TOKEN_SCALE_MIN):
+        return None
+    d127 = m.producer(t, "Div")
+    if d127 is None or not _is_const(m, d127.inputs[1], 127):
+        return None
+    red = m.producer(d127.inputs[0], "ReduceMax")
+    if red is None or red.attrs.get("keepdims", 1) != 1 or list(red.attrs.get("axes") or []) != [-1]:
+        return None
+    ab = m.producer(red.inputs[0], "Abs")
+    if ab is None or ab.inputs[0] != x:
+        return None
+    return x, s
+
+
+def _fuse_token(g: Graph, m: Matcher, mi: Node) -> tuple[list[Node], list[Node]] | None:
+    """Per-token: Cast<int8>(quantized x) -> MatMulInteger(x_q, W_q[, 0][, W_zp]) -> Cast(float) -> Mul(s)
+    -> Mul(W_scale) [-> Add(bias)] as (the nodes it replaces, [DynamicQMatMul(per_token=1)])."""
+    found = _token_quantized(m, mi.inputs[0])
+    if found is None:
+        return None
+    x, s = found
+    if len(mi.inputs) > 2 and mi.inputs[2]:
+        zp = m.const(mi.inputs[2])
+        if zp is None or zp.size != 1 or int(zp.reshape(())) != 0:
+            return None
+    w = m.const(mi.inputs[1])
+    w_zp = m.const(mi.inputs[3]) if len(mi.inputs) > 3 and mi.inputs[3] else None
+    if (
+        w is None
+        or w.ndim != 2
+        or w.dtype not in _INT8
+        or (len(mi.inputs) > 3 and mi.inputs[3] and w_zp is None)
+    ):
+        return None
+    n = w.shape[1]
+    if w_zp is not None and (w_zp.dtype != w.dtype or w_zp.size not in (1, n) or w_zp.ndim > 1):
+        return None
+    cast = _only(m, mi.outputs[0], "Cast")
+    if cast is None or cast.attrs.get("to") != np.dtype(np.float32):
+        return None
+    mul_s = _only(m, cast.outputs[0], "Mul")
+    if mul_s is None or _other(mul_s, cast.outputs[0]) != s:
+        return None
+    mul_w = _only(m, mul_s.outputs[0], "Mul")
+    w_scale = m.const(_other(mul_w, mul_s.outputs[0])) if mul_w is not None else None
+    if w_scale is None or w_scale.dtype != np.float32 or w_scale.ndim > 1 or w_scale.size not in (1, n):
+        return None
+    replaced, last = [mi, cast, mul_s, mul_w], mul_w
+    attrs: dict[str, Any] = {
+        "w_scale": w_scale.reshape(-1) if w_scale.size > 1 else w_scale.reshape(()),
+        "per_token": 1,
+    }
+    add = _only(m, mul_w.outputs[0], "Add")
+    if add is not None:
+        bias = m.const(_other(add, mul_w.outputs[0]))
+        if bias is not None and bias.dtype == np.float32 and bias.shape == (n,):
+            attrs["bias"] = bias
+            replaced, last = [*replaced, add], add
+    ins = [x, mi.inputs[1]] + ([mi.inputs[3]] if w_zp is not None else [])
+    node = Node(
+        "DynamicQMatMul", ins, last.outputs, attrs, g.fresh_node_name("DynamicQMatMul"), OPSTRATA_DOMAIN
+    )
+    return replaced, [node]
+
+
 def fuse_dynamic_qmatmul(graph: Graph) -> Graph:
     """Dynamic quantization as onnxruntime's and opstrata.quant's quantize_dynamic write it
     (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul by x_scale * W_scale, an optional bias Add)
     -> ``ai.opstrata::DynamicQMatMul(x, W_q[, W_zp])`` with attributes ``w_scale`` and ``bias``: one kernel
     quantizes x, multiplies in int32 and scales (opstrata.quant backs it natively). A DynamicQuantizeLinear
     shared by several MatMulIntegers (Q, K and V) becomes one quantization per fused node; unused, it is
-    removed with the scale Muls by dead-code elimination."""
+    removed with the scale Muls by dead-code elimination. The per-token form opstrata.quant writes
+    (``quantize_dynamic(per_token=True)``: symmetric int8 per row through Abs / ReduceMax / Div / Max /
+    Round / Clip / Cast, ``MatMulInteger``, then ``Mul(s)`` and ``Mul(W_scale)``) fuses to the same node
+    with ``per_token=1``."""
     from .pattern import replace_nodes
 
     g = graph.copy()
@@ -295,7 +401,7 @@ def fuse_dynamic_qmatmul(graph: Graph) -> Graph:
     for node in list(g.nodes):
         if not is_onnx(node, "MatMulInteger") or node not in g.nodes:
             continue
-        found = _fuse_dynamic(g, m, node)
+        found = _fuse_dynamic(g, m, node) or _fuse_token(g, m, node)
         if found is not None:
             replace_nodes(g, *found)
             m = Matcher(g)

@@ -366,14 +366,42 @@ def matmul_integer(
     return call("matmul_integer", a, b, a_zero_point, b_zero_point, device=device)
 
 
+#: the smallest per-token scale (float32's smallest normal): an all-zero row quantizes to zeros
+TOKEN_SCALE_MIN = np.float32(np.finfo(np.float32).tiny)
+
+
+def token_quantize(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 quantization of each row (last axis) of float32 ``x``, as per-token dynamic
+    quantization computes it: ``s = max(max|x_row| / 127, TOKEN_SCALE_MIN)`` (float32),
+    ``q = clip(rint(x / s), -127, 127)``. Returns ``(q int8, s (..., 1) float32)``; a row holding a NaN
+    gets a NaN scale (its products come out NaN) and zeros.
+
+    >>> q, s = token_quantize(np.array([[1.0, -2.0], [0.0, 0.0]], np.float32))
+    >>> q.tolist(), s.ravel().tolist() == [np.float32(2) / np.float32(127), TOKEN_SCALE_MIN]
+    ([[64, -127], [0, 0]], True)
+    """
+    x = np.asarray(x, float32)
+    with np.errstate(invalid="ignore"):
+        amax = np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros((*x.shape[:-1], 1), float32)
+        s = np.maximum(amax / np.float32(127), TOKEN_SCALE_MIN).astype(float32)
+        s[np.isnan(amax)] = np.nan
+        q = np.clip(np.rint(np.nan_to_num(x / s)), -127, 127).astype(np.int8)
+    return q, s
+
+
 def _dynamic_qmatmul_with(matmul: Any) -> Any:
     """The dynamic-quantized product through ``matmul`` (the exact int64 one or the float64-BLAS one)."""
 
     def kernel(
-        x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, out: Any = None
-    ) -> np.ndarray:
-        q, s, z = _dynamic_quantize_linear(x)
-        acc = matmul(q, b, z, b_zero_point)
+        x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, per_token: bool = False,
+        out: Any = None,
+    ) -> np.ndarray:  # fmt: skip
+        if per_token:
+            q, s = token_quantize(x)
+            acc = matmul(q, b, None, b_zero_point)
+        else:
+            q, s, z = _dynamic_quantize_linear(x)
+            acc = matmul(q, b, z, b_zero_point)
         y = acc.astype(float32) * (s * np.asarray(b_scale).astype(float32)).astype(float32)
         if bias is not None:
             y = y + np.asarray(bias).astype(float32)
@@ -396,6 +424,7 @@ def dynamic_qmatmul(
     b_zero_point: Any = None,
     bias: Any = None,
     *,
+    per_token: bool = False,
     out: np.ndarray | None = None,
     device: str | None = None,
 ) -> np.ndarray:
@@ -403,6 +432,7 @@ def dynamic_qmatmul(
     the int8/uint8 weight ``b`` (K, N) exactly in int32, scaled back to float32 by ``x_scale * b_scale``
     (per tensor or per column), plus ``bias`` (N,): what DynamicQuantizeLinear -> MatMulInteger -> Cast ->
     Mul (-> Add) computes, as one op (onnxruntime's DynamicQuantizeMatMul) that a native kernel can fuse.
+    ``per_token``: x quantized per row instead, symmetric int8 (:func:`token_quantize`), scaled back per row.
     ``out``: a float32 array of the result's shape to write into (e.g. an arena view), not overlapping x.
 
     >>> w = np.array([[2], [1]], np.int8)
@@ -422,8 +452,9 @@ def dynamic_qmatmul(
         raise OpError(op, "b_scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
     if bias is not None and np.shape(bias) != (n,):
         raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+    kw: dict[str, Any] = {"per_token": True} if per_token else {}  # kernels without the option still fit
     if out is None:
-        return call(op, x, b, b_scale, b_zero_point, bias, device=device)
+        return call(op, x, b, b_scale, b_zero_point, bias, device=device, **kw)
     want = (*x.shape[:-1], n)
     if (
         not isinstance(out, np.ndarray)
@@ -435,7 +466,7 @@ def dynamic_qmatmul(
         raise OpError(op, "out", f"a writeable float32 array of shape {want}", got, fix="pass a matching out")
     if np.may_share_memory(out, x):
         raise OpError(op, "out", "memory apart from x", "an array overlapping x", fix="pass a separate out")
-    return call(op, x, b, b_scale, b_zero_point, bias, out=out, device=device)
+    return call(op, x, b, b_scale, b_zero_point, bias, out=out, device=device, **kw)
 
 
 def _conv_int(x: np.ndarray, w: np.ndarray, stride: Any, pads: Any, dilation: Any, groups: Any) -> np.ndarray:

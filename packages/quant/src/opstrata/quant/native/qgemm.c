@@ -902,7 +902,8 @@ int opstrata_dynamic_quantize(const float *x, int64_t n, uint8_t *y, float *scal
 }
 
 /* x (M x K float32, rows contiguous) quantized as ONNX DynamicQuantizeLinear does (per_row 0: one scale
-   and zero point for all of x; 1: one per row, i.e. per token), times the packed B, with the float32
+   and zero point for all of x; 1: one per row, i.e. per token) or (per_row 2) symmetric int8 per row
+   (s = max(max|x| / 127, FLT_MIN), q = rint(x / s) in [-127, 127], held as q + 128), times the packed B, with the float32
    epilogue (x_scale * b_scale, bias, ReLU) into out (M x N, row stride ldo): DynamicQuantizeLinear ->
    MatMulInteger -> Cast -> Mul (-> Add) in one call. scales / zps receive the 1 or M scales and zero
    points. Returns QG_ERR_ARGS (out untouched) when x holds a NaN. */
@@ -926,7 +927,13 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
             bad = qg_avx2() ? qg_dq_range_avx2(xg, glen, &hi, &lo) : qg_dq_range_base(xg, glen, &hi, &lo);
         if (bad) return QG_ERR_ARGS;
         float s, z;
-        qg_dq_params(hi, lo, &s, &z);
+        if (per_row == 2) { /* symmetric int8 per token, held as uint8 + 128 */
+            const float amax = hi > -lo ? hi : -lo, t = amax / 127.0f;
+            s = t > 1.17549435e-38f ? t : 1.17549435e-38f; /* float32's smallest normal */
+            z = 128.0f;
+        } else {
+            qg_dq_params(hi, lo, &s, &z);
+        }
         scales[g] = s;
         zps[g] = (uint8_t)z;
     }
