@@ -398,3 +398,70 @@ def test_token_form_with_another_epsilon_is_left_alone() -> None:
     """The fused kernel floors the scale at float32's smallest normal; another floor stays unfused."""
     g, _ = og.optimize(og.from_onnx(_token_model(8, 4, eps=1e-8)), 2)
     assert "DynamicQMatMul" not in _ops(g) and "MatMulInteger" in _ops(g)
+
+
+# --------------------------------------------------------------------------- weight-only: DequantMatMul
+
+
+def _wonly_model(
+    k: int, n: int, *, dtype: Any = np.int8, layout: str = "column", zp: bool = False, seed: int = 0
+) -> Any:
+    """x (float) -> MatMul(x, DequantizeLinear(W_q)) with W_q int8/uint8/int4/uint4 per tensor, column or block."""
+    rng = np.random.default_rng(seed)
+    lo, hi = {"int8": (-128, 128), "uint8": (0, 256), "int4": (-8, 8), "uint4": (0, 16)}[np.dtype(dtype).name]
+    w = rng.integers(lo, hi, (k, n)).astype(dtype)
+    attrs: dict[str, Any] = {}
+    if layout == "block":
+        shape: tuple[int, ...] = (-(-k // 16), n)
+        attrs = {"axis": 0, "block_size": 16}
+    else:
+        shape = (n,) if layout == "column" else ()
+        attrs = {"axis": 1} if layout == "column" else {}
+    scale = (rng.random(shape) * 0.05 + 0.01).astype(np.float32)
+    inits = [nh.from_array(w, "w_q") if np.dtype(dtype).name not in ("int4", "uint4") else
+             oh.make_tensor("w_q", T.INT4 if np.dtype(dtype).name == "int4" else T.UINT4, w.shape,
+                            w.astype(np.int8).ravel().tolist()),
+             nh.from_array(scale, "w_scale")]  # fmt: skip
+    dq_in = ["w_q", "w_scale"]
+    if zp:
+        z = rng.integers(lo, hi, shape).astype(dtype)
+        inits.append(nh.from_array(z, "w_zp") if np.dtype(dtype).name not in ("int4", "uint4") else
+                     oh.make_tensor("w_zp", T.INT4 if np.dtype(dtype).name == "int4" else T.UINT4, z.shape,
+                                    np.asarray(z).astype(np.int8).ravel().tolist()))  # fmt: skip
+        dq_in.append("w_zp")
+    nodes = [
+        oh.make_node("DequantizeLinear", dq_in, ["w"], **attrs),
+        oh.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    g = oh.make_graph(
+        nodes, "wonly", [oh.make_tensor_value_info("x", T.FLOAT, ["batch", k])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["batch", n])], inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 21)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    k=st.integers(1, 40), n=st.integers(1, 24), dtype=st.sampled_from(["int8", "uint8", "int4", "uint4"]),
+    layout=st.sampled_from(["tensor", "column", "block"]), zp=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_weight_only_fused_equals_the_unfused_graph(k, n, dtype, layout, zp, seed) -> None:
+    import ml_dtypes
+
+    dt = {"int8": np.int8, "uint8": np.uint8, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4}[dtype]
+    m = _wonly_model(k, n, dtype=dt, layout=layout, zp=zp, seed=seed)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["DequantMatMul"] and report.matched("fuse_dequant_matmul") == 1
+    basic, _ = og.optimize(og.from_onnx(m), 1)
+    assert "DequantizeLinear" in _ops(basic)  # constant folding keeps the weight quantized
+    x = np.random.default_rng(seed + 1).standard_normal((3, k)).astype(np.float32)
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def test_weight_only_dq_read_elsewhere_is_folded_not_fused() -> None:
+    m = _wonly_model(8, 4)
+    m.graph.output.append(oh.make_tensor_value_info("w", T.FLOAT, None))  # the float weight is an output
+    g, _ = og.optimize(og.from_onnx(m), 2)
+    assert "DequantMatMul" not in _ops(g)

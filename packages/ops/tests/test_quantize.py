@@ -425,3 +425,33 @@ def test_dynamic_qmatmul_per_token_scales_each_row() -> None:
     per_tensor = ops.dynamic_qmatmul(x, b, sc, None, bias)
     row0 = (slice(None), 0)
     assert np.abs(want[row0] - exact[row0]).max() < np.abs(per_tensor[row0] - exact[row0]).max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequant_matmul_is_matmul_of_the_dequantized_weight(device: str) -> None:
+    """Per column, per block along K (int4) and per tensor: x @ dequantize_linear(w) in float32; out= too."""
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    cases = [
+        (rng.integers(-128, 128, (64, 5)).astype(np.int8), rng.uniform(0.01, 0.1, 5).astype(np.float32), 1, 0),
+        (rng.integers(-8, 8, (64, 5)).astype(ml_dtypes.int4), rng.uniform(0.01, 0.1, (2, 5)).astype(np.float32), 0, 32),
+        (rng.integers(0, 256, (64, 5)).astype(np.uint8), np.float32(0.02), 1, 0),
+    ]  # fmt: skip
+    for w, s, axis, bs in cases:
+        want = x @ ops.dequantize_linear(w, s, axis=axis, block_size=bs)
+        got = ops.dequant_matmul(x, w, s, axis=axis, block_size=bs, device=device)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+        out = np.empty((2, 3, 5), np.float32)
+        assert ops.dequant_matmul(x, w, s, axis=axis, block_size=bs, out=out, device=device) is out
+        np.testing.assert_array_equal(out, got)
+
+
+def test_dequant_matmul_errors_name_the_argument() -> None:
+    x, w = np.ones((2, 4), np.float32), np.ones((4, 3), np.int8)
+    with pytest.raises(OpError, match=r"dequant_matmul.*x"):
+        ops.dequant_matmul(x.astype(np.float64), w, np.float32(1))
+    with pytest.raises(OpError, match=r"dequant_matmul.*w"):
+        ops.dequant_matmul(x, w.astype(np.float32), np.float32(1))
+    with pytest.raises(OpError, match=r"dequant_matmul.*w"):
+        ops.dequant_matmul(x, np.ones((5, 3), np.int8), np.float32(1))
+    with pytest.raises(OpError, match=r"dequant_matmul.*out"):
+        ops.dequant_matmul(x, w, np.float32(1), out=np.empty((2, 4), np.float32))

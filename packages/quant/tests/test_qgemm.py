@@ -268,6 +268,7 @@ def test_uninstall_gives_ops_kernels_back_and_install_restores() -> None:
             "dynamic_qmatmul",
             "qconv",
             "quantize_linear",
+            "dequant_matmul",
         ]
     assert ops.resolve_kernel("matmul_integer", U8, device="cpu") is _kernels._matmul_integer_native
     _kernels.install()  # idempotent: no second entry

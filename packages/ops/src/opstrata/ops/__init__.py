@@ -224,6 +224,7 @@ from .kernels.pool import (
 from .kernels.quantize import (
     TOKEN_SCALE_MIN as TOKEN_SCALE_MIN,
     conv_integer as conv_integer,
+    dequant_matmul as dequant_matmul,
     dequantize_linear as dequantize_linear,
     dynamic_qmatmul as dynamic_qmatmul,
     dynamic_quantize_linear as dynamic_quantize_linear,
@@ -407,6 +408,7 @@ __all__ = [
     "cumsum",
     "deform_conv",
     "depth_to_space",
+    "dequant_matmul",
     "dequantize_linear",
     "det",
     "device",

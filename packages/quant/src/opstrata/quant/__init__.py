@@ -66,6 +66,11 @@ from ._report import (
 from ._smooth import smooth_model as smooth_model
 from ._static import quantize_static as quantize_static
 from ._weights import quantize_weights as quantize_weights
+from ._wonly import (
+    PackedDQWeight as PackedDQWeight,
+    dq_matmul as dq_matmul,
+    prepack_dq_weight as prepack_dq_weight,
+)
 from .native._library import (
     QGemmStatus as QGemmStatus,
     native_status as native_status,
@@ -88,6 +93,7 @@ __all__ = [
     "OutputMetrics",
     "OutputReport",
     "PackedConv",
+    "PackedDQWeight",
     "PackedWeight",
     "PercentileObserver",
     "QDType",
@@ -101,6 +107,7 @@ __all__ = [
     "accuracy_report",
     "calibrate",
     "dequantize",
+    "dq_matmul",
     "dynamic_qgemm",
     "get_qgemm_threads",
     "make_observer",
@@ -108,6 +115,7 @@ __all__ = [
     "pack_int4",
     "params_from_range",
     "prepack_conv",
+    "prepack_dq_weight",
     "prepack_weight",
     "qconv2d",
     "qdtype",

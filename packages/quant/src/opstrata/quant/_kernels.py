@@ -30,6 +30,7 @@ import opstrata.ops as ops
 from ._conv import conv_geometry, prepack_conv, run_qconv2d
 from ._errors import QuantError
 from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
+from ._wonly import dq_matmul, prepack_dq_weight
 from .native._library import count, library
 
 __all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
@@ -353,6 +354,55 @@ def _quantize_linear_native(
                                          output_dtype=output_dtype, precision=precision)  # fmt: skip
 
 
+def _bytes_key(a: np.ndarray) -> tuple[Any, ...]:
+    """A small array's identity for a cache key: dtype, shape and a 64-bit fingerprint of its bytes."""
+    flat = np.ascontiguousarray(a).reshape(1, -1).view(np.uint8)
+    return (a.dtype.str, a.shape, _fingerprint(flat) if flat.size else 0)
+
+
+def _dequant_matmul_native(
+    x: Any,
+    w: Any,
+    w_scale: Any,
+    w_zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    out: Any = None,
+) -> np.ndarray:
+    """ops' ``dequant_matmul`` (a weight-only quantized MatMul) with the weight kept as int4/int8 codes and
+    dequantized tile by tile in C; layouts the packer refuses go to ops' kernel."""
+    x, w = np.asarray(x), np.asarray(w)
+    packed = None
+    if (
+        x.dtype == _F32
+        and w.ndim == 2
+        and x.ndim >= 1
+        and x.shape[-1] == w.shape[0]
+        and library() is not None
+    ):
+        s = np.asarray(w_scale)
+        z = None if w_zero_point is None else np.asarray(w_zero_point)
+        layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, _bytes_key(s),
+                  None if z is None else _bytes_key(z), int(axis), int(block_size))  # fmt: skip
+        try:
+            packed = _cached(w, layout, lambda: prepack_dq_weight(w, s, z, axis=axis, block_size=block_size))
+        except QuantError:
+            packed = None
+    if packed is None:
+        count("dequant_matmul", "numpy")
+        kw: dict[str, Any] = {"axis": axis, "block_size": block_size}
+        if out is not None:
+            kw["out"] = out
+        return _displaced["dequant_matmul"](x, w, w_scale, w_zero_point, **kw)
+    direct = out is not None and out.flags.c_contiguous
+    y = dq_matmul(x, packed, threads=_threads(), out=out if direct else None)
+    if out is not None and not direct:
+        np.copyto(out, y)
+        return out
+    return y
+
+
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)
 _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "matmul_integer": (_matmul_integer_native, _INT8S),
@@ -361,6 +411,7 @@ _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "dynamic_qmatmul": (_dynamic_qmatmul_native, (_F32,)),
     "qconv": (_qconv_native, _INT8S),
     "quantize_linear": (_quantize_linear_native, (_F32,)),
+    "dequant_matmul": (_dequant_matmul_native, (_F32,)),
 }
 
 

@@ -31,8 +31,9 @@ Into = Callable[[list[Any], list[np.ndarray]], object]
 
 _LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
 _DYN_QMM, _QCONV = (OPSTRATA_DOMAIN, "DynamicQMatMul"), (OPSTRATA_DOMAIN, "QConv")
+_DQ_MM = (OPSTRATA_DOMAIN, "DequantMatMul")
 #: the graph's kernels these writers stand for
-_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV) if k in KERNELS}
+_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV, _DQ_MM) if k in KERNELS}
 
 #: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -99,6 +100,13 @@ def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
     return _call_into("qconv", dsts[0], *args[:4], a["scale"], a.get("bias"), **kw)
 
 
+def _dequant_matmul(axis: int, block_size: int, args: list[Any], dsts: list[np.ndarray]) -> object:
+    zp = args[3] if len(args) > 3 else None
+    return _call_into(
+        "dequant_matmul", dsts[0], args[0], args[1], args[2], zp, axis=axis, block_size=block_size
+    )
+
+
 def _kernels_take_out(op: str) -> bool:
     """Every kernel registered for ``op`` accepts ``out=`` (one that does not, e.g. from an older
     package, keeps the generic path rather than failing at run time)."""
@@ -118,6 +126,10 @@ def into_kernel(node: Node) -> Into | None:
             return None
         kw = {"per_token": True} if node.attrs.get("per_token") else {}
         return partial(_dynamic_qmatmul, node.attrs["w_scale"], node.attrs.get("bias"), kw)
+    if key == _DQ_MM:
+        if len(node.outputs) != 1 or not _kernels_take_out("dequant_matmul"):
+            return None
+        return partial(_dequant_matmul, int(node.attrs.get("axis", 1)), int(node.attrs.get("block_size", 0)))
     if key == _QCONV:
         if len(node.outputs) != 1 or not _kernels_take_out("qconv"):
             return None

@@ -6,7 +6,7 @@ same values in Fortran order make ``w.T`` C-contiguous, so the kernel's GEMM nee
 packed copy lives in the schedule's value template (the plan's graph keeps its own array), so a
 session holds such weights twice; the values, shapes and dtypes are unchanged.
 
-int8/uint8 initializers of rank >= 2 (the weights of integer GEMMs and convolutions) get a read-only copy of their own: an int8
+int8/uint8/int4/uint4 initializers of rank >= 2 (the weights of integer GEMMs and convolutions) get a read-only copy of their own: an int8
 kernel that caches its packed form per weight (opstrata.quant's) then trusts it not to change, instead
 of fingerprinting its bytes on every call. A kernel writing into one fails loudly.
 """
@@ -21,7 +21,8 @@ from opstrata.graph import OPSTRATA_DOMAIN, Graph
 
 __all__ = ["prepack_weights"]
 
-_INT8S = (np.dtype(np.int8), np.dtype(np.uint8))
+#: integer weight dtypes by name (int4/uint4 are ml_dtypes' types)
+_INT_WEIGHTS = ("int8", "uint8", "int4", "uint4")
 
 
 def _transposed_operand(graph: Graph) -> set[str]:
@@ -46,7 +47,7 @@ def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> 
     into ``template``; returns how many."""
     count = 0
     for name, w in graph.initializers.items():
-        if w.dtype in _INT8S and w.ndim >= 2 and w.size > 1:
+        if w.dtype.name in _INT_WEIGHTS and w.ndim >= 2 and w.size > 1:
             frozen = np.array(w, order="C", copy=True)
             frozen.flags.writeable = False
             template[slot[name]] = frozen

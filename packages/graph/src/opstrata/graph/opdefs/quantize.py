@@ -211,6 +211,24 @@ def _run_qconv(n: Node, x: list[Arr]) -> list[Arr]:
     ]
 
 
+# --------------------------------------------------------------------------- DequantMatMul (weight-only)
+
+
+def _dequant_matmul_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    ctx.need_dtype(0, "f", "float32 activations")
+    return [(np.dtype(np.float32), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def _run_dequant_matmul(n: Node, x: list[Arr]) -> list[Arr]:
+    """``ops.dequant_matmul``: x times the dequantized weight, the weight kept quantized."""
+    zp = x[3] if len(x) > 3 else None
+    return [
+        ops.dequant_matmul(
+            x[0], x[1], x[2], zp, axis=n.attrs.get("axis", 1), block_size=n.attrs.get("block_size", 0)
+        )
+    ]
+
+
 # --------------------------------------------------------------------------- BitCast
 
 
@@ -274,6 +292,11 @@ define(
     "QConv", OPSTRATA_DOMAIN, shape=_qconv_rule, kernel=_run_qconv, uses=("qconv",), onnx=False,
     dtypes="int8/uint8 -> float32",
     doc="a QDQ Conv fused: (x_q, x_zp, w_q, w_zp), Conv's window attrs, attrs scale (per channel), bias; exact int32",
+)  # fmt: skip
+define(
+    "DequantMatMul", OPSTRATA_DOMAIN, shape=_dequant_matmul_rule, kernel=_run_dequant_matmul,
+    uses=("dequant_matmul",), onnx=False, dtypes="float32 x int8/uint8/int4/uint4 -> float32",
+    doc="a weight-only MatMul(x, DequantizeLinear(w_q)) fused: (x, w_q (K, N), scale, zp), attrs axis, block_size",
 )  # fmt: skip
 define(
     "DynamicQMatMul", OPSTRATA_DOMAIN, shape=_dynamic_qmatmul_rule, kernel=_run_dynamic_qmatmul,

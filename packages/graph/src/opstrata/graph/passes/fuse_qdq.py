@@ -25,7 +25,13 @@ import numpy as np
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .pattern import Matcher, is_onnx
 
-__all__ = ["fuse_dynamic_qmatmul", "fuse_qdq_conv", "fuse_qdq_matmul", "is_fusable_weight_dq"]
+__all__ = [
+    "fuse_dequant_matmul",
+    "fuse_dynamic_qmatmul",
+    "fuse_qdq_conv",
+    "fuse_qdq_matmul",
+    "is_fusable_weight_dq",
+]
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -112,9 +118,53 @@ def _conv_ok(m: Matcher, node: Node) -> bool:
     return bias_ok and node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
 
 
+#: weight dtypes of weight-only quantization (by name: int4/uint4 are ml_dtypes' types)
+_WONLY = ("int8", "uint8", "int4", "uint4")
+
+
+def _wonly_weight(m: Matcher, dq: Node) -> bool:
+    """A constant (K, N) int8/uint8/int4/uint4 weight behind a DequantizeLinear per tensor, per column (axis
+    1) or in blocks along K (axis 0): the layouts ``ops.dequant_matmul`` takes."""
+    if not is_onnx(dq, "DequantizeLinear") or dq.attrs.get("output_dtype"):
+        return False
+    w, scale = m.const(dq.inputs[0]), m.const(dq.inputs[1])
+    zp = m.const(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else None
+    if w is None or scale is None or w.ndim != 2 or w.dtype.name not in _WONLY or scale.dtype != np.float32:
+        return False
+    if len(dq.inputs) > 2 and dq.inputs[2] and (zp is None or zp.dtype != w.dtype or zp.shape != scale.shape):
+        return False
+    k, n = w.shape
+    bs, axis = int(dq.attrs.get("block_size", 0) or 0), int(dq.attrs.get("axis", 1)) % 2
+    if scale.size == 1:
+        return True
+    if bs:
+        return axis == 0 and scale.shape == (-(-k // bs), n)
+    return axis == 1 and scale.shape == (n,)
+
+
+def _weight_only_user(m: Matcher, dq: Node) -> Node | None:
+    """The MatMul that multiplies a float activation by this weight-only DequantizeLinear (its sole use)."""
+    user = m.only_use(dq.outputs[0])
+    if (
+        user is None
+        or not is_onnx(user, "MatMul")
+        or len(user.inputs) != 2
+        or user.inputs[1] != dq.outputs[0]
+    ):
+        return None
+    if user.inputs[0] == dq.outputs[0] or m.producer(user.inputs[0], "DequantizeLinear") is not None:
+        return None  # a QDQ product: fuse_qdq_matmul's
+    return user if _wonly_weight(m, dq) else None
+
+
 def is_fusable_weight_dq(m: Matcher, dq: Node) -> bool:
-    """A weight DequantizeLinear that :func:`fuse_qdq_matmul` or :func:`fuse_qdq_conv` will consume:
-    constant folding keeps it."""
+    """A weight DequantizeLinear that :func:`fuse_qdq_matmul`, :func:`fuse_qdq_conv` or
+    :func:`fuse_dequant_matmul` will consume: constant folding keeps it."""
+    return _weight_only_user(m, dq) is not None or _qdq_fusable(m, dq)
+
+
+def _qdq_fusable(m: Matcher, dq: Node) -> bool:
+    """A weight DequantizeLinear that :func:`fuse_qdq_matmul` or :func:`fuse_qdq_conv` will consume."""
     user = m.only_use(dq.outputs[0])
     if user is not None and is_onnx(user, "Conv") and _conv_ok(m, user):
         if len(user.inputs) < 2 or user.inputs[1] != dq.outputs[0] or user.inputs[0] == dq.outputs[0]:
@@ -132,7 +182,7 @@ def _fuse(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     if len(node.inputs) < 2 or (is_onnx(node, "Gemm") and not _gemm_ok(m, node)):
         return None
     dq_w = m.producer(node.inputs[1], "DequantizeLinear")
-    if dq_w is None or not is_fusable_weight_dq(m, dq_w):
+    if dq_w is None or not _qdq_fusable(m, dq_w):
         return None
     transposed = is_onnx(node, "Gemm") and bool(node.attrs.get("transB", 0))
     w, w_scale, w_zp = _weight(m, dq_w, transposed)  # type: ignore[misc]
@@ -163,7 +213,7 @@ def _fuse_conv(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     if len(node.inputs) < 2 or not _conv_ok(m, node):
         return None
     dq_w = m.producer(node.inputs[1], "DequantizeLinear")
-    if dq_w is None or not is_fusable_weight_dq(m, dq_w):
+    if dq_w is None or not _qdq_fusable(m, dq_w):
         return None
     w, w_scale, w_zp = _conv_weight(m, dq_w)  # type: ignore[misc]
     x_q, x_scale, x_zp = _activation(m, node.inputs[0])  # type: ignore[misc]
@@ -199,6 +249,31 @@ def fuse_qdq_conv(graph: Graph) -> Graph:
         if new is not None:
             g.replace_node(node, new)
             m = Matcher(g)
+    return g
+
+
+def fuse_dequant_matmul(graph: Graph) -> Graph:
+    """``MatMul(x, DequantizeLinear(W_q))`` with a float activation (weight-only quantization: int8/uint8/
+    int4/uint4 per tensor, per column or in opset-21 blocks along K) -> ``ai.opstrata::DequantMatMul(x,
+    W_q, scale[, zero_point])`` with ``axis`` and ``block_size``: ``ops.dequant_matmul``, which
+    opstrata.quant backs with a kernel that keeps W in 4/8 bits and dequantizes tiles on the fly."""
+    g = graph.copy()
+    m = Matcher(g)
+    for dq in list(g.nodes):
+        if not is_onnx(dq, "DequantizeLinear") or dq not in g.nodes:
+            continue
+        user = _weight_only_user(m, dq)
+        if user is None:
+            continue
+        attrs = {"axis": int(dq.attrs.get("axis", 1)), "block_size": int(dq.attrs.get("block_size", 0) or 0)}
+        ins = [user.inputs[0], *[x for x in dq.inputs if x]]
+        node = Node(
+            "DequantMatMul", ins, user.outputs, attrs, g.fresh_node_name("DequantMatMul"), OPSTRATA_DOMAIN
+        )
+        from .pattern import replace_nodes
+
+        replace_nodes(g, [dq, user], [node])
+        m = Matcher(g)
     return g
 
 

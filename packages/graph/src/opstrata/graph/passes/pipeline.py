@@ -129,13 +129,14 @@ def _extended() -> list[tuple[str, Pass]]:
     from .fuse_gelu import fuse_gelu
     from .fuse_linear import fuse_linear
     from .fuse_norm import fuse_layer_norm, fuse_rms_norm
-    from .fuse_qdq import fuse_dynamic_qmatmul, fuse_qdq_conv, fuse_qdq_matmul
+    from .fuse_qdq import fuse_dequant_matmul, fuse_dynamic_qmatmul, fuse_qdq_conv, fuse_qdq_matmul
     from .fuse_skip_norm import fuse_skip_norm
     from .transpose import fold_transposes
 
     return [
         ("fuse_qdq_matmul", fuse_qdq_matmul),
         ("fuse_qdq_conv", fuse_qdq_conv),
+        ("fuse_dequant_matmul", fuse_dequant_matmul),
         ("fuse_dynamic_qmatmul", fuse_dynamic_qmatmul),
         ("fuse_layer_norm", fuse_layer_norm),
         ("fuse_rms_norm", fuse_rms_norm),

@@ -746,3 +746,70 @@ def qconv(
             op, "out", "a writeable float32 array of the result's shape", got, fix="pass a matching out"
         )
     return call(op, x, x_zero_point, w, w_zero_point, scale, bias, out=out, **kw)
+
+
+def _dequant_matmul(
+    x: Any,
+    w: Any,
+    w_scale: Any,
+    w_zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    out: Any = None,
+) -> np.ndarray:
+    wf = _dequantize_linear(w, w_scale, w_zero_point, axis=axis, block_size=block_size, output_dtype=float32)
+    y = np.matmul(np.asarray(x, float32), wf)
+    if out is not None:
+        np.copyto(out, y)
+        return out
+    return y
+
+
+register("dequant_matmul", device="ref", dtypes=(float32,))(_dequant_matmul)
+register("dequant_matmul", device="cpu", dtypes=(float32,))(_dequant_matmul)
+
+
+def dequant_matmul(
+    x: Any,
+    w: Any,
+    w_scale: Any,
+    w_zero_point: Any = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    out: np.ndarray | None = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """``x @ dequantize_linear(w, w_scale, w_zero_point, axis, block_size)``: a weight-only quantized
+    Linear (int8/uint8/int4/uint4 ``w`` (K, N), scales per tensor, per column (axis 1) or per block of
+    ``block_size`` rows (axis 0, ONNX opset-21 blocks)) as one op, so a native kernel can dequantize
+    tiles of ``w`` on the fly instead of keeping a float copy. ``x`` (..., K) float32.
+
+    >>> w = np.array([[2], [-1]], np.int8)
+    >>> dequant_matmul(np.array([[1.0, 3.0]], np.float32), w, np.float32(0.5)).tolist()
+    [[-0.5]]
+    """
+    op = "dequant_matmul"
+    x = np.asarray(x)
+    check_dtype(op, "x", x, (float32,))
+    w = np.asarray(w)
+    check_dtype(op, "w", w, (int8, uint8, int4, uint4))
+    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
+        raise OpError(op, "w", f"a 2-D (K={x.shape[-1] if x.ndim else '?'}, N) weight", f"shape {w.shape}",
+                      fix="pass x (..., K) and w (K, N)")  # fmt: skip
+    kw: dict[str, Any] = {"axis": axis, "block_size": block_size, "device": device}
+    if out is not None:
+        want = (*x.shape[:-1], w.shape[1])
+        if (
+            not isinstance(out, np.ndarray)
+            or out.dtype != float32
+            or out.shape != want
+            or not out.flags.writeable
+        ):
+            got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise OpError(
+                op, "out", f"a writeable float32 array of shape {want}", got, fix="pass a matching out"
+            )
+        kw["out"] = out
+    return call(op, x, w, w_scale, w_zero_point, **kw)

@@ -78,6 +78,14 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
         ],
         _INT,
     ),
+    "opstrata_dqgemm": (
+        [
+            *(_I64, _I64, _I64, _P, _I64),  # M, N, K, x, ldx
+            *(_P, _INT, _P, _P, _I64),  # packed codes, bits, scale, shift, rows per group
+            *(_P, _P, _I64, _INT),  # bias, out, ldo, threads
+        ],
+        _INT,
+    ),
     "opstrata_quantize_linear": ([_P, _I64, ctypes.c_float, _I32, _INT, _P], _INT),
     "opstrata_dynamic_qgemm": (
         [

@@ -1323,3 +1323,238 @@ int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int
     qg_ql_base(x, n, s, (float)zp, lo, hi, y);
     return QG_OK;
 }
+
+/* ------------------------------------------------------------------ weight-only GEMM (int4 / int8 weights) */
+
+/* y (M x N) = x (M x K float32) @ dequant(W): W packed in panels of 16 columns as unsigned codes
+   u = q + offset: bits 8: 16 bytes per k; bits 4: 16 bytes per pair of k (k even in the low nibble,
+   k + 1 in the high one; K padded to even with zero codes);
+   per group of `group` rows of K and per column a float32 scale s and shift t (t = -zp * s in the code
+   domain), so w = u * s + t. Each thread dequantizes its panels KC rows at a time into a float tile
+   (16 columns) and runs every row of x against it, accumulating in out. */
+#define DQ_KC 256
+#define DQ_MR 8
+typedef struct {
+    int64_t M, N, K, ldx, ldo, group, p0, p1;
+    const float *x;
+    const uint8_t *wp;
+    int bits;
+    const float *sc, *sh, *bias; /* (G, N), (G, N), N or NULL */
+    float *out;
+} qg_dq_job;
+
+/* code of column c at row k of a panel */
+static inline __attribute__((always_inline)) float qg_code(const uint8_t *panel, int bits, int64_t k, int c) {
+    return bits == 4 ? (float)((panel[(k >> 1) * 16 + c] >> ((k & 1) * 4)) & 15) : (float)panel[k * 16 + c];
+}
+
+static void qg_dqmm_portable(const qg_dq_job *j) {
+    const int64_t pb = j->bits == 4 ? (j->K + 1) / 2 * 16 : j->K * 16; /* bytes per panel */
+    float tile[DQ_KC * 16];
+    for (int64_t p = j->p0; p < j->p1; ++p) {
+        const int64_t c0 = p * 16, nc = j->N - c0 < 16 ? j->N - c0 : 16;
+        for (int64_t k0 = 0; k0 < j->K; k0 += DQ_KC) {
+            const int64_t kc = j->K - k0 < DQ_KC ? j->K - k0 : DQ_KC;
+            for (int64_t k = 0; k < kc; ++k) {
+                const uint8_t *panel = j->wp + p * pb;
+                const int64_t g = (k0 + k) / j->group;
+                for (int c = 0; c < 16; ++c) {
+                    const int64_t n = c0 + (c < nc ? c : 0);
+                    tile[k * 16 + c] = qg_code(panel, j->bits, k0 + k, c) * j->sc[g * j->N + n] + j->sh[g * j->N + n];
+                }
+            }
+            for (int64_t m = 0; m < j->M; ++m) {
+                float acc[16];
+                float *o = j->out + m * j->ldo + c0;
+                for (int c = 0; c < 16; ++c) acc[c] = 0.0f;
+                const float *xr = j->x + m * j->ldx + k0;
+                for (int64_t k = 0; k < kc; ++k)
+                    for (int c = 0; c < 16; ++c) acc[c] += xr[k] * tile[k * 16 + c];
+                for (int64_t c = 0; c < nc; ++c) o[c] = (k0 ? o[c] : (j->bias ? j->bias[c0 + c] : 0.0f)) + acc[c];
+            }
+        }
+    }
+}
+
+#if QG_X86
+/* 16 codes of row k of a panel as int32 lanes */
+static inline __attribute__((always_inline)) T512 __m512i qg_codes(const uint8_t *panel, int bits, int64_t k) {
+    if (bits == 4) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(panel + (k >> 1) * 16)));
+        return _mm512_and_si512(_mm512_srli_epi32(b, (unsigned)((k & 1) * 4)), _mm512_set1_epi32(15));
+    }
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(panel + k * 16)));
+}
+
+static T512 void qg_dqmm_512(const qg_dq_job *j) {
+    const int64_t pb = j->bits == 4 ? (j->K + 1) / 2 * 16 : j->K * 16;
+    float tile[DQ_KC * 16] __attribute__((aligned(64)));
+    for (int64_t p = j->p0; p < j->p1; ++p) {
+        const int64_t c0 = p * 16, nc = j->N - c0 < 16 ? j->N - c0 : 16;
+        const __mmask16 m16 = nc >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nc) - 1u);
+        for (int64_t k0 = 0; k0 < j->K; k0 += DQ_KC) {
+            const int64_t kc = j->K - k0 < DQ_KC ? j->K - k0 : DQ_KC;
+            int64_t g_prev = -1;
+            __m512 s = _mm512_setzero_ps(), t = s;
+            for (int64_t k = 0; k < kc; ++k) { /* the tile: 16 columns of kc rows, dequantized */
+                const int64_t g = (k0 + k) / j->group;
+                if (g != g_prev) {
+                    s = _mm512_maskz_loadu_ps(m16, j->sc + g * j->N + c0);
+                    t = _mm512_maskz_loadu_ps(m16, j->sh + g * j->N + c0);
+                    g_prev = g;
+                }
+                const __m512i u = qg_codes(j->wp + p * pb, j->bits, k0 + k);
+                _mm512_store_ps(tile + k * 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), s, t));
+            }
+            for (int64_t m = 0; m < j->M; m += DQ_MR) { /* up to 8 rows of x against the tile */
+                const int mr = j->M - m < DQ_MR ? (int)(j->M - m) : DQ_MR;
+                __m512 acc[DQ_MR];
+                for (int r = 0; r < DQ_MR; ++r) acc[r] = _mm512_setzero_ps();
+                const float *xr = j->x + m * j->ldx + k0;
+                if (mr == DQ_MR) {
+                    for (int64_t k = 0; k < kc; ++k) {
+                        const __m512 w = _mm512_load_ps(tile + k * 16);
+                        for (int r = 0; r < DQ_MR; ++r)
+                            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r * j->ldx + k]), w, acc[r]);
+                    }
+                } else {
+                    for (int64_t k = 0; k < kc; ++k) {
+                        const __m512 w = _mm512_load_ps(tile + k * 16);
+                        for (int r = 0; r < mr; ++r)
+                            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r * j->ldx + k]), w, acc[r]);
+                    }
+                }
+                for (int r = 0; r < mr; ++r) {
+                    float *o = j->out + (m + r) * j->ldo + c0;
+                    const __m512 prev = k0 ? _mm512_maskz_loadu_ps(m16, o)
+                                           : (j->bias ? _mm512_maskz_loadu_ps(m16, j->bias + c0) : _mm512_setzero_ps());
+                    _mm512_mask_storeu_ps(o, m16, _mm512_add_ps(prev, acc[r]));
+                }
+            }
+        }
+    }
+}
+#endif
+
+#if QG_X86
+/* few rows (decode): no tile; per scale group the codes' dot products a_r = sum_k x[r, k] u_k are formed
+   straight from the expanded codes, then out_r += s * a_r + t * sum_k x[r, k] (w = u s + t) */
+#define DQ_MS 4
+static T512 void qg_dqmm_few_512(const qg_dq_job *j) {
+    const int64_t pb = j->bits == 4 ? (j->K + 1) / 2 * 16 : j->K * 16;
+    const int mr = (int)j->M;
+    const int64_t G = (j->K + j->group - 1) / j->group;
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(mr * G)); /* sum of x over each group, per row */
+    if (!xs) return;                                               /* the caller probed this allocation */
+    for (int r = 0; r < mr; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t k1 = (g + 1) * j->group < j->K ? (g + 1) * j->group : j->K;
+            float acc = 0.0f;
+            for (int64_t k = g * j->group; k < k1; ++k) acc += j->x[r * j->ldx + k];
+            xs[r * G + g] = acc;
+        }
+    const __m512i nib = _mm512_set1_epi32(15);
+    for (int64_t p = j->p0; p < j->p1; ++p) {
+        const int64_t c0 = p * 16, nc = j->N - c0 < 16 ? j->N - c0 : 16;
+        const __mmask16 m16 = nc >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nc) - 1u);
+        const uint8_t *panel = j->wp + p * pb;
+        __m512 out[DQ_MS];
+        for (int r = 0; r < mr; ++r)
+            out[r] = j->bias ? _mm512_maskz_loadu_ps(m16, j->bias + c0) : _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t k0 = g * j->group, k1 = k0 + j->group < j->K ? k0 + j->group : j->K;
+            __m512 a[DQ_MS];
+            for (int r = 0; r < mr; ++r) a[r] = _mm512_setzero_ps();
+            int64_t k = k0;
+            if (j->bits == 4) {
+                if (k & 1) { /* a group starting on an odd row: its first code alone */
+                    const __m512 uf = _mm512_cvtepi32_ps(qg_codes(panel, 4, k));
+                    for (int r = 0; r < mr; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(j->x[r * j->ldx + k]), uf, a[r]);
+                    ++k;
+                }
+                for (; k + 1 < k1; k += 2) { /* one 16-byte load: rows k (low nibbles) and k + 1 (high) */
+                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(panel + (k >> 1) * 16)));
+                    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, nib));
+                    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+                    for (int r = 0; r < mr; ++r) {
+                        const float *xr = j->x + r * j->ldx + k;
+                        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[0]), lo, a[r]);
+                        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[1]), hi, a[r]);
+                    }
+                }
+            }
+            for (; k < k1; ++k) {
+                const __m512 uf = _mm512_cvtepi32_ps(qg_codes(panel, j->bits, k));
+                for (int r = 0; r < mr; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(j->x[r * j->ldx + k]), uf, a[r]);
+            }
+            const __m512 s = _mm512_maskz_loadu_ps(m16, j->sc + g * j->N + c0);
+            const __m512 t = _mm512_maskz_loadu_ps(m16, j->sh + g * j->N + c0);
+            for (int r = 0; r < mr; ++r)
+                out[r] = _mm512_add_ps(out[r], _mm512_fmadd_ps(s, a[r], _mm512_mul_ps(t, _mm512_set1_ps(xs[r * G + g]))));
+        }
+        for (int r = 0; r < mr; ++r) _mm512_mask_storeu_ps(j->out + r * j->ldo + c0, m16, out[r]);
+    }
+    free(xs);
+}
+#endif
+
+static void qg_dqmm_run(const qg_dq_job *j) {
+#if QG_X86
+    if (qg_avx512vnni() && j->M <= DQ_MS) {
+        qg_dqmm_few_512(j);
+        return;
+    }
+    if (qg_avx512vnni()) {
+        qg_dqmm_512(j);
+        return;
+    }
+#endif
+    qg_dqmm_portable(j);
+}
+
+static void *qg_dqmm_worker(void *arg) {
+    qg_dqmm_run((const qg_dq_job *)arg);
+    return NULL;
+}
+
+int opstrata_dqgemm(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *wp, int bits,
+                    const float *sc, const float *sh, int64_t group, const float *bias, float *out, int64_t ldo,
+                    int nthreads) {
+    if (M < 0 || N < 0 || K < 0 || (bits != 4 && bits != 8) || group < 1) return QG_ERR_ARGS;
+    if (M == 0 || N == 0) return QG_OK;
+    if (K == 0) {
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) out[m * ldo + n] = bias ? bias[n] : 0.0f;
+        return QG_OK;
+    }
+    const int64_t panels = (N + 15) / 16;
+    void *probe = malloc(sizeof(float) * (size_t)(M * ((K + group - 1) / group) + 1));
+    if (!probe) return QG_ERR_NOMEM;
+    free(probe);
+    qg_dq_job base = {M, N, K, ldx, ldo, group, 0, panels, x, wp, bits, sc, sh, bias, out};
+    int64_t by_work = (M * N * K) >> 22;
+    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
+    if (nthreads > panels) nthreads = (int)panels;
+    if (nthreads > 64) nthreads = 64;
+    if (nthreads <= 1) {
+        qg_dqmm_run(&base);
+        return QG_OK;
+    }
+    qg_dq_job jobs[64];
+    pthread_t tid[64];
+    int started[64] = {0};
+    for (int t = 0; t < nthreads; ++t) {
+        jobs[t] = base;
+        jobs[t].p0 = panels * t / nthreads;
+        jobs[t].p1 = panels * (t + 1) / nthreads;
+    }
+    for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_dqmm_worker, &jobs[t]) == 0;
+    qg_dqmm_run(&jobs[0]);
+    for (int t = 1; t < nthreads; ++t) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            qg_dqmm_run(&jobs[t]);
+    }
+    return QG_OK;
+}
