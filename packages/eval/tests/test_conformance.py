@@ -235,7 +235,7 @@ def test_every_table_op_has_a_function_and_known_variants() -> None:
 #: float32 ops whose reference refuses float32 by design (an int size, or integer-only data).
 _REFUSE_FLOAT32 = {"hann_window", "hamming_window", "blackman_window", "mel_weight_matrix", "dequantize_linear",
                    "qlinear_matmul", "qlinear_conv", "bit_shift", "bitwise_and", "bitwise_or", "bitwise_xor",
-                   "bitwise_not", "matmul_integer", "conv_integer"}  # fmt: skip
+                   "bitwise_not", "matmul_integer", "conv_integer", "qconv"}  # fmt: skip
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])

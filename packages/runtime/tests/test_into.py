@@ -116,9 +116,15 @@ def _dynamic_quant_mlp():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _needs_dynamic_qmatmul_node() -> None:
+    if (OPSTRATA_DOMAIN, "DynamicQMatMul") not in KERNELS:  # graph < 0.4.6 (compat runs) has no such node
+        pytest.skip("ai.opstrata::DynamicQMatMul needs opstrata-graph >= 0.4.6")
+
+
 def test_dynamic_qmatmul_writes_its_arena_view_with_a_read_only_weight(monkeypatch) -> None:
     from opstrata.runtime._into import _kernels_take_out
 
+    _needs_dynamic_qmatmul_node()
     if not _kernels_take_out("dynamic_qmatmul"):  # opstrata-ops < 0.4.8 (compat runs): the generic path
         pytest.skip("this opstrata-ops' dynamic_qmatmul kernels take no out= (added in 0.4.8)")
     model = _dynamic_quant_mlp()
@@ -138,6 +144,8 @@ def test_dynamic_qmatmul_writes_its_arena_view_with_a_read_only_weight(monkeypat
 
 
 def test_dynamic_qmatmul_keeps_the_generic_path_when_a_kernel_takes_no_out(monkeypatch) -> None:
+    _needs_dynamic_qmatmul_node()
+
     def no_out(x, b, b_scale, b_zero_point=None, bias=None):  # an older package's kernel
         return ops.dynamic_qmatmul(x, b, b_scale, b_zero_point, bias, device="ref")
 

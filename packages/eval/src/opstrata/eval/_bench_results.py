@@ -12,12 +12,13 @@ import json
 import os
 import platform
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import opstrata.ops as ops
 
 __all__ = ["SCHEMA", "Results", "ResultsError", "fingerprint", "fingerprint_diff", "load", "save"]
 
@@ -120,15 +121,7 @@ def save(
            "fingerprint": fingerprint(), "results": entries}  # fmt: skip
     text = json.dumps(doc, indent=1)  # before any file exists: a value JSON cannot hold fails here
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return ops.atomic_write(path, text)
 
 
 def load(directory: Path, name: str) -> Results:

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+import opstrata.ops as ops
+
 from ._bench_suites import BenchError, BenchOptions, SuiteRun, run_interleaved
 
 __all__ = ["DEFAULT_ZOO", "MODEL_SPECS", "run_models", "run_zoo"]
@@ -164,12 +166,7 @@ class _Pairs:
 
 
 def _atomic_save(model: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    ops.atomic_write(path, model.SerializeToString())
 
 
 def run_models(opts: BenchOptions) -> SuiteRun:

@@ -19,12 +19,9 @@ not a finding. Tolerances are the dtype defaults with atol scaled by the output'
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-import os
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -366,15 +363,8 @@ def _save_repro(out_dir: Path, op: str, dtype: str, case: Case, got: Sequence[An
                 arrays[f"{side}{i}"] = a
                 spec["outputs"][f"{side}{i}"] = a.dtype.name
     meta = np.array([op, device, against, variant])
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".tmp")
-    try:  # atomically: a reader never sees half a reproducer
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=meta, call=np.array(json.dumps(spec)), **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # atomically: a reader never sees half a reproducer
+    ops.atomic_write(path, lambda f: np.savez(f, meta=meta, call=np.array(json.dumps(spec)), **arrays))
     return str(path)
 
 

@@ -673,6 +673,44 @@ def _qlinear_conv(g: Gen) -> Sample:
     return (x, sx, zx, w, sw, zw, sy, zy), {"pads": 1}
 
 
+@sample("qconv", (*BASIC, "full-range", "depthwise", "per-channel"))
+def _qconv(g: Gen) -> Sample:
+    x = _bits(g, g.n(), 4, 6, 6)
+    f32 = np.float32
+    if g.variant == "depthwise":
+        w = _bits(g, 4, 1, 3, 3)
+        return (x, g.plain(), w, g.plain(), g.pos(4, dtype=f32) / 50, g.plain(4, dtype=f32)), {
+            "pads": 1,
+            "groups": 4,
+        }
+    w = _bits(g, 3, 4, 3, 3)
+    if g.variant == "per-channel":
+        return (x, g.plain(), w, g.plain(3), g.pos(3, dtype=f32) / 50), {"pads": [1, 0, 1, 1], "stride": 2}
+    return (x, g.plain(), w, g.plain(), np.asarray(0.02, f32)), {"pads": 1}
+
+
+@sample("dequant_matmul", (*FULL, "int4 blocks", "per column"))
+def _dequant_matmul(g: Gen) -> Sample:
+    x = g.x(g.n(), 8)
+    if g.variant == "int4 blocks":
+        w4 = g.rng.integers(-8, 8, (8, 3)).astype("int4")  # ml_dtypes' int4, registered by opstrata.ops
+        return (x, w4, g.pos(2, 3, dtype=np.float32) / 20), {"axis": 0, "block_size": 4}
+    w = g.rng.integers(-128, 128, (8, 3)).astype(np.int8)
+    if g.variant == "per column":
+        return (x, w, g.pos(3, dtype=np.float32) / 20, g.rng.integers(-3, 3, 3).astype(np.int8)), {"axis": 1}
+    return (x, w, np.asarray(0.02, np.float32)), {}
+
+
+@sample("dynamic_qmatmul", (*FULL, "per token", "zero points"))
+def _dynamic_qmatmul(g: Gen) -> Sample:
+    x, w = g.x(g.n(), 3, 8), g.rng.integers(-128, 128, (8, 5)).astype(np.int8)
+    scale, bias = g.pos(5, dtype=np.float32) / 50, g.plain(5, dtype=np.float32)
+    if g.variant == "per token":
+        return (x, w, scale, None, bias), {"per_token": True}
+    zp = g.rng.integers(-3, 3, 5).astype(np.int8) if g.variant == "zero points" else None
+    return (x, w, scale, zp, bias), {}
+
+
 # ---- signal ---------------------------------------------------------------------------------------
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -78,15 +76,7 @@ def _compare(
 
 def _save_model(model: object, path: Path) -> None:
     """Write the ONNX model atomically (temp file + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())  # type: ignore[attr-defined]
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    ops.atomic_write(path, model.SerializeToString())  # type: ignore[attr-defined]
 
 
 #: Steps of the demo (the progress display's total).

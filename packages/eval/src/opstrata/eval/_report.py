@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
+
+import opstrata.ops as ops
 
 from ._svg import bar_chart, line_chart
 
@@ -228,12 +229,7 @@ def _markdown(sections: Sequence[Section], title: str, html_name: str) -> str:
 
 def _write(path: Path, text: str) -> None:
     """Write through a temporary file beside ``path`` and rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    ops.atomic_write(path, text)
 
 
 def build_report(

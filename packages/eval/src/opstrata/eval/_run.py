@@ -9,12 +9,9 @@ corrupt model) is one line on stderr naming the input, the expected and the actu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Sequence
@@ -264,15 +261,7 @@ def _file_name(name: str) -> str:
 
 def _save(path: Path, arr: np.ndarray) -> None:
     """np.save atomically (temp file + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    ops.atomic_write(path, lambda f: np.save(f, arr, allow_pickle=False))
 
 
 def _write_memory(sess: rt.InferenceSession, feeds: dict[str, np.ndarray], path: Path, say: Any) -> None:

@@ -3,10 +3,8 @@ fallback listed, memory plan) and ``Plan.save`` / ``Plan.load`` (a versioned zip
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -238,9 +236,9 @@ class Plan:
         except ImportError:
             onnx_bytes = None
         meta["has_onnx"] = onnx_bytes is not None
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
+
+        def write(f: Any) -> None:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
                 z.writestr("format.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
                 z.writestr("plan.json", json.dumps(meta))
                 z.writestr("graph.json", json.dumps(graph_json))
@@ -248,11 +246,8 @@ class Plan:
                     z.writestr(entry, data)
                 if onnx_bytes is not None:
                     z.writestr("graph.onnx", onnx_bytes)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+
+        ops.atomic_write(path, write)
         return path
 
     @classmethod

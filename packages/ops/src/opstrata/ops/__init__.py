@@ -7,6 +7,7 @@ from .compat import check_compatible as _check_compatible
 __version__: str = _check_compatible("opstrata-ops")
 
 from . import codegen as codegen
+from ._atomic import atomic_write as atomic_write
 from ._devices import (
     device as device,
     get_default_device as get_default_device,
@@ -362,6 +363,7 @@ __all__ = [
     "asinh",
     "atan",
     "atanh",
+    "atomic_write",
     "attention",
     "attention_backward",
     "attention_onnx",

@@ -7,12 +7,10 @@ optional budget that puts the worst nodes back to float one at a time until it h
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+
+import opstrata.ops as ops
 
 from ._dynamic import quantize_dynamic
 from ._errors import AccuracyError, CalibrationError, QuantError
@@ -220,18 +220,7 @@ class QuantizedModel:
                 where, f"directory '{p.parent}' does not exist", "create it first or pick another path"
             )
         data = self.model.SerializeToString()  # > 2 GiB raises in protobuf itself, before any file exists
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return p
+        return ops.atomic_write(p, data, fsync=True)
 
     def session(self, sess_options: Any = None, **kwargs: Any) -> Any:
         """An :class:`opstrata.runtime.InferenceSession` over the model (``device=``, SessionOptions)."""

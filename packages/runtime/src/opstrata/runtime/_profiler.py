@@ -12,15 +12,15 @@ GEMM threshold, the BLAS libraries); each run span's args carry the BLAS thread 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import opstrata.ops as ops
 
 __all__ = ["SESSION_TID", "STREAM_TID0", "NodeEvent", "Profiler"]
 
@@ -120,15 +120,7 @@ class Profiler:
             path = f"{self.prefix}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_{os.getpid()}.json"
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.trace(), f)
-            os.replace(tmp, p)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        ops.atomic_write(p, json.dumps(self.trace()))
         return str(p)
 
     def summary(self, top: int = 10) -> str:

@@ -14,12 +14,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from .._atomic import atomic_write
 
 __all__ = ["AutotuneCacheWarning", "autotune_cache_dir", "entry_path", "read_entry", "write_entry"]
 
@@ -129,12 +130,4 @@ def write_entry(path: Path, key: dict[str, Any], new: Mapping[str, dict[str, Any
         records = read_entry(path, key, warn=False)  # the other process's candidates survive
         records.update(new)
         data = {"format": FORMAT, "key": key, "candidates": list(records.values())}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from .._atomic import atomic_write
 
 FORMAT = "opstrata-autotune-pretuned/1"
 PATH = Path(__file__).with_name("pretuned.json")
@@ -67,11 +67,7 @@ def write_pretuned(entries: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]
         "note": note,
         "entries": [{"key": dict(k), "params": dict(p)} for k, p in entries],
     }
-    fd, tmp = tempfile.mkstemp(dir=PATH.parent, prefix=PATH.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, PATH)
+    atomic_write(PATH, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _table.cache_clear()
     has_pretuned.cache_clear()
     return PATH
