@@ -1,8 +1,8 @@
 """W8A8 dynamic quantization end to end: transformers models exported by torch.onnx, quantized by
 opstrata.quant and by onnxruntime's quantize_dynamic, each run in its own runtime, one thread.
 
-Per model, six candidates timed interleaved (every round runs all of them, the order alternating
-forward and reverse; medians): opstrata fp32, opstrata's w8a8-dynamic model (one scale per tensor) and
+Per model, six candidates timed interleaved (every round runs all of them, the order rotating;
+medians; ``opstrata.ops.benchtools.compare``): opstrata fp32, opstrata's w8a8-dynamic model (one scale per tensor) and
 its w8a8-dynamic-token model (symmetric int8 per token) in opstrata, the per-tensor model in onnxruntime,
 onnxruntime fp32, onnxruntime's quantize_dynamic model in onnxruntime. Printed:
 speed-up of opstrata's quantized model over opstrata fp32, its ratio to onnxruntime's quantized
@@ -21,10 +21,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPST
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -32,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import opstrata.quant as oq  # noqa: E402
 import opstrata.runtime as rt  # noqa: E402
-from opstrata.ops.benchtools import format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, format_table  # noqa: E402
 
 SIZES = {  # hidden, layers, heads, intermediate
     "full": (384, 4, 6, 1536),
@@ -92,19 +89,6 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
 
 
-def _interleaved(cands: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    names = list(cands)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for fn in cands.values():
-        fn()
-    for r in range(rounds):
-        for k in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
-            cands[k]()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -143,7 +127,10 @@ def main() -> None:
             cos = _cosine(sess["opstrata w8a8-dyn"].run(None, feeds)[0], ref)
             cos_tok = _cosine(sess["opstrata w8a8-dyn-token"].run(None, feeds)[0], ref)
             cos_ort = _cosine(sess["onnxruntime quantize_dynamic"].run(None, feeds)[0], ref)
-            med = _interleaved({k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sess.items()}, rounds)
+            timed = compare(
+                {k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sess.items()}, repeats=rounds
+            )
+            med = {k: t.median for k, t in timed.items()}
             ours, ort_q_t = med["opstrata w8a8-dyn"], med["onnxruntime quantize_dynamic"]
             tok = med["opstrata w8a8-dyn-token"]
             rows.append([

@@ -6,7 +6,7 @@ int8 weights, uint8 activations, minmax calibration), each run in its own runtim
 Printed per model: top-1 agreement with the fp32 model on held-out synthetic images and the output
 cosine, for both quantized models; latency of opstrata fp32, opstrata's quantized model in opstrata,
 onnxruntime fp32 and onnxruntime's quantized model in onnxruntime (medians of interleaved rounds, the
-order alternating). Calibration and evaluation images are N(0, 1) noise, different seeds.
+order rotating, ops.benchtools.compare). Calibration and evaluation images are N(0, 1) noise, different seeds.
 
     python packages/eval/benchmarks/bench_quant_static.py [--quick] [--rounds N] [--models resnet18]
 """
@@ -20,10 +20,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPST
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -32,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import opstrata.quant as oq  # noqa: E402
 import opstrata.runtime as rt  # noqa: E402
-from opstrata.ops.benchtools import format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, format_table  # noqa: E402
 
 
 def _images(n: int, batch: int, side: int, seed: int) -> list[np.ndarray]:
@@ -60,17 +57,6 @@ def _ort_quantize_static(src: Path, dst: Path, name: str, calib: list[np.ndarray
 
     q.quantize_static(str(src), str(dst), Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
                       activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)  # fmt: skip
-
-
-def _interleaved(cands: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in cands}
-    names = list(cands)
-    for r in range(rounds):
-        for k in names if r % 2 == 0 else reversed(names):
-            t = time.perf_counter()
-            cands[k]()
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
 def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
@@ -115,7 +101,8 @@ def main() -> None:
             t1_ort, cos_ort = _agreement(ref, [ort_q.run(None, {inp: x})[0] for x in held])
             feeds = {inp: held[0]}
             sessions = {"ours fp32": fp, "ours q": oq_sess, "ort fp32": ort_fp, "ort q": ort_q}
-            ms = _interleaved({k: partial(s.run, None, feeds) for k, s in sessions.items()}, rounds)
+            timed = compare({k: partial(s.run, None, feeds) for k, s in sessions.items()}, repeats=rounds)
+            ms = {k: t.median * 1e3 for k, t in timed.items()}
             rows.append([
                 name, f"{t1_ours:.1%}", f"{cos_ours:.5f}", f"{t1_ort:.1%}", f"{cos_ort:.5f}",
                 f"{ms['ours fp32']:.2f}", f"{ms['ours q']:.2f}", f"{ms['ort fp32']:.2f}", f"{ms['ort q']:.2f}",

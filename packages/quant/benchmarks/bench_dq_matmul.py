@@ -4,7 +4,7 @@ tile) against numpy fp32 matmul on the dequantized float weight, and onnxruntime
 Run: ``python packages/quant/benchmarks/bench_dq_matmul.py [--quick] [--repeats N]``.
 One thread everywhere. Shapes: the decode (M = 1) and prefill (M = 32, 128) products of a hidden-384
 transformer block and of a 4096-wide layer (whose float weight no longer fits in cache). Medians of
-interleaved rounds with alternating order; every result is checked against ops' reference first.
+interleaved rounds with rotating order; every result is checked against ops' reference first.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPST
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -25,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import opstrata.ops as ops  # noqa: E402
 import opstrata.quant as oq  # noqa: E402
-from opstrata.ops.benchtools import format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, format_table  # noqa: E402
 
 try:
     import onnxruntime as ort
@@ -86,13 +84,7 @@ def main() -> None:
         if nbits is not None:
             np.testing.assert_allclose(nbits(x), want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
             cands["ort"] = lambda f=nbits, x=x: f(x)
-        times: dict[str, list[float]] = {c: [] for c in cands}
-        for i in range(rounds):
-            for c in list(cands) if i % 2 == 0 else reversed(list(cands)):
-                t = time.perf_counter()
-                cands[c]()
-                times[c].append(time.perf_counter() - t)
-        ms = {c: statistics.median(v) * 1e3 for c, v in times.items()}
+        ms = {c: t.median * 1e3 for c, t in compare(cands, repeats=rounds).items()}
         row = [f"{m}x{k}x{n}", f"{ms['int4']:.3f}", f"{ms['fp32']:.3f}", f"{ms['fp32'] / ms['int4']:.2f}x",
                f"{wf.nbytes / 2**20:.1f} -> {w.size / 2 / 2**20 + s.nbytes / 2**20:.2f}"]  # fmt: skip
         row += [f"{ms['ort']:.3f}", f"{ms['int4'] / ms['ort']:.2f}x"] if "ort" in ms else ["", ""]

@@ -4,7 +4,7 @@
 Run: ``python packages/quant/benchmarks/bench_qconv.py [--quick] [--repeats N]``.
 One thread everywhere (set before numpy / onnxruntime load). Shapes: ResNet-18's and MobileNet's
 convolutions at the zoo's 64x64 input, batch 8 (stem 7x7/2, 3x3 of each stage, 1x1 projections,
-depthwise 3x3 and 5x5). Each cell is a median of interleaved rounds with alternating order; ratios are
+depthwise 3x3 and 5x5). Each cell is a median of interleaved rounds with rotating order; ratios are
 the figures (absolute times on a shared machine are noise). Every int8 result is checked against ops'
 reference kernel first.
 """
@@ -19,8 +19,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -28,7 +26,7 @@ import numpy as np  # noqa: E402
 
 import opstrata.ops as ops  # noqa: E402
 import opstrata.quant as oq  # noqa: E402
-from opstrata.ops.benchtools import format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, format_table  # noqa: E402
 
 try:
     import onnxruntime as ort
@@ -74,17 +72,6 @@ def _ort_conv(
     return lambda x: sess.run(None, {"x": x})
 
 
-def _interleaved(cands: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in cands}
-    names = list(cands)
-    for r in range(rounds):
-        for k in names if r % 2 == 0 else reversed(names):
-            t = time.perf_counter()
-            cands[k]()
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two shapes, 3 rounds (a smoke run)")
@@ -111,7 +98,7 @@ def main() -> None:
             ort_f, ort_q = _ort_conv(wf, bias, s, p, g, False), _ort_conv(w, bias, s, p, g, True)
             cands["ort fp32"] = lambda f=ort_f, xf=xf: f(xf)
             cands["ort int8"] = lambda f=ort_q, xq=xq: f(xq)
-        ms = _interleaved(cands, rounds)
+        ms = {k: t.median * 1e3 for k, t in compare(cands, repeats=rounds).items()}
         row = [name, f"{ms['int8']:.3f}", f"{ms['fp32']:.3f}", f"{ms['fp32'] / ms['int8']:.2f}x"]
         if ort is not None:
             row += [f"{ms['ort int8']:.3f}", f"{ms['int8'] / ms['ort int8']:.2f}x", f"{ms['ort fp32']:.3f}"]

@@ -18,6 +18,7 @@ int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+#: what a matcher returns: (the nodes it replaces, the nodes that replace them)
+Rewrite = tuple[list[Node], list[Node]]
 
 
 def _dq_parts(m: Matcher, dq: Node) -> tuple[str, np.ndarray, np.ndarray | None] | None:
@@ -178,7 +181,7 @@ def _qdq_fusable(m: Matcher, dq: Node) -> bool:
     return _weight(m, dq, transposed) is not None and _activation(m, user.inputs[0]) is not None
 
 
-def _fuse(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
+def _fuse(g: Graph, m: Matcher, node: Node) -> Rewrite | None:
     if len(node.inputs) < 2 or (is_onnx(node, "Gemm") and not _gemm_ok(m, node)):
         return None
     dq_w = m.producer(node.inputs[1], "DequantizeLinear")
@@ -206,10 +209,10 @@ def _fuse(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     attrs: dict[str, np.ndarray] = {"scale": scale}
     if is_onnx(node, "Gemm") and len(node.inputs) > 2 and node.inputs[2]:
         attrs["bias"] = np.asarray(m.const(node.inputs[2]), np.float32)
-    return [Node("QMatMul", ins, node.outputs, attrs, g.fresh_node_name("QMatMul"), OPSTRATA_DOMAIN)]
+    return [node], [Node("QMatMul", ins, node.outputs, attrs, g.fresh_node_name("QMatMul"), OPSTRATA_DOMAIN)]
 
 
-def _fuse_conv(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
+def _fuse_conv(g: Graph, m: Matcher, node: Node) -> Rewrite | None:
     if len(node.inputs) < 2 or not _conv_ok(m, node):
         return None
     dq_w = m.producer(node.inputs[1], "DequantizeLinear")
@@ -234,22 +237,32 @@ def _fuse_conv(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     attrs["scale"] = (x_scale.reshape(()).astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
     if len(node.inputs) > 2 and node.inputs[2]:
         attrs["bias"] = np.asarray(m.const(node.inputs[2]), np.float32)
-    return [Node("QConv", ins, node.outputs, attrs, g.fresh_node_name("QConv"), OPSTRATA_DOMAIN)]
+    return [node], [Node("QConv", ins, node.outputs, attrs, g.fresh_node_name("QConv"), OPSTRATA_DOMAIN)]
+
+
+def _rewrite_each(
+    graph: Graph, op_types: tuple[str, ...], match: Callable[[Graph, Matcher, Node], Rewrite | None]
+) -> Graph:
+    """A copy of ``graph`` in which every ONNX node of ``op_types`` that ``match`` turns into (the nodes it
+    replaces, the new nodes) is rewritten; the matcher is rebuilt after each rewrite."""
+    from .pattern import replace_nodes
+
+    g = graph.copy()
+    m = Matcher(g)
+    for node in list(g.nodes):
+        if node not in g.nodes or not is_onnx(node, *op_types):
+            continue
+        found = match(g, m, node)
+        if found is not None:
+            replace_nodes(g, *found)
+            m = Matcher(g)
+    return g
 
 
 def fuse_qdq_conv(graph: Graph) -> Graph:
     """``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``QConv(x_q, x_zp, W_q, W_zp)`` with the Conv's window
     attributes, ``scale`` (x_scale * W_scale, scalar or per output channel) and ``bias``."""
-    g = graph.copy()
-    m = Matcher(g)
-    for node in list(g.nodes):
-        if not is_onnx(node, "Conv"):
-            continue
-        new = _fuse_conv(g, m, node)
-        if new is not None:
-            g.replace_node(node, new)
-            m = Matcher(g)
-    return g
+    return _rewrite_each(graph, ("Conv",), _fuse_conv)
 
 
 def fuse_dequant_matmul(graph: Graph) -> Graph:
@@ -257,39 +270,23 @@ def fuse_dequant_matmul(graph: Graph) -> Graph:
     int4/uint4 per tensor, per column or in opset-21 blocks along K) -> ``ai.opstrata::DequantMatMul(x,
     W_q, scale[, zero_point])`` with ``axis`` and ``block_size``: ``ops.dequant_matmul``, which
     opstrata.quant backs with a kernel that keeps W in 4/8 bits and dequantizes tiles on the fly."""
-    g = graph.copy()
-    m = Matcher(g)
-    for dq in list(g.nodes):
-        if not is_onnx(dq, "DequantizeLinear") or dq not in g.nodes:
-            continue
-        user = _weight_only_user(m, dq)
-        if user is None:
-            continue
-        attrs = {"axis": int(dq.attrs.get("axis", 1)), "block_size": int(dq.attrs.get("block_size", 0) or 0)}
-        ins = [user.inputs[0], *[x for x in dq.inputs if x]]
-        node = Node(
-            "DequantMatMul", ins, user.outputs, attrs, g.fresh_node_name("DequantMatMul"), OPSTRATA_DOMAIN
-        )
-        from .pattern import replace_nodes
+    return _rewrite_each(graph, ("DequantizeLinear",), _fuse_weight_only)
 
-        replace_nodes(g, [dq, user], [node])
-        m = Matcher(g)
-    return g
+
+def _fuse_weight_only(g: Graph, m: Matcher, dq: Node) -> Rewrite | None:
+    user = _weight_only_user(m, dq)
+    if user is None:
+        return None
+    attrs = {"axis": int(dq.attrs.get("axis", 1)), "block_size": int(dq.attrs.get("block_size", 0) or 0)}
+    ins = [user.inputs[0], *[x for x in dq.inputs if x]]
+    name = g.fresh_node_name("DequantMatMul")
+    return [dq, user], [Node("DequantMatMul", ins, user.outputs, attrs, name, OPSTRATA_DOMAIN)]
 
 
 def fuse_qdq_matmul(graph: Graph) -> Graph:
     """``MatMul(DQ(a_q), DQ(W_q))`` and the Gemm form -> ``QMatMul(a_q, a_zp, W_q, W_zp)`` with attributes
     ``scale`` (a_scale * W_scale, scalar or per column) and the Gemm's ``bias``."""
-    g = graph.copy()
-    m = Matcher(g)
-    for node in list(g.nodes):
-        if not (is_onnx(node, "MatMul") or is_onnx(node, "Gemm")):
-            continue
-        new = _fuse(g, m, node)
-        if new is not None:
-            g.replace_node(node, new)
-            m = Matcher(g)
-    return g
+    return _rewrite_each(graph, ("MatMul", "Gemm"), _fuse)
 
 
 # --------------------------------------------------------------------------- dynamic quantization
@@ -310,7 +307,7 @@ def _scale_of(m: Matcher, mul: Node, a_scale: str) -> np.ndarray | None:
     return w_scale if w_scale is not None and w_scale.dtype == np.float32 and w_scale.ndim <= 1 else None
 
 
-def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> tuple[list[Node], list[Node]] | None:
+def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> Rewrite | None:
     """DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q, x_zp[, W_zp]) -> Cast(float) -> Mul(x_scale *
     W_scale) [-> Add(bias)] as (the nodes it replaces, [DynamicQMatMul])."""
     if len(mi.inputs) < 3 or not mi.inputs[2]:
@@ -408,7 +405,7 @@ def _token_quantized(m: Matcher, q_name: str) -> tuple[str, str] | None:
     return x, s
 
 
-def _fuse_token(g: Graph, m: Matcher, mi: Node) -> tuple[list[Node], list[Node]] | None:
+def _fuse_token(g: Graph, m: Matcher, mi: Node) -> Rewrite | None:
     """Per-token: Cast<int8>(quantized x) -> MatMulInteger(x_q, W_q[, 0][, W_zp]) -> Cast(float) -> Mul(s)
     -> Mul(W_scale) [-> Add(bias)] as (the nodes it replaces, [DynamicQMatMul(per_token=1)])."""
     found = _token_quantized(m, mi.inputs[0])
@@ -469,15 +466,6 @@ def fuse_dynamic_qmatmul(graph: Graph) -> Graph:
     (``quantize_dynamic(per_token=True)``: symmetric int8 per row through Abs / ReduceMax / Div / Max /
     Round / Clip / Cast, ``MatMulInteger``, then ``Mul(s)`` and ``Mul(W_scale)``) fuses to the same node
     with ``per_token=1``."""
-    from .pattern import replace_nodes
-
-    g = graph.copy()
-    m = Matcher(g)
-    for node in list(g.nodes):
-        if not is_onnx(node, "MatMulInteger") or node not in g.nodes:
-            continue
-        found = _fuse_dynamic(g, m, node) or _fuse_token(g, m, node)
-        if found is not None:
-            replace_nodes(g, *found)
-            m = Matcher(g)
-    return g
+    return _rewrite_each(
+        graph, ("MatMulInteger",), lambda g, m, n: _fuse_dynamic(g, m, n) or _fuse_token(g, m, n)
+    )

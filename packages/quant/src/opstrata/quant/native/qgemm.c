@@ -621,10 +621,42 @@ static void qg_run(const qg_job *j) {
     }
 }
 
-static void *qg_worker(void *arg) {
-    qg_run((const qg_job *)arg);
+/* ------------------------------------------------------------------ threads */
+
+typedef void (*qg_job_fn)(const void *);
+typedef struct {
+    qg_job_fn fn;
+    const void *job;
+} qg_task;
+
+static void *qg_task_main(void *arg) {
+    const qg_task *t = (const qg_task *)arg;
+    t->fn(t->job);
     return NULL;
 }
+
+/* fn on each of n jobs (job i at (char *)jobs + i * stride): job 0 on this thread, the others on threads
+   started here and joined before returning; a thread that cannot start has its job done here */
+static void qg_parallel(qg_job_fn fn, const void *jobs, size_t stride, int n) {
+    qg_task tasks[64];
+    pthread_t tid[64];
+    int started[64] = {0};
+    if (n > 64) n = 64;
+    for (int t = 1; t < n; ++t) {
+        tasks[t].fn = fn;
+        tasks[t].job = (const char *)jobs + (size_t)t * stride;
+        started[t] = pthread_create(&tid[t], NULL, qg_task_main, &tasks[t]) == 0;
+    }
+    fn(jobs);
+    for (int t = 1; t < n; ++t) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            fn(tasks[t].job);
+    }
+}
+
+static void qg_run_job(const void *j) { qg_run((const qg_job *)j); }
 
 static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *ap, int64_t ald,
                      const int8_t *Bp, const qg_epi *e, int nthreads);
@@ -698,7 +730,7 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
         rterm[i] = (int32_t)(s - (uint32_t)K * z);
     }
     qg_epi e = {kind, out, ldo, colsum, zbe, zae, rterm, a_scale, n_a_scale != 1,
-                b_scale, n_b_scale != 1, bias, relu, y_zp};
+                b_scale, n_b_scale != 1, bias, relu, y_zp, 0, 0};
     const uint8_t *ap = a16 ? (const uint8_t *)a16 : (aw ? aw : A);
     const int64_t ald = a16 ? 2 * kp : (aw ? kp : lda); /* bytes */
     qg_drive(path, M, N, K, ap, ald, Bp, &e, nthreads);
@@ -727,8 +759,6 @@ static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *a
         qg_run(&base);
     } else {
         qg_job jobs[64];
-        pthread_t tid[64];
-        int started[64] = {0};
         if (nthreads > 64) nthreads = 64;
         for (int t = 0; t < nthreads; ++t) {
             jobs[t] = base;
@@ -741,14 +771,7 @@ static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *a
                 jobs[t].p_end = u1;
             }
         }
-        for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_worker, &jobs[t]) == 0;
-        qg_run(&jobs[0]);
-        for (int t = 1; t < nthreads; ++t) {
-            if (started[t])
-                pthread_join(tid[t], NULL);
-            else
-                qg_run(&jobs[t]); /* could not start a thread: do its share here */
-        }
+        qg_parallel(qg_run_job, jobs, sizeof(qg_job), nthreads);
     }
 }
 
@@ -960,7 +983,7 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
             rterm[i] = (int32_t)(sum - (uint32_t)K * (uint32_t)zps[g]);
         }
         qg_epi e = {QG_OUT_F32, out, ldo, colsum, zbe, zae, rterm, scales, per_row != 0,
-                    b_scale, n_b_scale != 1, bias, relu, 0};
+                    b_scale, n_b_scale != 1, bias, relu, 0, 0, 0};
         qg_drive(path, M, N, K, aw, kp, Bp, &e, nthreads);
         free(aw);
         free(rows);
@@ -1210,10 +1233,7 @@ static void qg_dw_rows(const qg_dw_job *j) {
     qg_dw_rows_base(j);
 }
 
-static void *qg_dw_worker(void *arg) {
-    qg_dw_rows((const qg_dw_job *)arg);
-    return NULL;
-}
+static void qg_dw_job_run(const void *j) { qg_dw_rows((const qg_dw_job *)j); }
 
 int opstrata_qconv2d_depthwise(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed,
                                int32_t x_zp, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
@@ -1261,21 +1281,12 @@ int opstrata_qconv2d_depthwise(int64_t N, int64_t C, int64_t H, int64_t W, const
         qg_dw_rows(&base);
     } else {
         qg_dw_job jobs[64];
-        pthread_t tid[64];
-        int started[64] = {0};
         for (int t = 0; t < nthreads; ++t) {
             jobs[t] = base;
             jobs[t].r0 = rows * t / nthreads;
             jobs[t].r1 = rows * (t + 1) / nthreads;
         }
-        for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_dw_worker, &jobs[t]) == 0;
-        qg_dw_rows(&jobs[0]);
-        for (int t = 1; t < nthreads; ++t) {
-            if (started[t])
-                pthread_join(tid[t], NULL);
-            else
-                qg_dw_rows(&jobs[t]);
-        }
+        qg_parallel(qg_dw_job_run, jobs, sizeof(qg_dw_job), nthreads);
     }
     free(xp);
     free(wt);
@@ -1512,10 +1523,7 @@ static void qg_dqmm_run(const qg_dq_job *j) {
     qg_dqmm_portable(j);
 }
 
-static void *qg_dqmm_worker(void *arg) {
-    qg_dqmm_run((const qg_dq_job *)arg);
-    return NULL;
-}
+static void qg_dqmm_job_run(const void *j) { qg_dqmm_run((const qg_dq_job *)j); }
 
 int opstrata_dqgemm(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *wp, int bits,
                     const float *sc, const float *sh, int64_t group, const float *bias, float *out, int64_t ldo,
@@ -1541,20 +1549,11 @@ int opstrata_dqgemm(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx
         return QG_OK;
     }
     qg_dq_job jobs[64];
-    pthread_t tid[64];
-    int started[64] = {0};
     for (int t = 0; t < nthreads; ++t) {
         jobs[t] = base;
         jobs[t].p0 = panels * t / nthreads;
         jobs[t].p1 = panels * (t + 1) / nthreads;
     }
-    for (int t = 1; t < nthreads; ++t) started[t] = pthread_create(&tid[t], NULL, qg_dqmm_worker, &jobs[t]) == 0;
-    qg_dqmm_run(&jobs[0]);
-    for (int t = 1; t < nthreads; ++t) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            qg_dqmm_run(&jobs[t]);
-    }
+    qg_parallel(qg_dqmm_job_run, jobs, sizeof(qg_dq_job), nthreads);
     return QG_OK;
 }
