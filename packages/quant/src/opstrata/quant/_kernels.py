@@ -241,6 +241,28 @@ def _dynamic_quantize_linear_native(x: Any) -> tuple[np.ndarray, np.ndarray, np.
     return got
 
 
+def _hand_off(op: str, *args: Any, out: Any = None, **kw: Any) -> np.ndarray:
+    """ops' own kernel for a call the native one does not cover (counted); ``out=`` passed only when given,
+    so a kernel without the option still takes the call."""
+    count(op, "numpy")
+    if out is not None:
+        kw["out"] = out
+    return _displaced[op](*args, **kw)  # type: ignore[no-any-return]
+
+
+def _c_target(out: Any) -> np.ndarray | None:
+    """``out`` when the C kernels can write it directly (C-contiguous), else None (they write a new array)."""
+    return out if out is not None and out.flags.c_contiguous else None
+
+
+def _into(out: Any, y: np.ndarray) -> np.ndarray:
+    """The result as the caller asked for it: ``y`` itself, or copied into ``out`` when it went elsewhere."""
+    if out is None or y is out:
+        return y
+    np.copyto(out, y)
+    return out  # type: ignore[no-any-return]
+
+
 def _dynamic_qmatmul_native(
     x: Any, b: Any, b_scale: Any, b_zero_point: Any = None, bias: Any = None, *, per_token: bool = False,
     out: Any = None,
@@ -261,11 +283,8 @@ def _dynamic_qmatmul_native(
         got = dynamic_qgemm(x, _pack(b, b_zero_point), sb, bi, per_row=per_token, symmetric=per_token,
                             threads=_threads(), out=out)  # fmt: skip
     if got is None:  # not covered, or x holds a NaN: ops' kernel decides
-        count("dynamic_qmatmul", "numpy")
         kw: dict[str, Any] = {"per_token": True} if per_token else {}
-        if out is not None:
-            kw["out"] = out
-        return _displaced["dynamic_qmatmul"](x, b, b_scale, b_zero_point, bias, **kw)
+        return _hand_off("dynamic_qmatmul", x, b, b_scale, b_zero_point, bias, out=out, **kw)
     count("dynamic_qmatmul", "native")
     return got[0]
 
@@ -295,7 +314,7 @@ def _qconv_native(
     x, w = np.asarray(x), np.asarray(w)
     geometry = None
     if _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) and library() is not None:
-        zk = None if w_zero_point is None else np.asarray(w_zero_point).tobytes()
+        zk = None if w_zero_point is None else _bytes_key(np.asarray(w_zero_point))
         layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
         packed = _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
         try:
@@ -303,22 +322,13 @@ def _qconv_native(
         except (QuantError, ValueError, TypeError):  # what the C code does not take: ops' kernel decides
             geometry = None
     if geometry is None:
-        count("qconv", "numpy")
-        kw = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
-        if out is not None:
-            kw["out"] = out
-        return _displaced["qconv"](x, x_zero_point, w, w_zero_point, scale, bias, **kw)
+        return _hand_off("qconv", x, x_zero_point, w, w_zero_point, scale, bias, out=out, stride=stride,
+                         pads=pads, dilation=dilation, groups=groups)  # fmt: skip
     sc = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
     bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
-    direct = out is not None and out.flags.c_contiguous
     zx = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(()))
-    y = run_qconv2d(
-        np.ascontiguousarray(x), packed, zx, sc, bi, geometry, _threads(), None, out if direct else None
-    )
-    if out is not None and not direct:
-        np.copyto(out, y)
-        return out
-    return y
+    y = run_qconv2d(np.ascontiguousarray(x), packed, zx, sc, bi, geometry, _threads(), None, _c_target(out))
+    return _into(out, y)
 
 
 def _quantize_linear_native(
@@ -330,28 +340,27 @@ def _quantize_linear_native(
     other dtypes and precisions go to ops' kernel."""
     x, s = np.asarray(x), np.asarray(scale)
     zp = None if zero_point is None else np.asarray(zero_point)
-    out = zp.dtype if zp is not None else (np.dtype(output_dtype) if output_dtype is not None else _U8)
+    dtype = zp.dtype if zp is not None else (np.dtype(output_dtype) if output_dtype is not None else _U8)
     fits = (
-        x.dtype == _F32 and s.dtype == _F32 and s.size == 1 and out in _INT8S and not block_size
+        x.dtype == _F32 and s.dtype == _F32 and s.size == 1 and dtype in _INT8S and not block_size
         and precision is None and (zp is None or zp.size == 1)
-        and (output_dtype is None or np.dtype(output_dtype) == out) and library() is not None
+        and (output_dtype is None or np.dtype(output_dtype) == dtype) and library() is not None
     )  # fmt: skip
     if fits:
         lib = library()
         xc = np.ascontiguousarray(x)
-        y = np.empty(x.shape, out)
+        y = np.empty(x.shape, dtype)
         z = 0 if zp is None else int(zp.reshape(()))
         if (
             lib.opstrata_quantize_linear(
-                xc.ctypes.data, xc.size, float(s.reshape(())), z, int(out == _S8), y.ctypes.data
+                xc.ctypes.data, xc.size, float(s.reshape(())), z, int(dtype == _S8), y.ctypes.data
             )
             == 0
         ):
             count("quantize_linear", "native")
             return y
-    count("quantize_linear", "numpy")
-    return _displaced["quantize_linear"](x, scale, zero_point, axis=axis, block_size=block_size, saturate=saturate,
-                                         output_dtype=output_dtype, precision=precision)  # fmt: skip
+    return _hand_off("quantize_linear", x, scale, zero_point, axis=axis, block_size=block_size, saturate=saturate,
+                     output_dtype=output_dtype, precision=precision)  # fmt: skip
 
 
 def _bytes_key(a: np.ndarray) -> tuple[Any, ...]:
@@ -390,17 +399,10 @@ def _dequant_matmul_native(
         except QuantError:
             packed = None
     if packed is None:
-        count("dequant_matmul", "numpy")
-        kw: dict[str, Any] = {"axis": axis, "block_size": block_size}
-        if out is not None:
-            kw["out"] = out
-        return _displaced["dequant_matmul"](x, w, w_scale, w_zero_point, **kw)
-    direct = out is not None and out.flags.c_contiguous
-    y = dq_matmul(x, packed, threads=_threads(), out=out if direct else None)
-    if out is not None and not direct:
-        np.copyto(out, y)
-        return out
-    return y
+        return _hand_off(
+            "dequant_matmul", x, w, w_scale, w_zero_point, out=out, axis=axis, block_size=block_size
+        )
+    return _into(out, dq_matmul(x, packed, threads=_threads(), out=_c_target(out)))
 
 
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)

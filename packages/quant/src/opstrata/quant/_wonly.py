@@ -49,22 +49,29 @@ class PackedDQWeight:
         )
 
 
-def _groups(op: str, w: np.ndarray, s: np.ndarray, axis: int, block_size: int) -> tuple[int, np.ndarray]:
-    """(rows per group, the per-(group, column) array's shape) for a DequantizeLinear layout of a (K, N) w."""
+def _groups(op: str, w: np.ndarray, s: np.ndarray, axis: int, block_size: int) -> tuple[int, tuple[int, int]]:
+    """(rows of K per scale group, the (groups, N) shape of the per-(group, column) factors) for a
+    DequantizeLinear layout of a (K, N) w: per tensor, per column (axis 1) or blocks along K (axis 0)."""
     k, n = w.shape
     if s.size == 1:
-        return max(k, 1), np.ones((1, n))
+        return max(k, 1), (1, n)
     ax = axis % 2
     if block_size:
         g = -(-k // block_size)
         if ax != 0 or s.shape != (g, n):
             raise QuantError(op, f"blocked scales must be (ceil(K / {block_size}) = {g}, N = {n}) along axis 0, got "
                              f"{s.shape} on axis {axis}", "quantize with blocks along K (axis 0)")  # fmt: skip
-        return block_size, np.ones((g, n))
+        return block_size, (g, n)
     if ax != 1 or s.shape != (n,):
         raise QuantError(op, f"per-channel scales must be (N = {n},) on axis 1, got {s.shape} on axis {axis}",
                          "use one scale per output column, or blocks along K")  # fmt: skip
-    return max(k, 1), np.ones((1, n))
+    return max(k, 1), (1, n)
+
+
+def _per_group(a: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A scale or zero point (one value, (N,) or (groups, N)) as float64 of the (groups, N) shape."""
+    a = a.astype(np.float64)
+    return np.broadcast_to(a.reshape(1, 1) if a.size == 1 else a.reshape(-1, shape[1]), shape)
 
 
 def prepack_dq_weight(
@@ -82,22 +89,17 @@ def prepack_dq_weight(
     s = np.asarray(scale)
     if s.dtype.kind != "f":
         raise QuantError(op, f"scale must be floating point, got {s.dtype}")
-    group, like = _groups(op, w, s, axis, block_size)
+    group, shape = _groups(op, w, s, axis, block_size)
     bits, offset = _CODES[w.dtype]
     k, n = w.shape
-    if s.size == 1 or block_size:
-        s2 = np.broadcast_to(
-            s.astype(np.float64).reshape(-1, n) if s.size > 1 else s.astype(np.float64).reshape(1, 1),
-            like.shape,
-        )
-    else:
-        s2 = s.astype(np.float64).reshape(1, n)
-    zp = np.zeros(like.shape) if zero_point is None else np.asarray(zero_point).astype(np.float64)
-    if zp.size not in (1, like.size):
+    zp = np.zeros(1) if zero_point is None else np.asarray(zero_point)
+    if zp.size not in (1, shape[0] * shape[1]):
         raise QuantError(op, f"zero_point must match the scale's layout {s.shape}, got {zp.shape}")
-    zp = np.broadcast_to(zp.reshape(like.shape) if zp.size > 1 else zp.reshape(1, 1), like.shape)
+    s2 = _per_group(s, shape)
     sc = np.ascontiguousarray(s2, dtype=_F32)
-    sh = np.ascontiguousarray(-(offset + zp) * s2, dtype=_F32)  # w = (code - offset - zp) * s
+    sh = np.ascontiguousarray(
+        -(offset + _per_group(zp, shape)) * s2, dtype=_F32
+    )  # w = (code - offset - zp) * s
     codes = (w.astype(np.int16) + offset).astype(np.uint8)  # (K, N), 0..15 or 0..255
     panels = -(-n // 16)
     rows = k + (k % 2 if bits == 4 else 0)  # int4: pairs of rows share bytes (K padded to even)

@@ -298,6 +298,11 @@ def _only(m: Matcher, name: str, op: str) -> Node | None:
     return user if user is not None and is_onnx(user, op) else None
 
 
+def _other(node: Node, name: str) -> str:
+    """The input of a two-input ``node`` that is not ``name``."""
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
 def _scale_of(m: Matcher, mul: Node, a_scale: str) -> np.ndarray | None:
     """The constant weight scale in ``Mul(a_scale, w_scale)`` (either order): scalar or per column."""
     if not is_onnx(mul, "Mul") or a_scale not in mul.inputs:
@@ -305,6 +310,44 @@ def _scale_of(m: Matcher, mul: Node, a_scale: str) -> np.ndarray | None:
     other = mul.inputs[1] if mul.inputs[0] == a_scale else mul.inputs[0]
     w_scale = m.const(other)
     return w_scale if w_scale is not None and w_scale.dtype == np.float32 and w_scale.ndim <= 1 else None
+
+
+def _int_weight(m: Matcher, mi: Node) -> tuple[np.ndarray | None, int] | None:
+    """(W_q's constant zero point or None, N) when MatMulInteger ``mi`` multiplies by a constant 2-D
+    int8/uint8 weight whose zero point (if any) is constant, per tensor or per column."""
+    w = m.const(mi.inputs[1])
+    has_zp = len(mi.inputs) > 3 and bool(mi.inputs[3])
+    w_zp = m.const(mi.inputs[3]) if has_zp else None
+    if w is None or w.ndim != 2 or w.dtype not in _INT8 or (has_zp and w_zp is None):
+        return None
+    n = w.shape[1]
+    if w_zp is not None and (w_zp.dtype != w.dtype or w_zp.size not in (1, n) or w_zp.ndim > 1):
+        return None
+    return w_zp, n
+
+
+def _dynamic_node(
+    g: Graph, m: Matcher, x: str, mi: Node, chain: list[Node], w_scale: np.ndarray, n: int, **attrs: Any
+) -> Rewrite:
+    """``DynamicQMatMul(x, W_q[, W_zp])`` replacing ``chain`` (MatMulInteger .. the scaling Mul), with the
+    bias of a following ``Add`` of a constant (N,) folded in."""
+    last = chain[-1]
+    attrs["w_scale"] = w_scale.reshape(-1) if w_scale.size > 1 else w_scale.reshape(())
+    add = _only(m, last.outputs[0], "Add")
+    if add is not None:
+        bias = m.const(_other(add, last.outputs[0]))
+        if bias is not None and bias.dtype == np.float32 and bias.shape == (n,):
+            attrs["bias"] = bias
+            chain, last = [*chain, add], add
+    ins = [x, mi.inputs[1]] + ([mi.inputs[3]] if len(mi.inputs) > 3 and mi.inputs[3] else [])
+    name = g.fresh_node_name("DynamicQMatMul")
+    return chain, [Node("DynamicQMatMul", ins, last.outputs, attrs, name, OPSTRATA_DOMAIN)]
+
+
+def _float_cast(m: Matcher, mi: Node) -> Node | None:
+    """The sole consumer of MatMulInteger ``mi``'s int32 result when it is a Cast to float32."""
+    cast = _only(m, mi.outputs[0], "Cast")
+    return cast if cast is not None and cast.attrs.get("to") == np.dtype(np.float32) else None
 
 
 def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> Rewrite | None:
@@ -315,44 +358,16 @@ def _fuse_dynamic(g: Graph, m: Matcher, mi: Node) -> Rewrite | None:
     dql = m.producer(mi.inputs[0], "DynamicQuantizeLinear")
     if dql is None or dql.outputs[0] != mi.inputs[0] or dql.outputs[2] != mi.inputs[2]:
         return None
-    w = m.const(mi.inputs[1])
-    w_zp = m.const(mi.inputs[3]) if len(mi.inputs) > 3 and mi.inputs[3] else None
-    if (
-        w is None
-        or w.ndim != 2
-        or w.dtype not in _INT8
-        or (len(mi.inputs) > 3 and mi.inputs[3] and w_zp is None)
-    ):
+    weight = _int_weight(m, mi)
+    cast = _float_cast(m, mi) if weight is not None else None
+    mul = _only(m, cast.outputs[0], "Mul") if cast is not None else None
+    if weight is None or cast is None or mul is None:
         return None
-    n = w.shape[1]
-    if w_zp is not None and (w_zp.dtype != w.dtype or w_zp.size not in (1, n) or w_zp.ndim > 1):
-        return None
-    cast = _only(m, mi.outputs[0], "Cast")
-    if cast is None or cast.attrs.get("to") != np.dtype(np.float32):
-        return None
-    mul = _only(m, cast.outputs[0], "Mul")
-    if mul is None:
-        return None
-    scale_name = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
-    smul = m.producer(scale_name, "Mul")
+    smul = m.producer(_other(mul, cast.outputs[0]), "Mul")
     w_scale = _scale_of(m, smul, dql.outputs[1]) if smul is not None else None
-    if w_scale is None or w_scale.size not in (1, n):
+    if w_scale is None or w_scale.size not in (1, weight[1]):
         return None
-    replaced, last = [mi, cast, mul], mul
-    attrs: dict[str, np.ndarray] = {
-        "w_scale": w_scale.reshape(-1) if w_scale.size > 1 else w_scale.reshape(())
-    }
-    add = _only(m, mul.outputs[0], "Add")
-    if add is not None:
-        bias = m.const(add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0])
-        if bias is not None and bias.dtype == np.float32 and bias.shape == (n,):
-            attrs["bias"] = bias
-            replaced, last = [*replaced, add], add
-    ins = [dql.inputs[0], mi.inputs[1]] + ([mi.inputs[3]] if w_zp is not None else [])
-    node = Node(
-        "DynamicQMatMul", ins, last.outputs, attrs, g.fresh_node_name("DynamicQMatMul"), OPSTRATA_DOMAIN
-    )
-    return replaced, [node]
+    return _dynamic_node(g, m, dql.inputs[0], mi, [mi, cast, mul], w_scale, weight[1])
 
 
 #: float32's smallest normal: the floor of a per-token scale (``opstrata.ops.TOKEN_SCALE_MIN``)
@@ -362,10 +377,6 @@ _TOKEN_SCALE_MIN = float(np.finfo(np.float32).tiny)
 def _is_const(m: Matcher, name: str, value: float) -> bool:
     v = m.scalar(name)
     return v is not None and np.float32(v) == np.float32(value)
-
-
-def _other(node: Node, name: str) -> str:
-    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
 
 
 def _token_quantized(m: Matcher, q_name: str) -> tuple[str, str] | None:
@@ -416,44 +427,21 @@ def _fuse_token(g: Graph, m: Matcher, mi: Node) -> Rewrite | None:
         zp = m.const(mi.inputs[2])
         if zp is None or zp.size != 1 or int(zp.reshape(())) != 0:
             return None
-    w = m.const(mi.inputs[1])
-    w_zp = m.const(mi.inputs[3]) if len(mi.inputs) > 3 and mi.inputs[3] else None
-    if (
-        w is None
-        or w.ndim != 2
-        or w.dtype not in _INT8
-        or (len(mi.inputs) > 3 and mi.inputs[3] and w_zp is None)
-    ):
-        return None
-    n = w.shape[1]
-    if w_zp is not None and (w_zp.dtype != w.dtype or w_zp.size not in (1, n) or w_zp.ndim > 1):
-        return None
-    cast = _only(m, mi.outputs[0], "Cast")
-    if cast is None or cast.attrs.get("to") != np.dtype(np.float32):
-        return None
-    mul_s = _only(m, cast.outputs[0], "Mul")
-    if mul_s is None or _other(mul_s, cast.outputs[0]) != s:
+    weight = _int_weight(m, mi)
+    cast = _float_cast(m, mi) if weight is not None else None
+    mul_s = _only(m, cast.outputs[0], "Mul") if cast is not None else None
+    if weight is None or cast is None or mul_s is None or _other(mul_s, cast.outputs[0]) != s:
         return None
     mul_w = _only(m, mul_s.outputs[0], "Mul")
     w_scale = m.const(_other(mul_w, mul_s.outputs[0])) if mul_w is not None else None
-    if w_scale is None or w_scale.dtype != np.float32 or w_scale.ndim > 1 or w_scale.size not in (1, n):
+    if (
+        w_scale is None
+        or w_scale.dtype != np.float32
+        or w_scale.ndim > 1
+        or w_scale.size not in (1, weight[1])
+    ):
         return None
-    replaced, last = [mi, cast, mul_s, mul_w], mul_w
-    attrs: dict[str, Any] = {
-        "w_scale": w_scale.reshape(-1) if w_scale.size > 1 else w_scale.reshape(()),
-        "per_token": 1,
-    }
-    add = _only(m, mul_w.outputs[0], "Add")
-    if add is not None:
-        bias = m.const(_other(add, mul_w.outputs[0]))
-        if bias is not None and bias.dtype == np.float32 and bias.shape == (n,):
-            attrs["bias"] = bias
-            replaced, last = [*replaced, add], add
-    ins = [x, mi.inputs[1]] + ([mi.inputs[3]] if w_zp is not None else [])
-    node = Node(
-        "DynamicQMatMul", ins, last.outputs, attrs, g.fresh_node_name("DynamicQMatMul"), OPSTRATA_DOMAIN
-    )
-    return replaced, [node]
+    return _dynamic_node(g, m, x, mi, [mi, cast, mul_s, mul_w], w_scale, weight[1], per_token=1)
 
 
 def fuse_dynamic_qmatmul(graph: Graph) -> Graph:
