@@ -267,3 +267,40 @@ def test_random_ops_are_never_folded() -> None:
     x = np.zeros(4, np.float32)
     a, b = sess.run(None, {"x": x})[0], sess.run(None, {"x": x})[0]
     assert not np.array_equal(a, b)
+
+
+def test_reshape_to_a_shape_derived_target_is_a_view() -> None:
+    """A Reshape whose target an exporter computes from shapes (Shape -> Gather -> Concat) is folded to a
+    constant per input shape, so the Reshape of an arena value is its arena view: no call per run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),  # (B, S, 4): an arena value
+        helper.make_node("Shape", ["h"], ["shp"]),
+        helper.make_node("Gather", ["shp", "i0"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["flat"]),  # (B, S * 4)
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "reshape_target",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("i0", 0), ints("ax0", [0]), ints("minus1", [-1]),
+         numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 5), (3, 7), (2, 5)):
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 0)
+        (got,) = sess.run(None, feeds)
+        assert got.shape == (b, s * 4)
+        np.testing.assert_array_equal(got, want)
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        ran = [sch.steps[i].node.op_type for i in bound.index]
+        assert ran == ["MatMul", "Relu"], ran

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from opstrata.graph.opdefs import fused as _fused
+from opstrata.graph.opdefs import fused as _fused, fused_codegen as _codegen
 from opstrata.graph.testing import ModelBuilder, ort_run, random_feeds
 from opstrata.runtime import InferenceSession, SessionOptions
 
@@ -32,8 +32,8 @@ def _chain_model():
 def test_session_runs_the_generated_kernel_and_matches_onnxruntime(monkeypatch, arena: bool) -> None:
     model = _chain_model()
     calls: list[str] = []
-    real = _fused.run_fused
-    monkeypatch.setattr(_fused, "run_fused", lambda n, x: calls.append(n.name) or real(n, x))
+    real = _codegen.fused_kernel  # the generated kernel, whether the step writes its view or returns
+    monkeypatch.setattr(_codegen, "fused_kernel", lambda n, dt: calls.append(n.name) or real(n, dt))
     sess = InferenceSession(
         model, SessionOptions(graph_optimization_level=3, enable_profiling=True, enable_mem_arena=arena)
     )
@@ -60,3 +60,38 @@ def test_ref_session_steps_through_the_chain(monkeypatch) -> None:
     feeds = random_feeds(model, {"batch": 3})
     np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
     assert calls == []
+
+
+def _feed_chain_model():
+    """A FusedElementwise reading a graph input directly (a per-run value) and one reading arena values."""
+    b = ModelBuilder("feed_chain", 17)
+    x = b.input("x", ["batch", 16])
+    t = b.op("Mul", [b.op("Tanh", [x]), b.op("Sigmoid", [x])])  # reads the feed
+    h = b.op("MatMul", [t, b.weight([16, 24])])
+    y = b.op("Add", [b.op("Mul", [h, b.op("Sigmoid", [h])]), b.weight([24], "b", 0.1)])  # reads the arena
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"], name="out"))
+    b.output("y")
+    return b.build()
+
+
+def test_bound_runs_bind_fused_nodes_once_and_read_each_runs_values() -> None:
+    """Arena runs bind a FusedElementwise over fixed views to one native call (pointers resolved once);
+    every run still sees its own feeds, and a node reading a feed takes the per-run path."""
+    from opstrata.ops import native_status
+
+    model = _feed_chain_model()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    assert sum(n.op_type == "FusedElementwise" for n in sess.graph.nodes) == 2
+    for seed in range(3):
+        feeds = random_feeds(model, {"batch": 5}, seed=seed)
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+    (bound,) = sess._bound.values()
+    names = [sess._schedule.steps[i].node.op_type for i in bound.index]
+    kinds = [
+        getattr(c, "__qualname__", "")
+        for c, n in zip(bound.calls, names, strict=True)
+        if n == "FusedElementwise"
+    ]
+    if native_status().available:
+        assert sum("vm_bind" in k for k in kinds) == 1, kinds  # the arena-only node; the feed reader is not

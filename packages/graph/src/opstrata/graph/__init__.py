@@ -52,7 +52,11 @@ from .onnx.types import (
     tensor_from_array as tensor_from_array,
 )
 from .opdefs import fused as _fused_ops  # noqa: F401  (registers shape rules and exporters of the fused ops)
-from .opdefs.fused_codegen import fused_kernel as fused_kernel
+from .opdefs.fused_codegen import (
+    bind_fused as bind_fused,
+    fused_kernel as fused_kernel,
+    run_fused as run_fused,
+)
 from .opdefs.registry import (
     OpDef as OpDef,
     define as define_op,
@@ -120,6 +124,7 @@ __all__ = [
     "__version__",
     "absent",
     "array_from_tensor",
+    "bind_fused",
     "broadcast_shapes",
     "compile",
     "define_op",
@@ -154,6 +159,7 @@ __all__ = [
     "plan_memory",
     "register_export",
     "remove_identities",
+    "run_fused",
     "run_graph",
     "sequence_items",
     "simulate_tensor_parallel",

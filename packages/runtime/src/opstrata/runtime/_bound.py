@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import opstrata.graph as og
 import opstrata.ops as ops
+from opstrata.graph import OPSTRATA_DOMAIN
 
 from ._errors import ExecutionError
 
@@ -106,6 +108,19 @@ def _dyn_into(
     return call
 
 
+def _prebound(
+    sch: Schedule, st: _Step, static: list[Any], dsts: list[np.ndarray]
+) -> Callable[[], object] | None:
+    """A FusedElementwise on cpu with every input fixed for this arena: the generated kernel bound to
+    these arrays once (the native VM's C call with its pointers resolved: one ctypes call per run)."""
+    node = st.node
+    if (node.domain, node.op_type) != (OPSTRATA_DOMAIN, "FusedElementwise") or sch.device != "cpu":
+        return None
+    if not hasattr(og, "bind_fused") or any(a is None or type(a) is not np.ndarray for a in static):
+        return None
+    return og.bind_fused(node, static, dsts[0])
+
+
 def _generic(
     sch: Schedule, st: _Step, ins: tuple[int, ...], static: list[Any] | None, vals: list[Any],
     alias: frozenset[int], arena: Arena,
@@ -154,7 +169,7 @@ def _bind_step(
     if st.into is not None and all(s >= 0 and s not in alias for s in st.outs):
         dsts = [vals[s] for s in st.outs]
         if static is not None:
-            return partial(st.into, static, dsts)
+            return _prebound(sch, st, static, dsts) or partial(st.into, static, dsts)
         return _dyn_into(st.into, t, dsts, vals)
     return _generic(sch, st, t, static, vals, alias, arena)
 
@@ -241,12 +256,14 @@ def bind_arena(
     generation = ops.registry_generation()
     vals = list(template)
     alias = sch.alias_slots(arena)
-    skip = set(sch.view_steps(arena))
     unplanned = frozenset(
         s for st in sch.steps for s in st.outs if s >= 0 and vals[s] is None
     )  # dynamic shapes
-    if feeds is not None:
-        skip.update(_fold(sch, shape_static_steps(sch, vals, unplanned | alias), vals, feeds))
+    folded = (
+        _fold(sch, shape_static_steps(sch, vals, unplanned | alias), vals, feeds) if feeds is not None else []
+    )
+    constants = frozenset(o for i in folded for o in sch.steps[i].node.outputs if o)
+    skip = set(folded) | sch.view_steps(arena, constants)  # reshapes to a folded target are views too
     # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
     set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
     dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped) | unplanned

@@ -145,14 +145,16 @@ class Schedule:
             got = arena._alias_slots = frozenset(self.slot[v] for v in arena.aliases)
         return got
 
-    def view_steps(self, arena: Arena) -> frozenset[int]:
+    def view_steps(self, arena: Arena, constants: frozenset[str] = frozenset()) -> frozenset[int]:
         """Steps of reshape-like nodes with a constant target whose output's arena view already is their
         input's bytes reshaped (the memory plan put both on one buffer): nothing to run (cached on the arena).
 
+        The target is constant when it is an initializer or in ``constants`` (values the bound program
+        computed once for this arena's input shapes: an exporter's Shape -> Concat target; not cached).
         The input must itself live in its arena view at run time: not a view of a feed or initializer
         kept as an alias, unless that alias's own step is skipped here (a chain of views on one buffer).
         """
-        got = arena._view_steps
+        got = arena._view_steps if not constants else None
         if got is None:
             skipped: set[int] = set()
             in_view: set[str] = set()  # aliases whose value is their arena view (their step skipped)
@@ -165,12 +167,14 @@ class Schedule:
                 v, x = n.outputs[0], n.inputs[0]
                 if (
                     v in arena.aliases and (x not in arena.aliases or x in in_view)
-                    and all(not c or c in self.graph.initializers for c in n.inputs[1:])  # static shape
+                    and all(not c or c in self.graph.initializers or c in constants for c in n.inputs[1:])
                     and arena.is_view_of(v, x)
                 ):  # fmt: skip
                     skipped.add(i)
                     in_view.add(v)
-            got = arena._view_steps = frozenset(skipped)
+            got = frozenset(skipped)
+            if not constants:
+                arena._view_steps = got
         return got
 
     def exec_arena(self, st: _Step, vals: list[Any], alias: frozenset[int], arena: Arena) -> list[Any]:

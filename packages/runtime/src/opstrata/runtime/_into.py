@@ -9,7 +9,9 @@ loop for float32 when the ops native library is built, numpy tiles in cache othe
 ``ops.add(..., out=)`` (into the output's view when the sum is not an output) and normalizes it into
 the output's view with ``ops.layer_norm(..., out=)`` (in place when the sum is not an output).
 ``DynamicQMatMul`` writes through ``ops.dynamic_qmatmul(..., out=)`` (quantize, int8 GEMM and float
-epilogue straight into the view) when every registered kernel of that op takes ``out=``. None of these ops is planned in place, so no output aliases an input. A node
+epilogue straight into the view) when every registered kernel of that op takes ``out=``.
+``FusedElementwise`` runs its generated kernel into the view (``graph.run_fused(..., out=)``; the view
+may be its input's, the node is planned in place). None of these ops is planned in place, so no output aliases an input. A node
 whose kernel in the graph's table was replaced (a test, a user override) keeps the generic path.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+import opstrata.graph as og
 import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, OPSTRATA_DOMAIN, Node
 
@@ -31,9 +34,11 @@ Into = Callable[[list[Any], list[np.ndarray]], object]
 
 _LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
 _DYN_QMM, _QCONV = (OPSTRATA_DOMAIN, "DynamicQMatMul"), (OPSTRATA_DOMAIN, "QConv")
-_DQ_MM = (OPSTRATA_DOMAIN, "DequantMatMul")
+_DQ_MM, _FUSED = (OPSTRATA_DOMAIN, "DequantMatMul"), (OPSTRATA_DOMAIN, "FusedElementwise")
 #: the graph's kernels these writers stand for
-_STANDS_FOR = {k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV, _DQ_MM) if k in KERNELS}
+_STANDS_FOR = {
+    k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV, _DQ_MM, _FUSED) if k in KERNELS
+}
 
 #: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -107,6 +112,15 @@ def _dequant_matmul(axis: int, block_size: int, args: list[Any], dsts: list[np.n
     )
 
 
+def _fused(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
+    """FusedElementwise's generated kernel writing the view (on cpu; elsewhere the graph's kernel runs
+    the chain step by step on that device's kernels and its result is copied in)."""
+    if ops.get_default_device() == "cpu":
+        return og.run_fused(node, args, out=dsts[0])
+    np.copyto(dsts[0], KERNELS[_FUSED](node, args)[0])
+    return dsts[0]
+
+
 def _kernels_take_out(op: str) -> bool:
     """Every kernel registered for ``op`` accepts ``out=`` (one that does not, e.g. from an older
     package, keeps the generic path rather than failing at run time)."""
@@ -136,6 +150,8 @@ def into_kernel(node: Node) -> Into | None:
         return partial(_qconv, node)
     if len(node.outputs) != 1:
         return None
+    if key == _FUSED:
+        return partial(_fused, node) if hasattr(og, "run_fused") else None
     if key == _MATMUL:
         return _matmul
     act = node.attrs.get("activation") or ""

@@ -9,7 +9,7 @@ by structure and dtype, so every node with the same chain shares one kernel (``k
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from opstrata.ops import codegen as cg
 from .._ir import Node
 from . import registry
 
-__all__ = ["CODEGEN", "fused_expr", "fused_kernel", "run_fused"]
+__all__ = ["CODEGEN", "bind_fused", "fused_expr", "fused_kernel", "run_fused"]
 
 #: Binding kernel name and path of a FusedElementwise node run through the ops code generator.
 CODEGEN = "codegen"
@@ -88,7 +88,17 @@ def result_dtype(node: Node, dtypes: Sequence[Any]) -> np.dtype:
     return of(f"t{len(expr) - 1}") or np.dtype(np.float32)
 
 
-def run_fused(node: Node, x: Sequence[np.ndarray]) -> np.ndarray:
-    """Evaluate ``node`` on inputs ``x`` with its generated kernel."""
+def run_fused(node: Node, x: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """Evaluate ``node`` on inputs ``x`` with its generated kernel (into ``out`` when given: the
+    inputs' broadcast shape and the node's result dtype; it may be one of the inputs)."""
     kernel = fused_kernel(node, result_dtype(node, [a.dtype for a in x]))
-    return kernel(**{name: x[int(name[1:])] for name in kernel.inputs})
+    inputs = {name: x[int(name[1:])] for name in kernel.inputs}
+    return kernel(**inputs) if out is None else kernel.into(out, inputs)
+
+
+def bind_fused(node: Node, x: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], object]:
+    """A zero-argument call evaluating ``node`` on these very arrays into ``out`` (the runtime's arena
+    views, fixed per input shape): the native VM call with its pointers resolved once, or the generated
+    kernel writing ``out`` (which may be one of the inputs: FusedElementwise is planned in place)."""
+    kernel = fused_kernel(node, result_dtype(node, [a.dtype for a in x]))
+    return kernel.bind(out, {name: x[int(name[1:])] for name in kernel.inputs})

@@ -25,9 +25,11 @@ import numpy as np
 
 from .._dtypes import ALL_DTYPES, FLOAT_DTYPES, as_dtype, bool_, compute_dtype
 from ..kernels import chunking as _chunking
-from ..kernels.chunking import as_rows, row_tile
+from ..kernels.chunking import as_rows, reshape_view, row_tile
 from ..kernels.erf import erf_values
+from ..native.library import count
 from .ir import OPS, CodegenError, Expr, kind, simplify, variables
+from .vm import VMProgram, vm_bind, vm_program, vm_run
 
 __all__ = ["ElementwiseKernel", "cache_clear", "cache_info", "compile_expr"]
 
@@ -247,6 +249,11 @@ class ElementwiseKernel:
                               "_inf": np.inf, "_nan": np.nan}  # fmt: skip
         exec(compile(self.source, f"<opstrata.codegen {expr.digest}>", "exec"), ns)
         self._fn: Callable[..., None] = ns["kernel"]
+        #: float32 chains also get a native register program (one C call; the numpy kernel when the
+        #: native library is off or unbuildable, or the chain is beyond the VM)
+        self.program: VMProgram | None = (
+            vm_program(self.simplified, self.inputs) if red is None and dtype == np.float32 else None
+        )
 
     def __repr__(self) -> str:
         return f"ElementwiseKernel({self.simplified!r}, dtype={self.dtype}, inputs={self.inputs})"
@@ -291,10 +298,70 @@ class ElementwiseKernel:
         out = np.empty(shape, self.out_dtype)
         if out.size == 0:
             return out
+        if self.program is not None and vm_run(self.program, arrays, out):
+            return out
         s2 = shape or (1,)
         out2 = out.reshape(math.prod(s2[:-1]), s2[-1])
         self._run([as_rows(a, s2) for a in arrays], out2, *out2.shape)
         return out
+
+    def _target(self, out: Any, inputs: dict[str, Any]) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Checked inputs and ``out`` as a (rows, cols) view this kernel may write directly: None when
+        it must compute into a fresh array and copy (a strided ``out``, or one overlapping an input
+        other than exactly, which only the VM's tile order makes safe)."""
+        arrays, shape = self._arrays(inputs)
+        if self.reduction is not None:
+            raise CodegenError(
+                "ElementwiseKernel.into: a reduction kernel returns its result; call it instead"
+            )
+        if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != self.out_dtype:
+            got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise CodegenError(
+                f"ElementwiseKernel.into: argument 'out' expected a {self.out_dtype}{list(shape)} array "
+                f"(the inputs' broadcast shape), got {got}"
+            )
+        s2 = shape or (1,)
+        try:
+            out2 = reshape_view(out, (math.prod(s2[:-1]), s2[-1])) if out.flags.writeable else None
+        except ValueError:
+            out2 = None
+        if out2 is not None and out2.strides[1] != out2.itemsize and out2.shape[1] > 1:
+            out2 = None
+        if out2 is not None and any(np.may_share_memory(out, a) for a in arrays):
+            exact = self.program is not None and all(
+                not np.may_share_memory(out, a) or (a.shape == out.shape and a.strides == out.strides
+                                                    and a.ctypes.data == out.ctypes.data and a.dtype == out.dtype)
+                for a in arrays
+            )  # fmt: skip
+            out2 = out2 if exact else None
+        return arrays, out2
+
+    def into(self, out: np.ndarray, inputs: dict[str, Any]) -> np.ndarray:
+        """Evaluate into ``out`` (the inputs' broadcast shape, :attr:`out_dtype`); returns ``out``.
+        ``out`` may be one of the inputs itself (in place)."""
+        arrays, out2 = self._target(out, inputs)
+        if out.size == 0:
+            return out
+        if out2 is None:
+            np.copyto(out, self(**inputs))
+            return out
+        if self.program is not None and out.flags.c_contiguous and vm_run(self.program, arrays, out):
+            return out
+        self._run([as_rows(a, out.shape or (1,)) for a in arrays], out2, *out2.shape)
+        return out
+
+    def bind(self, out: np.ndarray, inputs: dict[str, Any]) -> Callable[[], object]:
+        """A zero-argument call doing ``self.into(out, inputs)`` on these very arrays: for the VM, the
+        C call with every pointer and stride resolved once (one ctypes call per run; the runtime's arena
+        views and initializers are fixed per input shape). Native calls made through it are not counted
+        in :func:`opstrata.ops.native_status` (the binding is)."""
+        arrays, out2 = self._target(out, inputs)
+        if out2 is not None and out.size and self.program is not None and out.flags.c_contiguous:
+            call = vm_bind(self.program, arrays, out)
+            if call is not None:
+                count("codegen", "native")
+                return call
+        return lambda: self.into(out, inputs)
 
     def _reduce(self, arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         op, axis = self.reduction  # type: ignore[misc]

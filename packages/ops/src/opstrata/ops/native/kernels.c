@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 4; }
+int opstrata_native_abi(void) { return 5; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -316,5 +316,192 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
     }
     free(pad);
     free(tap);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+   The elementwise VM: a FusedElementwise / codegen expression run as a short register program over
+   cache-resident tiles, one C call per node (numexpr's design). The program is made by
+   opstrata.ops.codegen.vm; an operation may write over its own operand (it reads index i before writing
+   index i, so there is no restrict); every instruction is a vectorized loop over one tile of at most EW_TILE
+   floats, so the switch that dispatches it costs nothing next to the work and the tile stays in L1.
+   ------------------------------------------------------------------------------------------------- */
+
+/* exp over the whole float range, IEEE limits kept: 2^n is built as two factors so that the result
+   rounds into the denormals (down to x = -103.97) and overflows to inf above 88.72 as libm's expf. */
+static inline float exp_full_f32(float x) {
+    float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+    float n = rintf(xc * 1.44269504088896341f);
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    float y = (p * s1) * s2;
+    return x < -104.0f ? 0.0f : (x > 89.0f ? INFINITY : y);
+}
+
+/* tanh accurate in relative terms near 0 (Cephes' odd polynomial below 0.625), saturating form above */
+static inline float tanh_acc_f32(float y) {
+    float a = y < 0.0f ? -y : y;
+    float z = y * y;
+    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+                    1.33314422036e-1f) * z - 3.33332819422e-1f) * z * y + y;
+    float t = 1.0f - 2.0f / (exp_full_f32(2.0f * a) + 1.0f);
+    float large = y < 0.0f ? -t : t;
+    return a < 0.625f ? small : large;
+}
+
+static inline float sigmoid_full_f32(float h) { return 1.0f / (1.0f + exp_full_f32(-h)); }
+static inline float silu_full_f32(float h) { return h / (1.0f + exp_full_f32(-h)); }
+static inline float gelu_tanh_acc_f32(float h) {
+    float inner = 0.7978845608028654f * (h + 0.044715f * h * h * h);
+    return 0.5f * h * (1.0f + tanh_acc_f32(inner));
+}
+/* np.maximum / np.minimum: a NaN in either operand is the result */
+static inline float max_nan_f32(float a, float b) { return a != a ? a : (a >= b ? a : b); }
+static inline float min_nan_f32(float a, float b) { return a != a ? a : (a <= b ? a : b); }
+
+#define EW_TILE 256
+#define EW_MAX_REGS 64
+#define EW_MAX_INPUTS 32
+
+enum {
+    EW_COPY, EW_ADD, EW_SUB, EW_MUL, EW_DIV, EW_POW, EW_MAX, EW_MIN, EW_LT, EW_LE, EW_GT, EW_GE, EW_EQ,
+    EW_NE, EW_NEG, EW_ABS, EW_EXP, EW_LOG, EW_SQRT, EW_TANH, EW_RSQRT, EW_ERF, EW_SIGMOID, EW_RELU,
+    EW_GELU, EW_GELU_TANH, EW_SILU, EW_WHERE, EW_N_OPS
+};
+
+#define EW_UN(EXPR)                                                                            \
+    for (int64_t i = 0; i < n; ++i) {                                                          \
+        float x = a[i];                                                                        \
+        o[i] = (EXPR);                                                                         \
+    }                                                                                          \
+    break;
+#define EW_BIN(EXPR)                                                                           \
+    for (int64_t i = 0; i < n; ++i) {                                                          \
+        float x = a[i], y = b[i];                                                              \
+        o[i] = (EXPR);                                                                         \
+    }                                                                                          \
+    break;
+
+static void ew_step(int op, float *o, const float *a, const float *b, const float *c, int64_t n) {
+    switch (op) {
+    case EW_COPY: EW_UN(x)
+    case EW_ADD: EW_BIN(x + y)
+    case EW_SUB: EW_BIN(x - y)
+    case EW_MUL: EW_BIN(x * y)
+    case EW_DIV: EW_BIN(x / y)
+    case EW_POW: EW_BIN(powf(x, y))
+    case EW_MAX: EW_BIN(max_nan_f32(x, y))
+    case EW_MIN: EW_BIN(min_nan_f32(x, y))
+    case EW_LT: EW_BIN(x < y ? 1.0f : 0.0f)
+    case EW_LE: EW_BIN(x <= y ? 1.0f : 0.0f)
+    case EW_GT: EW_BIN(x > y ? 1.0f : 0.0f)
+    case EW_GE: EW_BIN(x >= y ? 1.0f : 0.0f)
+    case EW_EQ: EW_BIN(x == y ? 1.0f : 0.0f)
+    case EW_NE: EW_BIN(x != y ? 1.0f : 0.0f)
+    case EW_NEG: EW_UN(-x)
+    case EW_ABS: EW_UN(fabsf(x))
+    case EW_EXP: EW_UN(exp_full_f32(x))
+    case EW_LOG: EW_UN(logf(x))
+    case EW_SQRT: EW_UN(sqrtf(x))
+    case EW_TANH: EW_UN(tanh_acc_f32(x))
+    case EW_RSQRT: EW_UN(1.0f / sqrtf(x))
+    case EW_ERF: EW_UN(erf_f32(x))
+    case EW_SIGMOID: EW_UN(sigmoid_full_f32(x))
+    case EW_RELU: EW_UN(relu_f32(x))
+    case EW_GELU: EW_UN(gelu_f32(x))
+    case EW_GELU_TANH: EW_UN(gelu_tanh_acc_f32(x))
+    case EW_SILU: EW_UN(silu_full_f32(x))
+    case EW_WHERE:
+        for (int64_t i = 0; i < n; ++i) o[i] = a[i] != 0.0f ? b[i] : c[i];
+        break;
+    }
+}
+
+/* Run a register program over an iteration space of up to EW_MAX_RDIMS row dimensions and one column
+   dimension (numpy's broadcasting, dims coalesced by the caller).
+   prog: n_instr x 5 int32 (op, dst, a, b, c); operand r >= 0 is register r, -1 - k is input k.
+   Registers [0, n_const) hold consts[] splatted (filled once per call).
+   Row index (i0, .., i3) over rdims[4] (row-major, rows = their product); input k's row starts at
+   ins[k] + sum_d i_d * in_rs[k * 4 + d] and its column stride in_cs[k] is 0 (one value per row) or 1.
+   The last instruction's register is written to out + row * out_rs + col as float32, or as bool bytes
+   when out_bool. Returns 0, -1 for a bad program (unknown op, operand out of range), -2 out of memory. */
+#define EW_MAX_RDIMS 4
+int opstrata_ew_run_f32(const int32_t *prog, int64_t n_instr, const float *consts, int64_t n_const,
+                        int64_t n_regs, const float *const *ins, const int64_t *in_rs, const int64_t *in_cs,
+                        int64_t n_in, void *out, int64_t out_rs, int out_bool, const int64_t *rdims,
+                        int64_t cols) {
+    if (n_regs > EW_MAX_REGS || n_in > EW_MAX_INPUTS || n_const > n_regs || n_instr < 1) return -1;
+    for (int64_t k = 0; k < n_instr; ++k) {
+        const int32_t *ins5 = prog + 5 * k;
+        if (ins5[0] < 0 || ins5[0] >= EW_N_OPS || ins5[1] < n_const || ins5[1] >= n_regs) return -1;
+        for (int j = 2; j < 5; ++j)
+            if (ins5[j] >= n_regs || ins5[j] < -n_in) return -1;
+    }
+    int64_t rows = 1;
+    for (int d = 0; d < EW_MAX_RDIMS; ++d) {
+        if (rdims[d] < 0) return -1;
+        rows *= rdims[d];
+    }
+    for (int64_t k = 0; k < n_in; ++k)
+        if (in_cs[k] != 0 && in_cs[k] != 1) return -1;
+    if (rows == 0 || cols == 0) return 0;
+    const int64_t tile = cols < EW_TILE ? cols : EW_TILE;
+    float *regs = (float *)aligned_alloc(64, (size_t)(n_regs + n_in) * EW_TILE * sizeof(float));
+    if (!regs) return -2;
+    float *bcast = regs + n_regs * EW_TILE; /* per-row broadcast inputs, splatted */
+    for (int64_t r = 0; r < n_const; ++r)
+        for (int64_t i = 0; i < EW_TILE; ++i) regs[r * EW_TILE + i] = consts[r];
+    const int32_t last = prog[5 * (n_instr - 1) + 1];
+    const float *row_ptr[EW_MAX_INPUTS], *prev[EW_MAX_INPUTS], *ptr[EW_MAX_INPUTS];
+    int64_t idx[EW_MAX_RDIMS] = {0, 0, 0, 0};
+    for (int64_t k = 0; k < n_in; ++k) prev[k] = NULL;
+    for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t k = 0; k < n_in; ++k) {
+            const int64_t *rs = in_rs + k * EW_MAX_RDIMS;
+            row_ptr[k] = ins[k] + idx[0] * rs[0] + idx[1] * rs[1] + idx[2] * rs[2] + idx[3] * rs[3];
+            if (in_cs[k] == 0 && row_ptr[k] != prev[k]) {
+                const float v = *row_ptr[k];
+                for (int64_t i = 0; i < tile; ++i) bcast[k * EW_TILE + i] = v;
+                prev[k] = row_ptr[k];
+            }
+        }
+        for (int64_t c0 = 0; c0 < cols; c0 += EW_TILE) {
+            const int64_t n = cols - c0 < EW_TILE ? cols - c0 : EW_TILE;
+            for (int64_t k = 0; k < n_in; ++k) ptr[k] = in_cs[k] ? row_ptr[k] + c0 : bcast + k * EW_TILE;
+            for (int64_t s = 0; s < n_instr; ++s) {
+                const int32_t *p = prog + 5 * s;
+                const float *opd[3];
+                for (int j = 0; j < 3; ++j) {
+                    const int32_t v = p[2 + j];
+                    opd[j] = v >= 0 ? regs + (int64_t)v * EW_TILE : ptr[-1 - v];
+                }
+                ew_step(p[0], regs + (int64_t)p[1] * EW_TILE, opd[0], opd[1], opd[2], n);
+            }
+            const float *res = regs + (int64_t)last * EW_TILE;
+            if (out_bool) {
+                uint8_t *ob = (uint8_t *)out + row * out_rs + c0;
+                for (int64_t i = 0; i < n; ++i) ob[i] = res[i] != 0.0f;
+            } else {
+                memcpy((float *)out + row * out_rs + c0, res, (size_t)n * sizeof(float));
+            }
+        }
+        for (int d = EW_MAX_RDIMS - 1; d >= 0; --d) { /* next row index, odometer order */
+            if (++idx[d] < rdims[d]) break;
+            idx[d] = 0;
+        }
+    }
+    free(regs);
     return 0;
 }
