@@ -254,6 +254,7 @@ from .kernels.reduce import (
 )
 from .kernels.roi import ROI_ALIGN_MODES as ROI_ALIGN_MODES, roi_align as roi_align
 from .kernels.rotary import (
+    rope_rotate_half as rope_rotate_half,
     rotary_embedding as rotary_embedding,
     rotary_embedding_onnx as rotary_embedding_onnx,
 )
@@ -531,6 +532,7 @@ __all__ = [
     "rms_norm_backward",
     "rnn",
     "roi_align",
+    "rope_rotate_half",
     "rotary_embedding",
     "rotary_embedding_onnx",
     "round",

@@ -6,6 +6,7 @@
 | ``SkipLayerNorm`` | x, skip, gamma, beta? | ``axis``, ``epsilon`` | y, sum? (``x + skip``) |
 | ``SkipRMSNorm`` | x, skip, w? | ``axis``, ``epsilon`` | y, sum? |
 | ``FusedElementwise`` | x0, x1, ... | ``expr``: steps ``[op, [refs]]``, ref ``"x<i>"`` / ``"t<j>"`` / ``"c<k>"``; ``consts``: floats | the last step |
+| ``RotaryHalf`` | x (..., D), cos, sin (broadcast to x) | | ``x cos + concat(-x[..., D/2:], x[..., :D/2]) sin`` |
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ def _skip_norm(n: Node, ctx: RuleContext) -> list[TypeShape]:
     dt = ctx.same_dtype([0, 1])
     s = bcast(ctx, [0, 1])
     return [(dt, s), (dt, s)][: len(n.outputs)]
+
+
+def _rotary_half(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    """x's type: cos and sin broadcast to x (checked when the pass matched; the kernel checks again)."""
+    return [(ctx.same_dtype([0, 1, 2]), bcast(ctx, [0, 1, 2]))]
 
 
 def _fused_elementwise(n: Node, ctx: RuleContext) -> list[TypeShape]:
@@ -178,6 +184,31 @@ register_export("SkipRMSNorm", _skip_norm_export, domain=OPSTRATA_DOMAIN)
 register_export("FusedElementwise", export_as_function(_fused_elementwise_body), domain=OPSTRATA_DOMAIN)
 
 
+def _rotary_half_export(node: Node, ctx: ExportContext) -> None:
+    """The exporters' own form: x cos + Concat(-x[..., D/2:], x[..., :D/2]) sin."""
+    x, cos, sin = node.inputs
+    shape = ctx.shape_of(x)
+    half = int(shape[-1]) // 2  # type: ignore[index]  # the pass fuses only a static even last dim
+    axes, lo, mid, hi = (
+        ctx.ints([-1], "axes"),
+        ctx.ints([0], "zero"),
+        ctx.ints([half], "half"),
+        ctx.ints([2 * half], "full"),
+    )
+    x1, x2, neg, rot = (ctx.fresh(f"{node.name}_{h}") for h in ("x1", "x2", "neg", "rot"))
+    ctx.emit("Slice", [x, lo, mid, axes], [x1])
+    ctx.emit("Slice", [x, mid, hi, axes], [x2])
+    ctx.emit("Neg", [x2], [neg])
+    ctx.emit("Concat", [neg, x1], [rot], axis=-1)
+    a, b = ctx.fresh(f"{node.name}_xcos"), ctx.fresh(f"{node.name}_rotsin")
+    ctx.emit("Mul", [x, cos], [a])
+    ctx.emit("Mul", [rot, sin], [b])
+    ctx.emit("Add", [a, b], node.outputs[:1])
+
+
+register_export("RotaryHalf", _rotary_half_export, domain=OPSTRATA_DOMAIN)
+
+
 # --------------------------------------------------------------------------- executor kernels
 
 
@@ -243,6 +274,10 @@ def _run_fused_elementwise(n: Node, x: list[Any]) -> list[Arr]:
     return [fused_steps(n, x)]
 
 
+def _run_rotary_half(n: Node, x: list[Any]) -> list[Arr]:
+    return [ops.rope_rotate_half(x[0], x[1], x[2])]
+
+
 def _run_rms_norm(n: Node, x: list[Any]) -> list[Arr]:
     w = x[1] if len(x) > 1 else None
     return [ops.rms_norm(x[0], w, axis=n.attrs.get("axis", -1), eps=n.attrs.get("epsilon", 1e-6))]
@@ -259,4 +294,13 @@ define(
     inplace=True,
     onnx=False, doc="a generated elementwise chain (its steps' kernels are listed per device by the plan)",
 )  # fmt: skip
+define(
+    "RotaryHalf",
+    _O,
+    shape=_rotary_half,
+    kernel=_run_rotary_half,
+    uses=("rope_rotate_half",),
+    onnx=False,
+    doc="x cos + rotate_half(x) sin as exporters write RoPE (Slice, Neg, Concat, Mul, Add) in one node",
+)
 define("RMSNorm", _O, shape=unary_float, kernel=_run_rms_norm, uses=("rms_norm",), onnx=False, layout="norm")

@@ -124,12 +124,14 @@ def _basic() -> list[tuple[str, Pass]]:
 
 def _extended() -> list[tuple[str, Pass]]:
     from .dce import eliminate_dead_code
+    from .fold_repeat_kv import fold_repeat_kv
     from .fuse_activation import fuse_bias_activation
     from .fuse_attention import fuse_attention
     from .fuse_gelu import fuse_gelu
     from .fuse_linear import fuse_linear
     from .fuse_norm import fuse_layer_norm, fuse_rms_norm
     from .fuse_qdq import fuse_dequant_matmul, fuse_dynamic_qmatmul, fuse_qdq_conv, fuse_qdq_matmul
+    from .fuse_rotary import fuse_rotary
     from .fuse_skip_norm import fuse_skip_norm
     from .transpose import fold_transposes
 
@@ -141,7 +143,9 @@ def _extended() -> list[tuple[str, Pass]]:
         ("fuse_layer_norm", fuse_layer_norm),
         ("fuse_rms_norm", fuse_rms_norm),
         ("fuse_gelu", fuse_gelu),
+        ("fuse_rotary", fuse_rotary),
         ("fuse_attention", fuse_attention),
+        ("fold_repeat_kv", fold_repeat_kv),
         ("fold_transposes", fold_transposes),
         ("fuse_linear", fuse_linear),
         ("fuse_skip_norm", fuse_skip_norm),

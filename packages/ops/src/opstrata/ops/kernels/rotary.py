@@ -16,7 +16,7 @@ from .._dtypes import FLOAT_DTYPES, compute_dtype
 from .._errors import OpError, check_dtype, check_ndim
 from .._registry import call, register
 
-__all__ = ["rotary_embedding", "rotary_embedding_onnx"]
+__all__ = ["rope_rotate_half", "rotary_embedding", "rotary_embedding_onnx"]
 
 
 def _check_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
@@ -163,3 +163,89 @@ def rotary_embedding_onnx(
         "rotary_embedding_onnx", x, cos, sin, position_ids, interleaved=interleaved, rotary_dim=rotary_dim,
         num_heads=num_heads, device=device,
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- exporters' rotate-half form
+
+
+def _check_rotate_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray | None) -> None:
+    op = "rope_rotate_half"
+    check_dtype(op, "x", x, FLOAT_DTYPES)
+    if x.ndim < 1 or x.shape[-1] % 2:
+        raise OpError(op, "x", "an even last dim (its halves swap)", f"shape {x.shape}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_dtype(op, name, t, FLOAT_DTYPES)
+        try:
+            ok = np.broadcast_shapes(x.shape, t.shape) == x.shape
+        except ValueError:
+            ok = False
+        if not ok or t.shape[-1:] not in ((x.shape[-1],), (1,), ()):
+            raise OpError(op, name, f"a shape broadcasting to x's {x.shape}", str(t.shape))
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+        raise OpError(
+            op, "out", f"{x.dtype}{list(x.shape)} (x's shape and dtype)", f"{out.dtype}{list(out.shape)}"
+        )
+
+
+def _halves(t: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+    return (t, t) if t.shape[-1:] in ((1,), ()) else (t[..., :h], t[..., h:])
+
+
+@register("rope_rotate_half", device="ref", dtypes=FLOAT_DTYPES)
+def rope_rotate_half_ref(x: Any, cos: Any, sin: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    x, cos, sin = np.asarray(x), np.asarray(cos), np.asarray(sin)
+    _check_rotate_half(x, cos, sin, out)
+    cdt = compute_dtype(x.dtype)
+    xc = x.astype(cdt)
+    h = x.shape[-1] // 2
+    rot = np.concatenate([-xc[..., h:], xc[..., :h]], axis=-1)  # the exported rotate_half(x)
+    y = (xc * cos.astype(cdt) + rot * sin.astype(cdt)).astype(x.dtype)
+    if out is None:
+        return y
+    np.copyto(out, y)
+    return out
+
+
+@register("rope_rotate_half", device="cpu", dtypes=FLOAT_DTYPES)
+def rope_rotate_half_cpu(x: Any, cos: Any, sin: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    x, cos, sin = np.asarray(x), np.asarray(cos), np.asarray(sin)
+    _check_rotate_half(x, cos, sin, out)
+    cdt = compute_dtype(x.dtype)
+    if x.dtype != cdt:  # low precision: compute in float32, round once
+        y = rope_rotate_half_cpu(x.astype(cdt), cos.astype(cdt), sin.astype(cdt))
+        return y.astype(x.dtype) if out is None else _into(out, y)
+    cos, sin = cos.astype(cdt, copy=False), sin.astype(cdt, copy=False)
+    res = np.empty(x.shape, cdt) if out is None or np.may_share_memory(out, x) else out
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    (c1, c2), (s1, s2) = _halves(cos, h), _halves(sin, h)
+    o1, o2 = res[..., :h], res[..., h:]
+    tmp = np.empty(x1.shape, cdt)
+    np.multiply(x1, c1, out=o1)  # first half: x1 cos - x2 sin (the graph's x1 cos + (-x2) sin, same bits)
+    np.multiply(x2, s1, out=tmp)
+    np.subtract(o1, tmp, out=o1)
+    np.multiply(x2, c2, out=o2)  # second half: x2 cos + x1 sin
+    np.multiply(x1, s2, out=tmp)
+    np.add(o2, tmp, out=o2)
+    return res if out is None or res is out else _into(out, res)
+
+
+def _into(out: np.ndarray, y: np.ndarray) -> np.ndarray:
+    np.copyto(out, y, casting="unsafe")
+    return out
+
+
+def rope_rotate_half(
+    x: Any, cos: Any, sin: Any, *, out: np.ndarray | None = None, device: str | None = None
+) -> np.ndarray:
+    """``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2])``: the
+    rotary embedding as Llama / GPT-NeoX code writes it and torch.onnx exports it (Slice, Neg, Concat,
+    Mul, Add), in one op. ``cos`` / ``sin`` broadcast to ``x`` (any per-batch / per-head layout, full
+    head dim D or 1); nothing assumes the two halves of ``cos`` agree, so the result is the exported
+    graph's to the bit.
+
+    >>> x = np.array([[1.0, 2.0]], np.float32)
+    >>> rope_rotate_half(x, np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32)).tolist()
+    [[-2.0, 1.0]]
+    """
+    return call("rope_rotate_half", x, cos, sin, out=out, device=device)
