@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import GraphError
-from .._ir import OPSTRATA_DOMAIN, Graph, Node
+from .._ir import OPSTRATA_DOMAIN, Graph, Node, Value
 from .._symbolic import Shape, dims_equal
 from .types import dtype_to_onnx, require_onnx, tensor_from_array, tensor_type_of
 
@@ -479,8 +479,40 @@ def standard_attention_blocker(node: Node, ctx: ExportContext) -> str | None:
     return None
 
 
+_BSHD = [0, 2, 1, 3]
+
+
+def _attention_bshd_export(node: Node, ctx: ExportContext) -> None:
+    """An Attention reading some of q/k/v (and writing its result) as (B, S, H, D): Transposes around the
+    (B, H, S, D) form, as the model had before the layout pass folded them in."""
+    ins, outs = list(node.inputs), list(node.outputs)
+    temp: list[str] = []
+    for i in node.attrs.get("bshd") or []:
+        t = ctx.fresh(f"{node.name}_bhsd{i}")
+        ctx.emit("Transpose", [ins[i]], [t], perm=_BSHD)
+        s = ctx.shape_of(ins[i])
+        ctx.graph.values[t] = Value(
+            t, ctx.dtype_of(ins[i]), None if s is None else tuple(s[j] for j in _BSHD)
+        )
+        ins[i] = t
+        temp.append(t)
+    if node.attrs.get("bshd_out"):
+        outs[0] = ctx.fresh(f"{node.name}_y_bhsd")
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("bshd", "bshd_out")}
+    try:
+        _attention_export(Node("Attention", ins, outs, attrs, node.name, node.domain), ctx)
+    finally:
+        for t in temp:  # the graph's own values stay as they were
+            ctx.graph.values.pop(t, None)
+    if outs[0] != node.outputs[0]:
+        ctx.emit("Transpose", [outs[0]], node.outputs[:1], perm=_BSHD)
+
+
 def _attention_export(node: Node, ctx: ExportContext) -> None:
     """The standard ``Attention`` (opset >= 23) where it computes the same; else the function."""
+    if node.attrs.get("bshd") or node.attrs.get("bshd_out"):
+        _attention_bshd_export(node, ctx)
+        return
     if standard_attention_blocker(node, ctx) is None:
         scale = node.attrs.get("scale")
         ctx.emit(

@@ -101,6 +101,12 @@ def _split_heads(ctx: ImportContext, x: str, heads: int, hint: str) -> str:
     return t
 
 
+def _bshd(n: Node) -> tuple[frozenset[int], bool]:
+    """Which of q/k/v come as (B, S, H, D) (``bshd``), and whether the result goes out so (``bshd_out``):
+    the layout pass folded the exporters' head Transposes into the node."""
+    return frozenset(int(i) for i in n.attrs.get("bshd") or ()), bool(n.attrs.get("bshd_out", 0))
+
+
 def _attention_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     q, v = ctx.shape(0), ctx.shape(2)
     dt = ctx.same_dtype([0, 1, 2])
@@ -108,13 +114,21 @@ def _attention_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
         return [(dt, None)]
     if len(q) != 4 or len(v) != 4:
         raise ctx.fail(f"Attention expects 4-D (B, H, N, D) q/k/v, got q {q} and v {v}")
-    return [(dt, (*q[:3], v[3]))]
+    into, out = _bshd(n)
+    if not into <= {0, 1, 2}:
+        raise ctx.fail(f"Attention bshd lists inputs {sorted(into)}; only q, k, v (0, 1, 2) have a layout")
+    qh = (q[0], q[2], q[1], q[3]) if 0 in into else q  # (B, H, N, D)
+    y = (*qh[:3], v[3])
+    return [(dt, (y[0], y[2], y[1], y[3]) if out else y)]
 
 
 def _run_attention(n: Node, x: list[Any]) -> list[Arr]:
     mask = x[3] if len(x) > 3 else None
     a = n.attrs
-    return [ops.attention(x[0], x[1], x[2], causal=bool(a.get("causal", 0)), mask=mask, scale=a.get("scale"))]
+    into, out = _bshd(n)
+    q, k, v = (np.swapaxes(t, 1, 2) if i in into else t for i, t in enumerate(x[:3]))  # views, no copies
+    y = ops.attention(q, k, v, causal=bool(a.get("causal", 0)), mask=mask, scale=a.get("scale"))
+    return [np.swapaxes(y, 1, 2) if out else y]
 
 
 def _full_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
@@ -172,7 +186,8 @@ define(
 )  # fmt: skip
 define(
     "Attention", OPSTRATA_DOMAIN, shape=_attention_rule, kernel=_run_attention, uses=("attention",),
-    onnx=False, layout="attention", doc="(B, H, S, D) q/k/v, causal, scale, additive or boolean mask",
+    onnx=False, layout="attention",
+    doc="(B, H, S, D) q/k/v (or (B, S, H, D): bshd, bshd_out), causal, scale, additive or boolean mask",
 )  # fmt: skip
 
 

@@ -491,10 +491,11 @@ def partition(graph: Graph, tp: int, *, on_unmatched: OnUnmatched = "error") -> 
 def _check_attention_heads(g: Graph, tp: int) -> None:
     for n in g.nodes:
         if n.domain == OPSTRATA_DOMAIN and n.op_type == "Attention":
+            bshd = {int(i) for i in n.attrs.get("bshd") or ()}  # (B, S, H, D) inputs: heads on axis 2
             hq = g.value(n.inputs[0]).shape
             hk = g.value(n.inputs[1]).shape
-            for what, shp in (("query heads H", hq), ("key/value heads Hkv", hk)):
-                h = shp[1] if shp is not None and len(shp) == 4 else None
+            for i, what, shp in ((0, "query heads H", hq), (1, "key/value heads Hkv", hk)):
+                h = shp[2 if i in bshd else 1] if shp is not None and len(shp) == 4 else None
                 if isinstance(h, int) and h % tp:
                     raise GraphError(
                         f"node '{n.name}' ({n.qualified_type})",

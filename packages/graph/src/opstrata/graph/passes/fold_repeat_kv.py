@@ -63,6 +63,8 @@ def fold_repeat_kv(graph: Graph) -> Graph:
     for node in g.nodes:
         if node.domain != OPSTRATA_DOMAIN or node.op_type != "Attention" or len(node.inputs) < 3:
             continue
+        if node.attrs.get("bshd"):  # heads on axis 2: not the (B, H, N, D) chain matched here
+            continue
         k, v = _repeated(m, node.inputs[1]), _repeated(m, node.inputs[2])
         if k is None or v is None:
             continue

@@ -123,6 +123,7 @@ def _basic() -> list[tuple[str, Pass]]:
 
 
 def _extended() -> list[tuple[str, Pass]]:
+    from .attention_layout import fold_attention_layout
     from .dce import eliminate_dead_code
     from .fold_repeat_kv import fold_repeat_kv
     from .fuse_activation import fuse_bias_activation
@@ -146,6 +147,7 @@ def _extended() -> list[tuple[str, Pass]]:
         ("fuse_rotary", fuse_rotary),
         ("fuse_attention", fuse_attention),
         ("fold_repeat_kv", fold_repeat_kv),
+        ("fold_attention_layout", fold_attention_layout),
         ("fold_transposes", fold_transposes),
         ("fuse_linear", fuse_linear),
         ("fuse_skip_norm", fuse_skip_norm),
