@@ -110,3 +110,25 @@ def test_partition_reads_heads_on_the_bshd_axis() -> None:
     h = fold_attention_layout(fused_llama(layers=1, heads=4, kv_heads=2))
     with pytest.raises(GraphError, match=r"query heads H=4.*tp=3"):
         og.partition(h, 3)
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_bshd_attention_and_rotary_partition_across_heads(tp: int) -> None:
+    """Tensor parallel splits the bshd attention's heads on axis 2 (and a RotaryHalf elementwise): the
+    simulated ranks reproduce the single-process result without replicating the attention."""
+    h = fold_attention_layout(fused_llama(layers=2, heads=4, kv_heads=2))
+    ranks = og.partition(h, tp)
+    feeds = random_feeds(h, DIMS)
+    want = og.run_graph(h, feeds)
+    for out in og.simulate_tensor_parallel(ranks, feeds):
+        for k, v in want.items():
+            np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=1e-5)
+    attn = [n for n in ranks[0].nodes if n.op_type == "Attention"]
+    assert [ranks[0].values[n.inputs[0]].shape[2] for n in attn] == [4 // tp] * 2  # local heads
+    g2 = fold_attention_layout(_rope_attention_graph())
+    rng = np.random.default_rng(2)
+    ang = rng.standard_normal((1, 1, 5, 4)).astype(np.float32)
+    f2 = {"x": rng.standard_normal((2, 5, 16)).astype(np.float32), "cos": np.cos(ang), "sin": np.sin(ang)}
+    want2 = og.run_graph(g2, f2)["y"]
+    for out in og.simulate_tensor_parallel(og.partition(g2, tp, on_unmatched="replicate"), f2):
+        np.testing.assert_allclose(out["y"], want2, rtol=1e-4, atol=1e-5)

@@ -367,6 +367,20 @@ def test_fuse_bias_activation():
     assert [n.attrs.get("activation") for n in h.nodes if n.op_type == "Linear"] == ["relu", "sigmoid"]
 
 
+def test_fuse_bias_activation_through_a_reshape():
+    """GPT-2's Conv1D: GEMM on a 2-D view, reshaped back, then GELU: the GELU moves into the GEMM."""
+    b = ModelBuilder("act_reshape", 20)
+    x = b.input("x", [6, 8])
+    h = b.op("Reshape", [b.linear(x, 8, 12), b.ints([2, 3, 12])])
+    y = b.op("Gelu", [h], approximate="tanh")
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"]))
+    b.output("y")
+    pipeline = lambda g: og.fuse_bias_activation(og.fuse_linear(g))  # noqa: E731
+    _, g = _check(b.build(), pipeline, {"x": _x(6, 8)}, expect_removed=["Gelu"])
+    assert [n.attrs.get("activation") for n in g.nodes if n.op_type == "Linear"] == ["gelu_tanh"]
+    assert g.op_counts().get("Reshape") == 1
+
+
 # --------------------------------------------------------------------------- level 3: elementwise
 
 

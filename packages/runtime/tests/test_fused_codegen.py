@@ -77,6 +77,7 @@ def _feed_chain_model():
 def test_bound_runs_bind_fused_nodes_once_and_read_each_runs_values() -> None:
     """Arena runs bind a FusedElementwise over fixed views to one native call (pointers resolved once);
     every run still sees its own feeds, and a node reading a feed takes the per-run path."""
+    import opstrata.graph as og
     from opstrata.ops import native_status
 
     model = _feed_chain_model()
@@ -93,5 +94,5 @@ def test_bound_runs_bind_fused_nodes_once_and_read_each_runs_values() -> None:
         for c, n in zip(bound.calls, names, strict=True)
         if n == "FusedElementwise"
     ]
-    if native_status().available:
+    if native_status().available and hasattr(og, "bind_fused"):  # graph >= 0.4.13 binds the native call
         assert sum("vm_bind" in k for k in kinds) == 1, kinds  # the arena-only node; the feed reader is not

@@ -553,6 +553,13 @@ def _rotary_embedding(g: Gen) -> Sample:
     return (g.x(g.n(), 2, 4, 8), *_cos_sin(g, 4, 4)), {"interleaved": g.variant == "interleaved"}
 
 
+@sample("rope_rotate_half", (*FULL, "per batch"))
+def _rope_rotate_half(g: Gen) -> Sample:
+    n = g.n()
+    cos, sin = _cos_sin(g, n if g.variant == "per batch" else 1, 1, 4, 8)
+    return (g.x(n, 2, 4, 8), cos, sin), {}
+
+
 @sample("rotary_embedding_onnx", (*FULL, "interleaved", "position ids"))
 def _rotary_embedding_onnx(g: Gen) -> Sample:
     n = g.n()

@@ -205,18 +205,22 @@ def _matmul(a: _Analysis, n: Node, sharded: list[tuple[int, str, Shard]], region
 
 def _attention(a: _Analysis, n: Node, sharded: list[tuple[int, str, Shard]], region: int) -> None:
     split = {i: s for i, _, s in sharded}
-    if set(split) - {0, 1, 2} or any(i not in split or split[i].axis != 1 for i in (0, 1, 2)):
+    bshd = {int(i) for i in n.attrs.get("bshd") or ()}  # (B, S, H, D) inputs: heads on axis 2
+    head = {i: 2 if i in bshd else 1 for i in (0, 1, 2)}
+    if set(split) - {0, 1, 2} or any(i not in split or split[i].axis != head[i] for i in (0, 1, 2)):
         a.fail(
             n,
             {region},
-            "fused Attention needs q, k and v all split along the head axis 1 "
-            f"(got inputs {sorted(split)} split along {[s.axis for s in split.values()]})",
+            "fused Attention needs q, k and v all split along their head axis "
+            f"{[head[i] for i in (0, 1, 2)]} (got inputs {sorted(split)} split along "
+            f"{[s.axis for s in split.values()]})",
             "make Q, K and V all column-parallel",
         )
         return
     if len(n.inputs) > 3 and n.inputs[3] and not a.broadcast_operand(n, 3, 1, 4, split[0].segments, {region}):
         return
-    a.layout[n.outputs[0]] = Shard(1, (int(a.shape(n.outputs[0])[1]),), region)
+    out_axis = 2 if n.attrs.get("bshd_out") else 1
+    a.layout[n.outputs[0]] = Shard(out_axis, (int(a.shape(n.outputs[0])[out_axis]),), region)
 
 
 def _shape(a: _Analysis, n: Node, sharded: list[tuple[int, str, Shard]], region: int) -> None:
