@@ -382,6 +382,7 @@ def test_single_tile_path_matches_tiled_and_ref(monkeypatch, dtype, mask_kind, c
     calls = []
     real = fa.attention_single_tile
     monkeypatch.setattr(fa, "attention_single_tile", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fa, "bind_small_attention", lambda *a, **kw: None)  # numpy's path (native: test_bind)
     q, k, v, mask = inputs(2, 6, 2, 12, 20, 8, dtype, dv=5, mask_kind=mask_kind, seed=7)
     if mask is not None:
         mask[3] = False if mask.dtype == np.bool_ else -np.inf  # a fully masked query row

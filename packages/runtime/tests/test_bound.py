@@ -304,3 +304,26 @@ def test_reshape_to_a_shape_derived_target_is_a_view() -> None:
     for bound in sess._bound.values():
         ran = [sch.steps[i].node.op_type for i in bound.index]
         assert ran == ["MatMul", "Relu"], ran
+
+
+def test_bound_gemms_and_small_attention_match_onnxruntime() -> None:
+    """Arena runs bind MatMul / Linear to their BLAS call and a small attention (GQA, causal, (B, S, H, D)
+    layout after the graph passes) to one native call: results still match onnxruntime, run after run."""
+    pytest.importorskip("onnxruntime")
+    import opstrata.graph as og
+    from opstrata.graph.testing import gpt_gqa_model, ort_run
+
+    model = gpt_gqa_model(layers=2, heads=8, kv_heads=4)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    for seed in range(3):
+        feeds = random_feeds(model, {"batch": 2, "seq": 5}, seed=seed)
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+    (bound,) = sess._bound.values()
+    kinds = {
+        sess._schedule.steps[i].node.op_type: getattr(c, "__qualname__", type(c).__name__)
+        for c, i in zip(bound.calls, bound.index, strict=True)
+    }
+    if hasattr(ops, "bind") and hasattr(og, "bind_fused") and ops.native_status().available:
+        assert kinds["Attention"].startswith("bind_small_attention"), kinds
+        assert kinds["Linear"] in ("partial", "_bind_linear.<locals>.run"), kinds

@@ -73,7 +73,16 @@ def test_a_failing_gemm_names_the_node(monkeypatch, models) -> None:
             raise FloatingPointError("simulated BLAS fault")
         return real(op, *args, **kwargs)
 
+    real_bind = getattr(ops, "bind", None)
+
+    def broken_bind(op, *args, **kwargs):  # arena runs bind the GEMM once: fail there too
+        if op == "matmul":
+            return lambda: broken(op)
+        return real_bind(op, *args, **kwargs)
+
     monkeypatch.setattr(ops, "call", broken)
+    if real_bind is not None:
+        monkeypatch.setattr(ops, "bind", broken_bind)
     with pytest.raises(
         ExecutionError, match=r"node 'lm_head' \(MatMul\): kernel .* FloatingPointError: simulated BLAS fault"
     ):

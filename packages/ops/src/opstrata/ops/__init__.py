@@ -63,6 +63,7 @@ from ._fallback import (
 )
 from ._registry import (
     KernelEntry as KernelEntry,
+    bind as bind,
     call as call,
     coverage as coverage,
     dispatch_path as dispatch_path,
@@ -377,6 +378,7 @@ __all__ = [
     "batch_norm",
     "bfloat16",
     "bias_act",
+    "bind",
     "bit_shift",
     "bitwise_and",
     "bitwise_not",

@@ -16,9 +16,11 @@ is cached per (op, device, primary dtype); registering anything clears the cache
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -299,6 +301,35 @@ def registry_generation() -> int:
     """A counter bumped by every registry or device change: a caller caching :func:`resolve_kernel`
     results re-resolves when it moved."""
     return _GENERATION[0]
+
+
+def bind(
+    name: str, *args: Any, out: Any, device: str | None = None, **kwargs: Any
+) -> Callable[[], Any] | None:
+    """A zero-argument call doing ``call(name, *args, out=out, **kwargs)`` on these very arrays, or None
+    when the call would take a fallback path (which :func:`call` audits at each call).
+
+    For callers that run the same op on the same buffers many times (opstrata.runtime's arena: every
+    view is fixed per input shape): a kernel with a ``binder`` attribute validates the operands once
+    and returns its inner call (the same arithmetic, so the same bits); other kernels are bound with
+    their arguments when they take ``out=`` (None when they do not). The binding stands until
+    :func:`registry_generation` changes.
+    """
+    i = _DTYPE_ARG.get(name, 0)
+    dtype = getattr(args[i], "dtype", None) if i < len(args) else None
+    fn = resolve_kernel(name, dtype, device)
+    if fn is None:
+        return None
+    binder = getattr(fn, "binder", None)
+    if binder is not None:
+        bound = binder(*args, out=out, **kwargs)
+        if bound is not None:
+            return bound
+    try:
+        takes_out = "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_out = False
+    return partial(fn, *args, out=out, **kwargs) if takes_out else None
 
 
 def resolve_kernel(name: str, dtype: Any, device: str | None = None) -> Callable[..., Any] | None:

@@ -21,7 +21,7 @@ import numpy as np
 
 import opstrata.graph as og
 import opstrata.ops as ops
-from opstrata.graph import OPSTRATA_DOMAIN
+from opstrata.graph import EXECUTOR_KERNELS as KERNELS, OPSTRATA_DOMAIN
 
 from ._errors import ExecutionError
 
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ._executor import Schedule, _Step
 
 __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
+
+#: the graph's own Attention kernel: a node whose kernel was replaced (a test, a user override) is called
+_STOCK_ATTENTION = KERNELS.get((OPSTRATA_DOMAIN, "Attention"))
 
 #: the public ``out=`` binaries the executor uses (``_executor._OUT_KERNELS``) and their registry names
 _BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
@@ -111,14 +114,45 @@ def _dyn_into(
 def _prebound(
     sch: Schedule, st: _Step, static: list[Any], dsts: list[np.ndarray]
 ) -> Callable[[], object] | None:
-    """A FusedElementwise on cpu with every input fixed for this arena: the generated kernel bound to
-    these arrays once (the native VM's C call with its pointers resolved: one ctypes call per run)."""
+    """A step whose inputs are all fixed for this arena, bound to these arrays once:
+
+    * FusedElementwise on cpu: the generated kernel (the native VM's C call with its pointers resolved:
+      one ctypes call per run);
+    * MatMul and an activation-free Linear: ``ops.bind`` (the kernel's checks done once, the BLAS call
+      and the in-place bias add left; the same arithmetic as the writer it replaces).
+    """
     node = st.node
-    if (node.domain, node.op_type) != (OPSTRATA_DOMAIN, "FusedElementwise") or sch.device != "cpu":
+    if any(a is None or type(a) is not np.ndarray for a in static) or len(dsts) != 1:
         return None
-    if not hasattr(og, "bind_fused") or any(a is None or type(a) is not np.ndarray for a in static):
+    key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    if key == (OPSTRATA_DOMAIN, "FusedElementwise"):
+        if sch.device != "cpu" or not hasattr(og, "bind_fused"):
+            return None
+        return og.bind_fused(node, static, dsts[0])
+    if not hasattr(ops, "bind"):
         return None
-    return og.bind_fused(node, static, dsts[0])
+    if key in (("", "MatMul"), (OPSTRATA_DOMAIN, "Linear")) and st.into is None:
+        return None  # the graph's kernel for it was replaced (a test, a user override): that one runs
+    if key == ("", "MatMul") and len(static) == 2:
+        return ops.bind("matmul", static[0], static[1], out=dsts[0], device=sch.device)
+    if key == (OPSTRATA_DOMAIN, "Linear") and not node.attrs.get("activation") and len(static) in (2, 3):
+        bias = static[2] if len(static) == 3 else None
+        return ops.bind("linear", static[0], static[1], bias, out=dsts[0], device=sch.device)
+    if (
+        key == (OPSTRATA_DOMAIN, "Attention")
+        and 3 <= len(static) <= 4
+        and KERNELS.get(key) is _STOCK_ATTENTION
+    ):
+        a = node.attrs
+        into = {int(i) for i in a.get("bshd") or ()}
+        q, k, v = (np.swapaxes(t, 1, 2) if i in into else t for i, t in enumerate(static[:3]))
+        dst = np.swapaxes(dsts[0], 1, 2) if a.get("bshd_out") else dsts[0]
+        mask = static[3] if len(static) > 3 else None
+        return ops.bind(
+            "attention", q, k, v, out=dst, causal=bool(a.get("causal", 0)), mask=mask, scale=a.get("scale"),
+            device=sch.device,
+        )  # fmt: skip
+    return None
 
 
 def _generic(
@@ -166,10 +200,14 @@ def _bind_step(
         if static is not None:
             return partial(fn, static[0], static[1], out=dst)
         return _dyn_out(fn, t[0], t[1], dst, vals)
+    if static is not None and all(s >= 0 and s not in alias for s in st.outs):
+        bound = _prebound(sch, st, static, [vals[s] for s in st.outs])
+        if bound is not None:
+            return bound
     if st.into is not None and all(s >= 0 and s not in alias for s in st.outs):
         dsts = [vals[s] for s in st.outs]
         if static is not None:
-            return _prebound(sch, st, static, dsts) or partial(st.into, static, dsts)
+            return partial(st.into, static, dsts)
         return _dyn_into(st.into, t, dsts, vals)
     return _generic(sch, st, t, static, vals, alias, arena)
 

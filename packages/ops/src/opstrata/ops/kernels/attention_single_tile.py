@@ -11,12 +11,16 @@ accumulation for low precision, fully masked rows give 0 and logsumexp -inf.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ..native.kernels import softmax_rows_inplace
-from .attention import AttnShape, causal_keep
+from .attention import AttnShape, _check_attention, causal_keep
 
-__all__ = ["attention_single_tile"]
+__all__ = ["SMALL_ATTENTION_MACS", "attention_single_tile", "bind_small_attention"]
 
 NEG_INF = -np.inf
 
@@ -63,3 +67,76 @@ def attention_single_tile(
     out = np.matmul(sc, va)  # (B, Hkv, G, N, Dv), unnormalised
     out /= total
     return out.reshape(s.b, s.h, s.n, s.dv), lse.reshape(s.b, s.h, s.n)
+
+
+#: Problems up to this many multiply-adds (B * H * N * M * (D + Dv)) may run as one native call when
+#: bound (ops.bind): below it numpy's ~10 calls per attention cost more than the arithmetic (the zoo's
+#: 32-token, 4-head models: 22 us vs 43 us); above it BLAS's batched GEMMs win (6 heads of 32 tokens,
+#: D 64, 786 K: 82 us vs 54 us). One thread, this machine.
+SMALL_ATTENTION_MACS = 1 << 18
+
+
+def _elem_strides(a: np.ndarray, nd: int) -> list[int] | None:
+    st = [s // a.itemsize for s in a.strides]
+    if any(s % a.itemsize for s in a.strides) or (a.shape[-1] > 1 and st[-1] != 1):
+        return None
+    return st[:nd]
+
+
+def bind_small_attention(
+    q: Any, k: Any, v: Any, *, out: Any, causal: bool = False, mask: Any = None, scale: float | None = None,
+    lse: np.ndarray | None = None, **rest: Any,
+) -> Callable[[], object] | None:  # fmt: skip
+    """``attention_cpu(q, k, v, causal=, mask=, scale=)`` into ``out`` as one native call with every
+    pointer and stride resolved once (ops.bind: the runtime's arena views are fixed per shape), for
+    float32 problems up to :data:`SMALL_ATTENTION_MACS`; None otherwise (the caller keeps the numpy
+    path). q / k / v / out may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
+    (contiguous float32 (B, H, N)), when given, receives the rows' logsumexp."""
+    from ..native.library import library
+
+    arrays = (q, k, v, out)
+    if rest or not all(type(t) is np.ndarray and t.dtype == np.float32 and t.ndim == 4 for t in arrays):
+        return None
+    if mask is not None and (type(mask) is not np.ndarray or mask.dtype not in (np.float32, np.bool_)):
+        return None
+    try:
+        s = _check_attention(q, k, v, mask)
+    except Exception:
+        return None  # the kernel's own call raises the error where it is made
+    if out.shape != (s.b, s.h, s.n, s.dv) or not out.flags.writeable or min(s.n, s.m, s.d, s.dv) == 0:
+        return None
+    if lse is not None and (
+        lse.shape != (s.b, s.h, s.n) or lse.dtype != np.float32 or not lse.flags.c_contiguous
+    ):
+        return None
+    if s.b * s.h * s.n * s.m * (s.d + s.dv) > SMALL_ATTENTION_MACS:
+        return None
+    if any(np.may_share_memory(out, t) for t in (q, k, v) if t is not None):
+        return None
+    strides = [_elem_strides(t, 3) for t in arrays]
+    lib = library()
+    if lib is None or any(st is None for st in strides):
+        return None
+    kind, ms = 0, [0, 0, 0, 0]
+    mb = None
+    if mask is not None:
+        mb = np.broadcast_to(mask, (s.b, s.h, s.n, s.m))
+        kind = 1 if mask.dtype == np.bool_ else 2
+        ms = [st // mb.itemsize for st in mb.strides]
+    dims = np.array([s.b, s.h, s.hkv, s.n, s.m, s.d, s.dv], np.int64)
+    st_arr = [np.array(st, np.int64) for st in strides] + [np.array(ms, np.int64)]
+    sc = 1.0 / math.sqrt(s.d) if scale is None else float(scale)
+    args = (
+        q.ctypes.data, k.ctypes.data, v.ctypes.data, None if mb is None else mb.ctypes.data, out.ctypes.data,
+        None if lse is None else lse.ctypes.data, dims.ctypes.data, *(a.ctypes.data for a in st_arr), kind, int(bool(causal)), sc,
+    )  # fmt: skip
+    fn = lib.opstrata_attention_f32
+    keep = (arrays, mb, dims, st_arr, lse)
+
+    def run() -> object:
+        if fn(*args) != 0:
+            raise MemoryError("attention: the native kernel could not allocate its scratch row")
+        assert keep  # the arrays the pointers point into live as long as this call
+        return out
+
+    return run

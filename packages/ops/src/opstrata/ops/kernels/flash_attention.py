@@ -31,7 +31,7 @@ from .._errors import OpError
 from .._registry import register
 from ..tune.autotune import Tunable, autotuned
 from .attention import AttnShape, _as_arrays, _check_attention, _check_backward, _scale
-from .attention_single_tile import attention_single_tile
+from .attention_single_tile import attention_single_tile, bind_small_attention
 from .parallel import check_workers, run_tasks
 
 __all__ = ["attention_backward_cpu", "attention_cpu"]
@@ -258,6 +258,13 @@ def attention_cpu(
     t = _tiling("attention", s, acc.itemsize, causal, block_q, block_k)
     if workers is not None:
         check_workers("attention", workers)  # validated on every path
+    if q.dtype == np.float32 and block_q is None and block_k is None:  # small: one native call (as ops.bind)
+        out = np.empty((s.b, s.h, s.n, s.dv), np.float32)
+        lse0 = np.empty((s.b, s.h, s.n), np.float32) if return_lse else None
+        native = bind_small_attention(q, k, v, out=out, causal=causal, mask=mask, scale=scale, lse=lse0)
+        if native is not None:
+            native()
+            return (out, lse0) if return_lse else out
     if t.bq >= s.n and t.bk >= s.m and t.bb >= s.b and min(s.n, s.m, s.d, s.dv) > 0:
         one, lse1 = attention_single_tile(q, k, v, mask, s, causal, _scale(scale, s.d), acc)
         res = one.astype(q.dtype, copy=False)  # one tile: no online softmax to combine
@@ -286,6 +293,8 @@ def attention_cpu(
     res = _unpack(out, s).astype(q.dtype, copy=False)  # (B, H, N, Dv)
     return (res, _unpack(lse, s)) if return_lse else res
 
+
+attention_cpu.binder = bind_small_attention  # type: ignore[attr-defined]  # ops.bind: one native call
 
 #: Below this many multiply-adds a call runs on one thread: a thread pool and re-pinning BLAS cost
 #: ~0.1-1 ms, more than small (decode-sized) attention takes (measured with bench_ops.py).
@@ -439,9 +448,10 @@ def attention_backward_cpu(
     _check_backward(q, out, grad_out, lse, s)
     acc = accumulation_dtype(q.dtype)
     if acc != q.dtype:  # low precision: the forward's statistics again, in the accumulation dtype
-        out, lse = attention_cpu(
+        t0 = _tiling("attention_backward", s, acc.itemsize, causal, block_q, block_k)  # explicit tiles: the
+        out, lse = attention_cpu(  # numpy forward whose rounding the backward's tiles share (not the native)
             q.astype(acc), k.astype(acc), v.astype(acc), causal=causal, mask=mask, scale=scale, return_lse=True,
-            block_q=block_q, block_k=block_k, workers=workers,
+            block_q=t0.bq, block_k=t0.bk, workers=workers,
         )  # fmt: skip
     t = _tiling("attention_backward", s, acc.itemsize, causal, block_q, block_k)
     sc = _scale(scale, s.d)

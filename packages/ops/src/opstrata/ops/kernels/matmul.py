@@ -8,6 +8,7 @@ Both operands must share one dtype (as in ONNX MatMul/Gemm and torch).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -232,6 +233,54 @@ def linear_cpu(x: Any, weight: Any, bias: Any = None, *, out: np.ndarray | None 
     if bias is not None:
         y += bias.astype(y.dtype, copy=False)
     return y if direct else _into(y.astype(x.dtype, copy=False), out)
+
+
+def _gemm_view(a: np.ndarray, b: np.ndarray, out: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(a2, out2)``: the 2-D operands of the one BLAS call ``_blas_matmul(a, b, out)`` makes, when
+    the arrays let it take that path directly (float32 / float64, C-contiguous, 2-D ``b``, ``out`` of
+    the result's shape and disjoint from the operands); None otherwise."""
+    arrays = (a, b, out)
+    if not all(type(t) is np.ndarray for t in arrays) or not a.dtype == b.dtype == out.dtype:
+        return None
+    if a.dtype != accumulation_dtype(a.dtype) or a.ndim < 2 or b.ndim != 2 or a.shape[-1] != b.shape[0]:
+        return None
+    if not (a.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    if out.shape != (*a.shape[:-1], b.shape[1]) or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return None
+    rows = math.prod(a.shape[:-1])
+    return a.reshape(rows, a.shape[-1]), out.reshape(rows, b.shape[1])
+
+
+def _bind_matmul(a: Any, b: Any, *, out: Any) -> Any:
+    """``matmul_cpu(a, b, out=out)`` with its checks done once: the BLAS call itself (see ops.bind)."""
+    views = _gemm_view(a, b, out)
+    return None if views is None else partial(np.matmul, views[0], b, out=views[1])
+
+
+def _bind_linear(x: Any, weight: Any, bias: Any = None, *, out: Any) -> Any:
+    """``linear_cpu(x, weight, bias, out=out)`` with its checks done once: the GEMM, then the bias added
+    in place, as the kernel does (see ops.bind)."""
+    if type(weight) is not np.ndarray or weight.ndim != 2:
+        return None
+    views = _gemm_view(x, weight.T, out)
+    if views is None or (bias is not None and (type(bias) is not np.ndarray or bias.shape != (weight.shape[0],)
+                                               or bias.dtype != x.dtype)):  # fmt: skip
+        return None
+    gemm = partial(np.matmul, views[0], weight.T, out=views[1])
+    if bias is None:
+        return gemm
+    add = partial(np.add, views[1], bias, out=views[1])
+
+    def run() -> None:
+        gemm()
+        add()
+
+    return run
+
+
+matmul_cpu.binder = _bind_matmul  # type: ignore[attr-defined]
+linear_cpu.binder = _bind_linear  # type: ignore[attr-defined]
 
 
 @register("gemm", device="cpu", dtypes=FLOAT_DTYPES)

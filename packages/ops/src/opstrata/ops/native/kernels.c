@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 5; }
+int opstrata_native_abi(void) { return 6; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -503,5 +503,105 @@ int opstrata_ew_run_f32(const int32_t *prog, int64_t n_instr, const float *const
         }
     }
     free(regs);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+   Small attention in one call: softmax(q k^T * scale + mask) v per (batch, head), for the short
+   sequences where numpy's ten calls and their dispatch cost more than the arithmetic. Grouped-query
+   heads (query head h reads kv head h / (H / Hkv)); q / k / v / out are read and written through
+   (batch, head, position) strides in elements with a unit last stride, so (B, S, H, D) views need no
+   copy. mask_kind 0: none, 1: bool keep (uint8), 2: additive float; mask strides (b, h, n, m) may be 0
+   (broadcast). causal keeps key j <= i + M - N (bottom-right aligned). A row whose every key is masked
+   gives zeros (and logsumexp -inf), as the numpy kernels; lse (B, H, N), when not NULL, receives each
+   row's logsumexp. The scores are scaled q rows against k rows (q * scale first, as
+   the numpy kernel), accumulated in float32 lanes; the output is the normalized p against v.
+   dims: B, H, Hkv, N, M, D, Dv. Returns 0, or -2 when scratch memory cannot be allocated.
+   ------------------------------------------------------------------------------------------------- */
+/* y += a x over n floats in explicit vectors (y and x never overlap here) */
+static inline void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    const vf va = vsplat(a);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf r = vload(y + j) + va * vload(x + j);
+        memcpy(y + j, &r, sizeof r);
+    }
+    for (; j < n; ++j) y[j] += a * x[j];
+}
+
+int opstrata_attention_f32(const float *q, const float *k, const float *v, const void *mask, float *out,
+                           float *lse, const int64_t *dims, const int64_t *qs, const int64_t *ks,
+                           const int64_t *vs, const int64_t *os, const int64_t *ms, int mask_kind, int causal,
+                           float scale) {
+    const int64_t B = dims[0], H = dims[1], HKV = dims[2], N = dims[3], M = dims[4], D = dims[5], DV = dims[6];
+    const int64_t group = H / HKV;
+    const int64_t M8 = (M + VW - 1) / VW * VW, DV8 = (DV + VW - 1) / VW * VW; /* whole vectors */
+    /* scratch: k^T (D, M8), v packed (M, DV8), one score row (M8), one scaled q row (D), one out row */
+    float *kt = (float *)calloc((size_t)(D * M8 + M * DV8 + M8 + D + DV8), sizeof(float));
+    if (!kt) return -2;
+    float *vp = kt + D * M8, *srow = vp + M * DV8, *qrow = srow + M8, *orow = qrow + D;
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t kvh = h / group;
+            if (h % group == 0) { /* k^T and v of this kv head, packed once for its group */
+                const float *kb = k + b * ks[0] + kvh * ks[1];
+                const float *vb = v + b * vs[0] + kvh * vs[1];
+                for (int64_t j = 0; j < M; ++j) {
+                    for (int64_t d = 0; d < D; ++d) kt[d * M8 + j] = kb[j * ks[2] + d];
+                    memcpy(vp + j * DV8, vb + j * vs[2], (size_t)DV * sizeof(float));
+                }
+            }
+            for (int64_t i = 0; i < N; ++i) {
+                const float *qi = q + b * qs[0] + h * qs[1] + i * qs[2];
+                float *oi = out + b * os[0] + h * os[1] + i * os[2];
+                for (int64_t d = 0; d < D; ++d) qrow[d] = qi[d] * scale;
+                for (int64_t jb = 0; jb < M8; jb += VW) { /* scores: accumulators stay in registers */
+                    vf acc = vsplat(0.0f);
+                    for (int64_t d = 0; d < D; ++d) acc += vsplat(qrow[d]) * vload(kt + d * M8 + jb);
+                    memcpy(srow + jb, &acc, sizeof acc);
+                }
+                if (mask_kind) {
+                    const int64_t mo = b * ms[0] + h * ms[1] + i * ms[2];
+                    if (mask_kind == 1) {
+                        const uint8_t *mr = (const uint8_t *)mask + mo;
+                        for (int64_t j = 0; j < M; ++j) srow[j] = mr[j * ms[3]] ? srow[j] : -INFINITY;
+                    } else if (ms[3] == 1) {
+                        const float *mr = (const float *)mask + mo;
+                        for (int64_t j = 0; j < M; ++j) srow[j] += mr[j];
+                    } else {
+                        const float *mr = (const float *)mask + mo;
+                        for (int64_t j = 0; j < M; ++j) srow[j] += mr[j * ms[3]];
+                    }
+                }
+                int64_t jmax = M;
+                if (causal) {
+                    jmax = i + M - N + 1;
+                    if (jmax < 0) jmax = 0;
+                    if (jmax > M) jmax = M;
+                }
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < jmax; ++j) mx = srow[j] > mx ? srow[j] : mx;
+                if (mx == -INFINITY) { /* every key masked: zeros (a row of NaN: NaN) */
+                    int has_nan = 0;
+                    for (int64_t j = 0; j < jmax; ++j) has_nan |= srow[j] != srow[j];
+                    for (int64_t d = 0; d < DV; ++d) oi[d] = has_nan ? NAN : 0.0f;
+                    if (lse) lse[(b * H + h) * N + i] = has_nan ? NAN : -INFINITY;
+                    continue;
+                }
+                for (int64_t j = 0; j < jmax; ++j) srow[j] = exp_f32(srow[j] - mx);
+                double sum = 0.0; /* in double, as the row softmax: the logsumexp feeds the backward */
+                for (int64_t j = 0; j < jmax; ++j) sum += srow[j];
+                const float inv = (float)(1.0 / sum);
+                if (lse) lse[(b * H + h) * N + i] = (float)((double)mx + log(sum));
+                for (int64_t db = 0; db < DV8; db += VW) { /* p v: accumulators stay in registers */
+                    vf acc = vsplat(0.0f);
+                    for (int64_t j = 0; j < jmax; ++j) acc += vsplat(srow[j] * inv) * vload(vp + j * DV8 + db);
+                    memcpy(orow + db, &acc, sizeof acc);
+                }
+                memcpy(oi, orow, (size_t)DV * sizeof(float));
+            }
+        }
+    }
+    free(kt);
     return 0;
 }

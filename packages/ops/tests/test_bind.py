@@ -1,0 +1,103 @@
+"""ops.bind: a zero-argument call with the kernel's checks done once; matmul / linear bind to the very
+BLAS call the kernel makes (same bits), attention to one native call for small problems (within float32
+tolerance of the numpy kernel, every mask kind, causal, GQA, strided (B, S, H, D) views, masked rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import opstrata.ops as ops
+from opstrata.ops import native_status
+
+
+def test_matmul_and_linear_bind_to_the_same_bits() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    out = np.empty((2, 5, 6), np.float32)
+    call = ops.bind("matmul", a, w, out=out)
+    a[:] = rng.standard_normal(a.shape)  # the call reads the arrays as they are when it runs
+    call()
+    np.testing.assert_array_equal(out, ops.matmul(a, w))
+    wt = np.ascontiguousarray(w.T)  # Linear's (out, in) weight
+    lin = ops.bind("linear", a, wt, b, out=out)
+    lin()
+    np.testing.assert_array_equal(out, ops.linear(a, wt, b))
+
+
+def test_bind_falls_back_to_the_kernel_with_its_checks() -> None:
+    a = np.ones((3, 4), np.float32)
+    out = np.empty((3, 5), np.float32)
+    call = ops.bind("matmul", a, np.ones((5, 5), np.float32), out=out)  # K mismatch: the kernel raises
+    assert call is not None
+    with pytest.raises(ops.OpError, match="matmul"):
+        call()
+    assert ops.bind("softmax", a, out=np.empty_like(a)) is None  # its kernel writes no out=: not bindable
+
+
+needs_native = pytest.mark.skipif(native_status(build=True).available is not True, reason="no native library")
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 2), hkv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]), n=st.integers(1, 12),
+    m=st.integers(1, 12), d=st.sampled_from([4, 8, 12]), dv=st.sampled_from([4, 8, 12]),
+    mask=st.sampled_from([None, "add", "bool", "bool_rows_empty"]), causal=st.booleans(), bshd=st.booleans(),
+    seed=st.integers(0, 999),
+)  # fmt: skip
+def test_small_attention_binds_one_native_call(b, hkv, group, n, m, d, dv, mask, causal, bshd, seed) -> None:
+    rng = np.random.default_rng(seed)
+    h = hkv * group
+
+    def t(heads: int, length: int, width: int) -> np.ndarray:
+        if bshd:  # a (B, S, H, D) tensor seen as (B, H, S, D): strided, no copy
+            return rng.standard_normal((b, length, heads, width)).astype(np.float32).swapaxes(1, 2)
+        return rng.standard_normal((b, heads, length, width)).astype(np.float32)
+
+    q, k, v = t(h, n, d), t(hkv, m, d), t(hkv, m, dv)
+    mk = None
+    if mask == "add":
+        mk = rng.standard_normal((1, 1, n, m)).astype(np.float32)
+    elif mask == "bool":
+        mk = rng.random((b, 1, 1, m)) > 0.3
+    elif mask == "bool_rows_empty":
+        mk = np.zeros((b, h, n, m), bool)
+        mk[..., : n // 2, :] = True  # the other rows see no key at all: zeros
+    want = ops.attention(q, k, v, causal=causal, mask=mk, scale=0.3)
+    out = np.empty((b, n, h, dv), np.float32).swapaxes(1, 2) if bshd else np.empty((b, h, n, dv), np.float32)
+    call = ops.bind("attention", q, k, v, out=out, causal=causal, mask=mk, scale=0.3)
+    assert getattr(call, "__qualname__", "").startswith("bind_small_attention")
+    assert call() is out
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+
+
+@needs_native
+def test_large_or_unsupported_attention_is_not_bound_natively() -> None:
+    q = np.ones((1, 8, 64, 64), np.float32)
+    assert ops.bind("attention", q, q, q, out=np.empty_like(q)) is None  # above the size limit
+    q16 = np.ones((1, 2, 4, 8), np.float16)
+    assert ops.bind("attention", q16, q16, q16, out=np.empty_like(q16)) is None  # float32 only
+
+
+@needs_native
+@pytest.mark.parametrize("causal", [False, True])
+def test_small_attention_eager_path_is_the_native_call_with_lse(causal: bool) -> None:
+    """ops.attention on a small float32 problem runs the same native call (bound and eager results
+    agree to the bit), logsumexp included; a fully masked row gives zeros and -inf."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 4, 6, 8)).astype(np.float32) for _ in range(3))
+    mask = rng.random((2, 1, 6, 6)) > 0.2
+    mask[:, :, 2] = False
+    out, lse = ops.attention(q, k, v, causal=causal, mask=mask, return_lse=True)
+    ref, ref_lse = ops.attention(q, k, v, causal=causal, mask=mask, return_lse=True, device="ref")
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=1e-5, atol=1e-5)
+    assert (out[:, :, 2] == 0).all() and np.isneginf(lse[:, :, 2]).all()
+    bound_out = np.empty_like(out)
+    ops.bind("attention", q, k, v, out=bound_out, causal=causal, mask=mask)()
+    np.testing.assert_array_equal(bound_out, out)
