@@ -101,3 +101,38 @@ def test_small_attention_eager_path_is_the_native_call_with_lse(causal: bool) ->
     bound_out = np.empty_like(out)
     ops.bind("attention", q, k, v, out=bound_out, causal=causal, mask=mask)()
     np.testing.assert_array_equal(bound_out, out)
+
+
+@needs_native
+def test_norm_bias_act_and_rope_binders_give_the_kernels_bits() -> None:
+    """layer_norm / rms_norm / bias_act / rope_rotate_half bind to their C call: the same bits as the
+    eager kernel, on the values the arrays hold at call time; in place where the kernel allows it."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 7, 64)).astype(np.float32)
+    w, b = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    out = np.empty_like(x)
+    cases = [
+        (ops.bind("layer_norm", x, w, b, out=out, eps=1e-5), lambda: ops.layer_norm(x, w, b, eps=1e-5)),
+        (ops.bind("rms_norm", x, w, out=out, eps=1e-6), lambda: ops.rms_norm(x, w, eps=1e-6)),
+        (
+            ops.bind("bias_act", x, b, None, out=out, act="gelu_tanh"),
+            lambda: ops.bias_act(x, b, act="gelu_tanh"),
+        ),
+    ]
+    for call, eager in cases:
+        assert call is not None
+        x[:] = rng.standard_normal(x.shape)
+        call()
+        np.testing.assert_array_equal(out, eager())
+    np.testing.assert_allclose(ops.rms_norm(x, w), ops.rms_norm(x, w, device="ref"), rtol=2e-6, atol=1e-6)
+    inplace = x.copy()
+    ops.bind("rms_norm", inplace, w, out=inplace)()
+    np.testing.assert_array_equal(inplace, ops.rms_norm(x, w))
+    q = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)  # (B, S, H, D), cos (B, S, 1, D)
+    cos, sin = (rng.standard_normal((2, 5, 1, 8)).astype(np.float32) for _ in range(2))
+    rot = np.empty_like(q)
+    ops.bind("rope_rotate_half", q, cos, sin, out=rot)()
+    np.testing.assert_array_equal(rot, ops.rope_rotate_half(q, cos, sin, device="ref"))
+    bad = ops.bind("rms_norm", x, w[:32], out=out)  # a weight that does not fit: the kernel, which raises
+    with pytest.raises(ops.OpError, match="rms_norm"):
+        bad()

@@ -327,3 +327,119 @@ def test_bound_gemms_and_small_attention_match_onnxruntime() -> None:
     if hasattr(ops, "bind") and hasattr(og, "bind_fused") and ops.native_status().available:
         assert kinds["Attention"].startswith("bind_small_attention"), kinds
         assert kinds["Linear"] in ("partial", "_bind_linear.<locals>.run"), kinds
+
+
+def _llama_block_model(seq: int = 6):
+    """A Llama-style block as torch.onnx writes it: decomposed RMSNorm, one QKV MatMul + Split, head
+    Reshape / Transpose, rotate-half RoPE (Slice, Neg, Concat, Mul, Add), additive causal mask, merge,
+    residual, RMSNorm, SiLU-gated MLP, residual. x (batch, seq, 16), 4 heads of 4."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = []
+
+    def c(name, arr):
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def w(name, *shape):
+        return c(name, (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32))
+
+    nodes = []
+
+    def n(op, ins, out, **kw):
+        nodes.append(
+            helper.make_node(op, ins, [out] if isinstance(out, str) else out, name=f"{op}_{len(nodes)}", **kw)
+        )
+        return out
+
+    def rms(x, wname, tag):
+        ms = n(
+            "ReduceMean", [n("Pow", [x, c(f"two_{tag}", np.float32(2))], f"{tag}_sq")], f"{tag}_ms", axes=[-1]
+        )
+        r = n("Sqrt", [n("Add", [ms, c(f"eps_{tag}", np.float32(1e-6))], f"{tag}_mse")], f"{tag}_rms")
+        return n("Mul", [n("Div", [x, r], f"{tag}_n"), w(wname, 16)], f"{tag}_out")
+
+    def rope(t, tag):
+        ax, lo, mid, hi = c(f"{tag}_ax", [3]), c(f"{tag}_lo", [0]), c(f"{tag}_mid", [2]), c(f"{tag}_hi", [4])
+        x1 = n("Slice", [t, lo, mid, ax], f"{tag}_x1")
+        x2 = n("Slice", [t, mid, hi, ax], f"{tag}_x2")
+        rot = n("Concat", [n("Neg", [x2], f"{tag}_neg"), x1], f"{tag}_rot", axis=-1)
+        return n(
+            "Add", [n("Mul", [t, "cos"], f"{tag}_xc"), n("Mul", [rot, "sin"], f"{tag}_rs")], f"{tag}_rope"
+        )
+
+    ang = rng.standard_normal((1, 1, seq, 4)).astype(np.float32)
+    c("cos", np.cos(ang))
+    c("sin", np.sin(ang))
+    h = rms("x", "w1", "n1")
+    qkv = n("MatMul", [h, w("wqkv", 16, 48)], "qkv")
+    sizes = c("sizes", [16, 16, 16])
+    n("Split", [qkv, sizes], ["q0", "k0", "v0"], axis=-1)
+    heads = c("heads", [0, 0, 4, 4])
+    q, k, v = (
+        n("Transpose", [n("Reshape", [t, heads], f"{t}_h")], f"{t}_t", perm=[0, 2, 1, 3])
+        for t in ("q0", "k0", "v0")
+    )
+    q, k = rope(q, "q"), rope(k, "k")
+    s = n(
+        "Mul",
+        [n("MatMul", [q, n("Transpose", [k], "kT", perm=[0, 1, 3, 2])], "qk"), c("scale", np.float32(0.5))],
+        "s",
+    )
+    mask = np.triu(np.full((seq, seq), -1e9, np.float32), 1)[None, None]
+    p = n("Softmax", [n("Add", [s, c("mask", mask)], "sm")], "p", axis=-1)
+    o = n("Transpose", [n("MatMul", [p, v], "pv")], "pvt", perm=[0, 2, 1, 3])
+    attn = n("MatMul", [n("Reshape", [o, c("merge", [0, 0, 16])], "merged"), w("wo", 16, 16)], "attn")
+    y1 = n("Add", ["x", attn], "y1")
+    h2 = rms(y1, "w2", "n2")
+    g = n("MatMul", [h2, w("wg", 16, 24)], "g")
+    act = n(
+        "Mul", [n("Mul", [g, n("Sigmoid", [g], "sg")], "silu"), n("MatMul", [h2, w("wu", 16, 24)], "u")], "gu"
+    )
+    n("Add", [y1, n("MatMul", [act, w("wd", 24, 16)], "down")], "y")
+    graph = helper.make_graph(
+        nodes, "llama_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", seq, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_bound_llama_block_is_bit_identical_and_binds_its_kernels(level: int) -> None:
+    """RMSNorm, SkipRMSNorm, Split, RotaryHalf, bshd Attention, FusedElementwise and MatMul steps are
+    bound once (native / BLAS calls on fixed views) and give the allocator path's bits, run after run."""
+    pytest.importorskip("onnxruntime")
+    import opstrata.graph as og
+    from opstrata.graph.testing import ort_run
+
+    model = _llama_block_model()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=level))
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((2, 6, 16)).astype(np.float32)}
+        want = _allocator_outputs(model, feeds, level)
+        got = sess.run(None, feeds)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[0], ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+    (bound,) = sess._bound.values()
+    sch = sess._schedule
+    steps = [(sch.steps[i], c) for c, i in zip(bound.calls, bound.index, strict=True)]
+    ran = {st.node.op_type for st, _ in steps}
+    assert {"RotaryHalf", "Attention", "SkipRMSNorm", "RMSNorm", "Split"} <= ran, sorted(ran)
+    assert "Slice" not in ran and "Transpose" not in ran
+    if hasattr(ops, "bind") and hasattr(og, "bind_fused") and ops.native_status().available:
+        bindable = {
+            "RotaryHalf",
+            "Attention",
+            "SkipRMSNorm",
+            "RMSNorm",
+            "Split",
+            "MatMul",
+            "FusedElementwise",
+        }
+        generic = [
+            st.node.op_type for st, c in steps
+            if st.node.op_type in bindable and not set(st.ins) & set(sch.input_slots)  # a feed is per run
+            and getattr(c, "__qualname__", "").startswith(("_generic", "_dyn"))
+        ]  # fmt: skip
+        assert generic == [], generic  # every step over arena values binds

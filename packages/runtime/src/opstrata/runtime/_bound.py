@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
 
-#: the graph's own Attention kernel: a node whose kernel was replaced (a test, a user override) is called
-_STOCK_ATTENTION = KERNELS.get((OPSTRATA_DOMAIN, "Attention"))
+_BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm"),
+              (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
+              ("", "Split"))  # fmt: skip
+#: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
+#: override) is called instead
+_STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
 
 #: the public ``out=`` binaries the executor uses (``_executor._OUT_KERNELS``) and their registry names
 _BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
@@ -118,13 +122,21 @@ def _prebound(
 
     * FusedElementwise on cpu: the generated kernel (the native VM's C call with its pointers resolved:
       one ctypes call per run);
-    * MatMul and an activation-free Linear: ``ops.bind`` (the kernel's checks done once, the BLAS call
-      and the in-place bias add left; the same arithmetic as the writer it replaces).
+    * MatMul, an activation-free Linear, Attention, the norms (RMSNorm, LayerNormalization and the
+      Skip forms, the residual sum then the norm) and RotaryHalf: ``ops.bind`` (the kernel's checks done
+      once: the BLAS call and the in-place bias add, or the native C call; the same arithmetic as the
+      path it replaces, so the same bits).
     """
     node = st.node
-    if any(a is None or type(a) is not np.ndarray for a in static) or len(dsts) != 1:
+    if any(a is None or type(a) is not np.ndarray for a in static):
         return None
     key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    if len(dsts) != 1 and key not in (
+        (OPSTRATA_DOMAIN, "SkipLayerNorm"),
+        (OPSTRATA_DOMAIN, "SkipRMSNorm"),
+        ("", "Split"),
+    ):
+        return None
     if key == (OPSTRATA_DOMAIN, "FusedElementwise"):
         if sch.device != "cpu" or not hasattr(og, "bind_fused"):
             return None
@@ -135,15 +147,38 @@ def _prebound(
         return None  # the graph's kernel for it was replaced (a test, a user override): that one runs
     if key == ("", "MatMul") and len(static) == 2:
         return ops.bind("matmul", static[0], static[1], out=dsts[0], device=sch.device)
-    if key == (OPSTRATA_DOMAIN, "Linear") and not node.attrs.get("activation") and len(static) in (2, 3):
+    if key == (OPSTRATA_DOMAIN, "Linear") and len(static) in (2, 3):
         bias = static[2] if len(static) == 3 else None
-        return ops.bind("linear", static[0], static[1], bias, out=dsts[0], device=sch.device)
-    if (
-        key == (OPSTRATA_DOMAIN, "Attention")
-        and 3 <= len(static) <= 4
-        and KERNELS.get(key) is _STOCK_ATTENTION
-    ):
-        a = node.attrs
+        act = node.attrs.get("activation") or ""
+        if not act:
+            return ops.bind("linear", static[0], static[1], bias, out=dsts[0], device=sch.device)
+        if act not in ("relu", "gelu", "gelu_tanh", "silu"):  # the writer's bias_act epilogues
+            return None
+        gemm = ops.bind("linear", static[0], static[1], None, out=dsts[0], device=sch.device)
+        epi = ops.bind("bias_act", dsts[0], bias, None, out=dsts[0], act=act, device=sch.device)
+        return None if gemm is None or epi is None else _chain(gemm, epi)
+    if key in _STOCK and KERNELS.get(key) is not _STOCK[key]:
+        return None
+    if key in ((OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm")):
+        return _bind_skip_norm(sch, node, static, dsts)
+    a = node.attrs
+    if key == (OPSTRATA_DOMAIN, "RMSNorm") and 1 <= len(static) <= 2:
+        w = static[1] if len(static) > 1 else None
+        return ops.bind(
+            "rms_norm", static[0], w, out=dsts[0], axis=a.get("axis", -1), eps=a.get("epsilon", 1e-6),
+            device=sch.device,
+        )  # fmt: skip
+    if key == ("", "LayerNormalization") and 2 <= len(static) <= 3 and len(node.outputs) == 1:
+        b = static[2] if len(static) > 2 else None
+        return ops.bind(
+            "layer_norm", static[0], static[1], b, out=dsts[0], axis=a.get("axis", -1),
+            eps=a.get("epsilon", 1e-5), device=sch.device,
+        )  # fmt: skip
+    if key == ("", "Split"):
+        return _bind_split(node, static, dsts)
+    if key == (OPSTRATA_DOMAIN, "RotaryHalf") and len(static) == 3:
+        return ops.bind("rope_rotate_half", *static, out=dsts[0], device=sch.device)
+    if key == (OPSTRATA_DOMAIN, "Attention") and 3 <= len(static) <= 4:
         into = {int(i) for i in a.get("bshd") or ()}
         q, k, v = (np.swapaxes(t, 1, 2) if i in into else t for i, t in enumerate(static[:3]))
         dst = np.swapaxes(dsts[0], 1, 2) if a.get("bshd_out") else dsts[0]
@@ -153,6 +188,58 @@ def _prebound(
             device=sch.device,
         )  # fmt: skip
     return None
+
+
+def _chain(*calls: Callable[[], object]) -> Callable[[], object]:
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run
+
+
+def _bind_split(node: Any, static: list[Any], dsts: list[np.ndarray]) -> Callable[[], object] | None:
+    """``Split``: the graph's kernel slices its input (views of the arena bytes, fixed per shape), so
+    it runs once here and each run copies the slices into the output views."""
+    try:
+        pieces = KERNELS[("", "Split")](node, list(static))
+    except Exception:
+        return None  # the per-run path raises it, naming the node
+    if len(pieces) != len(dsts) or any(
+        not np.may_share_memory(p, static[0]) or p.shape != d.shape or p.dtype != d.dtype
+        for p, d in zip(pieces, dsts, strict=True)
+    ):
+        return None
+    return _chain(*(partial(np.copyto, d, p) for d, p in zip(dsts, pieces, strict=True)))
+
+
+def _bind_skip_norm(
+    sch: Schedule, node: Any, static: list[Any], dsts: list[np.ndarray]
+) -> Callable[[], object] | None:
+    """``SkipLayerNorm`` / ``SkipRMSNorm``: the residual sum into its view (the output's when no one else
+    reads it), then the norm of it, both bound (the same ops the graph's kernel and the writer run)."""
+    if len(static) < 3:
+        return None
+    s_view = dsts[1] if len(dsts) > 1 else dsts[0]
+    x, skip = static[0], static[1]
+    if not (x.dtype == skip.dtype == s_view.dtype and x.shape == skip.shape == s_view.shape):
+        return None
+    if sch.device != "cpu" or ops.resolve_kernel("add", x.dtype, device=sch.device) is None:
+        return None
+    add = partial(np.add, x, skip, out=s_view)  # what the cpu add kernel computes for equal shapes
+    a = node.attrs
+    if node.op_type == "SkipLayerNorm":
+        beta = static[3] if len(static) > 3 else None
+        norm = ops.bind(
+            "layer_norm", s_view, static[2], beta, out=dsts[0], axis=a.get("axis", -1),
+            eps=a.get("epsilon", 1e-5), device=sch.device,
+        )  # fmt: skip
+    else:
+        norm = ops.bind(
+            "rms_norm", s_view, static[2], out=dsts[0], axis=a.get("axis", -1), eps=a.get("epsilon", 1e-6),
+            device=sch.device,
+        )  # fmt: skip
+    return None if norm is None else _chain(add, norm)
 
 
 def _generic(

@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 6; }
+int opstrata_native_abi(void) { return 8; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -235,6 +235,41 @@ void opstrata_layer_norm_f32(const float *x, const float *w, const float *b, flo
             for (int64_t j = 0; j < n; ++j) orow[j] = ((xr[j] - shift) - mean_lo) * rstd + b[j];
         } else {
             for (int64_t j = 0; j < n; ++j) orow[j] = ((xr[j] - shift) - mean_lo) * rstd;
+        }
+    }
+}
+
+/* sum of squares of a row on four vector accumulators, combined in double */
+static double row_sumsq(const float *x, int64_t n) {
+    vf a0 = vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    int64_t j = 0;
+    for (; j + 4 * VW <= n; j += 4 * VW) {
+        vf x0 = vload(x + j), x1 = vload(x + j + VW), x2 = vload(x + j + 2 * VW), x3 = vload(x + j + 3 * VW);
+        a0 += x0 * x0;
+        a1 += x1 * x1;
+        a2 += x2 * x2;
+        a3 += x3 * x3;
+    }
+    for (; j + VW <= n; j += VW) {
+        vf x0 = vload(x + j);
+        a0 += x0 * x0;
+    }
+    double s = vsum((a0 + a1) + (a2 + a3));
+    for (; j < n; ++j) s += (double)x[j] * x[j];
+    return s;
+}
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w over rows of n (w may be NULL); out may be x. The mean
+   of squares in float32 lanes combined in double (T5 / Llama RMSNorm). */
+void opstrata_rms_norm_f32(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * n;
+        float *orow = out + r * n;
+        const float rstd = (float)(1.0 / sqrt(row_sumsq(xr, n) / (double)n + (double)eps));
+        if (w) {
+            for (int64_t j = 0; j < n; ++j) orow[j] = xr[j] * rstd * w[j];
+        } else {
+            for (int64_t j = 0; j < n; ++j) orow[j] = xr[j] * rstd;
         }
     }
 }
@@ -604,4 +639,48 @@ int opstrata_attention_f32(const float *q, const float *k, const float *v, const
     }
     free(kt);
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+   Rotate-half RoPE as exporters write it: out = x cos + concat(-x2, x1) sin, rows of D = 2h channels.
+   Rows walk up to four row dims (row-major); x and out are C-contiguous rows, cos / sin are read at
+   their own per-dim row strides and a column stride of 0 (one value per row) or 1. The products are
+   rounded before the add / subtract (no FMA contraction), so the result is the unfused graph's, bit
+   for bit: first half x1 c1 - x2 s1, second half x2 c2 + x1 s2.
+   ------------------------------------------------------------------------------------------------- */
+__attribute__((optimize("fp-contract=off"))) void
+opstrata_rope_half_f32(const float *x, const float *cs, const float *sn, float *out, const int64_t *rdims,
+                       const int64_t *c_rs, const int64_t *s_rs, int64_t c_cs, int64_t s_cs, int64_t d) {
+    const int64_t h = d / 2;
+    int64_t idx[4] = {0, 0, 0, 0};
+    const int64_t rows = rdims[0] * rdims[1] * rdims[2] * rdims[3];
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * d;
+        float *o = out + r * d;
+        const float *c = cs + idx[0] * c_rs[0] + idx[1] * c_rs[1] + idx[2] * c_rs[2] + idx[3] * c_rs[3];
+        const float *s = sn + idx[0] * s_rs[0] + idx[1] * s_rs[1] + idx[2] * s_rs[2] + idx[3] * s_rs[3];
+        if (c_cs == 1 && s_cs == 1) {
+            for (int64_t j = 0; j < h; ++j) {
+                const float a = xr[j] * c[j], b = xr[j + h] * s[j];
+                o[j] = a - b;
+            }
+            for (int64_t j = 0; j < h; ++j) {
+                const float a = xr[j + h] * c[j + h], b = xr[j] * s[j + h];
+                o[j + h] = a + b;
+            }
+        } else {
+            for (int64_t j = 0; j < h; ++j) {
+                const float a = xr[j] * c[j * c_cs], b = xr[j + h] * s[j * s_cs];
+                o[j] = a - b;
+            }
+            for (int64_t j = 0; j < h; ++j) {
+                const float a = xr[j + h] * c[(j + h) * c_cs], b = xr[j] * s[(j + h) * s_cs];
+                o[j + h] = a + b;
+            }
+        }
+        for (int k = 3; k >= 0; --k) {
+            if (++idx[k] < rdims[k]) break;
+            idx[k] = 0;
+        }
+    }
 }

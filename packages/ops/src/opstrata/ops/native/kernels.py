@@ -1,5 +1,6 @@
-"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, softmax,
-depthwise convolution.
+"""cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, RMS norm,
+softmax, depthwise convolution. Layer norm and RMS norm carry ``ops.bind`` binders (the C call with its
+pointers resolved once).
 
 Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
 loops cover -- C-contiguous float32 rows, a bias / weight of one row; an ``out`` the loop cannot write
@@ -11,6 +12,7 @@ residual, strided views, broadcasting) to the numpy kernel of the same device, c
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,8 @@ from ..kernels.activation import _check_approximate, gelu_cpu
 from ..kernels.conv import _arr, _check_conv, conv2d_cpu
 from ..kernels.elementwise import nd
 from ..kernels.fused import bias_act_cpu
-from ..kernels.normalization import _trailing, layer_norm_cpu
+from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
+from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
 from . import library as _native
 from .library import count, library
@@ -120,6 +123,28 @@ def bias_act_native(
     return _deliver(dst, out)
 
 
+def _bind_bias_act(
+    x: Any, bias: Any = None, residual: Any = None, *, act: str = "gelu", out: Any = None
+) -> Any:
+    """``bias_act_native(..., out=out)`` with its checks done once: the C loop (see ops.bind)."""
+    if (
+        type(x) is not np.ndarray
+        or type(out) is not np.ndarray
+        or residual is not None
+        or act not in ACT_CODES
+    ):
+        return None
+    cols = x.shape[-1] if x.ndim else 1
+    b = _row_vector(bias, cols, broadcast=True) if x.ndim else False
+    if not (_rows_f32(x) and x.size and b is not False and _writable_out(out, x) and out.flags.c_contiguous):
+        return None
+    lib = library()
+    return None if lib is None else partial(_bias_act, lib, act, x, b, out, cols)
+
+
+bias_act_native.binder = _bind_bias_act  # type: ignore[attr-defined]
+
+
 @register("layer_norm", device="cpu", dtypes=[np.float32], priority=1)
 def layer_norm_native(
     x: Any,
@@ -144,6 +169,148 @@ def layer_norm_native(
     fn(xa.ctypes.data, _ptr(wv), _ptr(bv), dst.ctypes.data, rows, n, float(eps))  # type: ignore[arg-type]
     count("layer_norm", "native")
     return _deliver(dst, out)
+
+
+def _bind_layer_norm(
+    x: Any, weight: Any = None, bias: Any = None, *, axis: int = -1, eps: float = 1e-5, out: Any = None
+) -> Any:
+    """``layer_norm_native(..., out=out)`` with its checks done once: the C call (see ops.bind)."""
+    bound = _norm_args("layer_norm", x, {"weight": weight, "bias": bias}, axis, out)
+    if bound is None:
+        return None
+    lib, xa, n, (wv, bv) = bound
+    return partial(
+        lib.opstrata_layer_norm_f32,
+        xa.ctypes.data,
+        _ptr(wv),
+        _ptr(bv),
+        out.ctypes.data,
+        xa.size // n,
+        n,
+        float(eps),
+    )
+
+
+def _norm_args(op: str, x: Any, params: dict[str, Any], axis: int, out: Any) -> Any:
+    """(library, x, row length, parameter rows) when the C loop can write ``out`` directly; else None."""
+    if type(x) is not np.ndarray or type(out) is not np.ndarray:
+        return None
+    try:
+        xa, a, vals = _trailing(op, x, axis, params)
+    except Exception:
+        return None  # the kernel's own call raises it where it is made
+    n = math.prod(xa.shape[a:])
+    rows = [_row_vector(v, n) for v in vals]
+    if not (_rows_f32(xa) and xa.size and all(r is not False for r in rows)):
+        return None
+    if out.shape != xa.shape or out.dtype != _F32 or not out.flags.c_contiguous or not out.flags.writeable:
+        return None
+    if out.ctypes.data != xa.ctypes.data and np.may_share_memory(out, xa):
+        return None
+    lib = library()
+    return None if lib is None else (lib, xa, n, rows)
+
+
+layer_norm_native.binder = _bind_layer_norm  # type: ignore[attr-defined]
+
+
+@register("rms_norm", device="cpu", dtypes=[np.float32], priority=1)
+def rms_norm_native(
+    x: Any, weight: Any = None, *, axis: int = -1, eps: float = 1e-6, out: np.ndarray | None = None
+) -> np.ndarray:
+    """RMS norm over the trailing dims in one C loop per row (mean of squares accumulated in double)."""
+    xa, a, (w,) = _trailing("rms_norm", x, axis, {"weight": weight})
+    n = math.prod(xa.shape[a:])
+    wv = _row_vector(w, n)
+    lib = library() if _rows_f32(xa) and xa.size and wv is not False else None
+    if lib is None:
+        count("rms_norm", "numpy")
+        y = rms_norm_cpu(x, weight, axis=axis, eps=eps)
+        return y if out is None else _deliver(y, out)
+    dst = _target(out, xa)
+    lib.opstrata_rms_norm_f32(xa.ctypes.data, _ptr(wv), dst.ctypes.data, xa.size // n, n, float(eps))
+    count("rms_norm", "native")
+    return _deliver(dst, out)
+
+
+def _bind_rms_norm(x: Any, weight: Any = None, *, axis: int = -1, eps: float = 1e-6, out: Any = None) -> Any:
+    """``rms_norm_native(..., out=out)`` with its checks done once: the C call (see ops.bind)."""
+    bound = _norm_args("rms_norm", x, {"weight": weight}, axis, out)
+    if bound is None:
+        return None
+    lib, xa, n, (wv,) = bound
+    return partial(
+        lib.opstrata_rms_norm_f32, xa.ctypes.data, _ptr(wv), out.ctypes.data, xa.size // n, n, float(eps)
+    )
+
+
+rms_norm_native.binder = _bind_rms_norm  # type: ignore[attr-defined]
+
+
+def _rope_args(x: Any, cos: Any, sin: Any, out: Any) -> Any:
+    """(library, C arguments, arrays to keep) for ``rope_rotate_half`` into ``out``; None when the C loop
+    does not take these arrays (not float32, x / out not C-contiguous, more than four row dims, a
+    cos / sin column stride other than 0 / 1, out overlapping x)."""
+    arrays = (x, cos, sin, out)
+    if not all(type(t) is np.ndarray and t.dtype == _F32 for t in arrays) or x.ndim < 1 or x.size == 0:
+        return None
+    if x.shape[-1] % 2 or out.shape != x.shape or not (_rows_f32(x) and out.flags.c_contiguous):
+        return None
+    if not out.flags.writeable or np.may_share_memory(out, x):
+        return None
+    try:
+        cb, sb = np.broadcast_to(cos, x.shape), np.broadcast_to(sin, x.shape)
+    except ValueError:
+        return None
+    lead = [i for i, n in enumerate(x.shape[:-1]) if n != 1]
+    if len(lead) > 4:
+        return None
+    col = [t.strides[-1] // 4 if x.shape[-1] > 1 else 1 for t in (cb, sb)]
+    if any(c not in (0, 1) for c in col) or any(st % 4 for t in (cb, sb) for st in t.strides):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    pad = [0] * (4 - len(lead))
+    rdims = np.array([1] * (4 - len(lead)) + [x.shape[i] for i in lead], np.int64)
+    c_rs = np.array(pad + [cb.strides[i] // 4 for i in lead], np.int64)
+    s_rs = np.array(pad + [sb.strides[i] // 4 for i in lead], np.int64)
+    args = (x.ctypes.data, cb.ctypes.data, sb.ctypes.data, out.ctypes.data, rdims.ctypes.data, c_rs.ctypes.data,
+            s_rs.ctypes.data, col[0], col[1], x.shape[-1])  # fmt: skip
+    return lib, args, (arrays, cb, sb, rdims, c_rs, s_rs)
+
+
+@register("rope_rotate_half", device="cpu", dtypes=[np.float32], priority=1)
+def rope_rotate_half_native(x: Any, cos: Any, sin: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Rotate-half RoPE in one C loop over rows (the same roundings as the numpy kernel: same bits)."""
+    xa, ca, sa = nd(x), nd(cos), nd(sin)
+    dst = np.empty(xa.shape, _F32) if out is None or not out.flags.c_contiguous else out
+    got = _rope_args(xa, ca, sa, dst)
+    if got is None:
+        count("rope_rotate_half", "numpy")
+        return rope_rotate_half_cpu(x, cos, sin, out=out)
+    lib, args, _keep = got
+    lib.opstrata_rope_half_f32(*args)
+    count("rope_rotate_half", "native")
+    return _deliver(dst, out)
+
+
+def _bind_rope(x: Any, cos: Any, sin: Any, *, out: Any) -> Any:
+    """``rope_rotate_half_native(x, cos, sin, out=out)`` with its checks done once (see ops.bind)."""
+    got = _rope_args(x, cos, sin, out)
+    if got is None:
+        return None
+    lib, args, keep = got
+    fn = lib.opstrata_rope_half_f32
+
+    def run() -> None:
+        fn(*args)
+        assert keep  # the arrays the pointers point into live as long as this call
+
+    return run
+
+
+rope_rotate_half_native.binder = _bind_rope  # type: ignore[attr-defined]
 
 
 @register("softmax", device="cpu", dtypes=[np.float32], priority=1)
