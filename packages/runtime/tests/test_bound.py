@@ -443,3 +443,41 @@ def test_bound_llama_block_is_bit_identical_and_binds_its_kernels(level: int) ->
             and getattr(c, "__qualname__", "").startswith(("_generic", "_dyn"))
         ]  # fmt: skip
         assert generic == [], generic  # every step over arena values binds
+
+
+def test_data_movement_steps_bind_to_copies_of_fixed_views() -> None:
+    """Transpose / Slice / Expand of arena values bind to a copy of a view taken once, Gather to np.take,
+    Concat to np.concatenate (all into the output views): the allocator path's bits, each run's values."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),  # (4, 6): an arena value
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[1, 0]),  # (6, 4)
+        helper.make_node("Slice", ["ht", "s0", "s1", "ax0"], ["hs"]),  # (4, 4)
+        helper.make_node("Gather", ["h", "idx"], ["hg"], axis=1),  # (4, 4)
+        helper.make_node("Concat", ["hs", "hg"], ["hc"], axis=0),  # (8, 4)
+        helper.make_node("Expand", ["hc", "shape3"], ["he"]),  # (2, 8, 4)
+        helper.make_node("Relu", ["he"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "moves", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32), "w"),
+         ints("s0", [1]), ints("s1", [5]), ints("ax0", [0]), ints("idx", [5, 0, -1, 2]), ints("shape3", [2, 8, 4])],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((4, 6)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 0)
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_array_equal(got, want)
+    (bound,) = sess._bound.values()
+    kinds = {
+        sess._schedule.steps[i].node.op_type: getattr(getattr(c, "func", c), "__name__", "")
+        for c, i in zip(bound.calls, bound.index, strict=True)
+    }
+    if hasattr(ops, "bind"):
+        assert kinds["Transpose"] == kinds["Slice"] == kinds["Expand"] == "copyto", kinds
+        assert kinds["Gather"] == "take" and kinds["Concat"] == "concatenate", kinds

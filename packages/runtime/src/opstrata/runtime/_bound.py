@@ -33,7 +33,7 @@ __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
 
 _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm"),
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
-              ("", "Split"))  # fmt: skip
+              ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -176,6 +176,25 @@ def _prebound(
         )  # fmt: skip
     if key == ("", "Split"):
         return _bind_split(node, static, dsts)
+    if key in (("", "Transpose"), ("", "Slice"), ("", "Expand")):
+        return _bind_view(key, node, static, dsts[0])
+    if (
+        key == ("", "Gather")
+        and len(static) == 2
+        and static[1].dtype.kind in "iu"
+        and static[0].dtype == dsts[0].dtype
+    ):
+        axis = int(node.attrs.get("axis", 0))
+        if np.take(static[0], np.zeros_like(static[1]), axis=axis).shape != dsts[0].shape:
+            return None
+        return partial(np.take, static[0], static[1], axis=axis, out=dsts[0])  # a copy by index, as gather
+    if key == ("", "Concat") and all(t.dtype == dsts[0].dtype for t in static):
+        try:
+            if np.concatenate(static, axis=int(node.attrs["axis"])).shape != dsts[0].shape:
+                return None
+        except ValueError:
+            return None
+        return partial(np.concatenate, static, axis=int(node.attrs["axis"]), out=dsts[0])
     if key == (OPSTRATA_DOMAIN, "RotaryHalf") and len(static) == 3:
         return ops.bind("rope_rotate_half", *static, out=dsts[0], device=sch.device)
     if key == (OPSTRATA_DOMAIN, "Attention") and 3 <= len(static) <= 4:
@@ -196,6 +215,22 @@ def _chain(*calls: Callable[[], object]) -> Callable[[], object]:
             call()
 
     return run
+
+
+def _bind_view(
+    key: tuple[str, str], node: Any, static: list[Any], dst: np.ndarray
+) -> Callable[[], object] | None:
+    """Transpose / Slice / Expand whose graph kernel returns a view of its input's arena bytes (fixed
+    per shape): the view is taken once here and each run copies it into the output view."""
+    try:
+        (res,) = KERNELS[key](node, list(static))
+    except Exception:
+        return None  # the per-run path raises it, naming the node
+    if type(res) is not np.ndarray or not np.may_share_memory(res, static[0]):
+        return None
+    if res.shape != dst.shape or res.dtype != dst.dtype or np.may_share_memory(res, dst):
+        return None
+    return partial(np.copyto, dst, res)
 
 
 def _bind_split(node: Any, static: list[Any], dsts: list[np.ndarray]) -> Callable[[], object] | None:
