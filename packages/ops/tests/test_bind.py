@@ -136,3 +136,30 @@ def test_norm_bias_act_and_rope_binders_give_the_kernels_bits() -> None:
     bad = ops.bind("rms_norm", x, w[:32], out=out)  # a weight that does not fit: the kernel, which raises
     with pytest.raises(ops.OpError, match="rms_norm"):
         bad()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2), cg=st.integers(1, 3), og=st.integers(1, 3), groups=st.sampled_from([1, 2]),
+    hw=st.integers(3, 9), k=st.sampled_from([1, 2, 3]), stride=st.sampled_from([1, 2]), dil=st.sampled_from([1, 2]),
+    pads=st.tuples(*(st.integers(0, 2) for _ in range(4))), bias=st.booleans(), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_conv2d_binds_to_the_eager_kernels_bits(
+    n, cg, og, groups, hw, k, stride, dil, pads, bias, seed
+) -> None:
+    """Grouped, strided, dilated, asymmetrically padded convolutions (and the 1x1 fast case): the bound
+    call gives the eager kernel's bits on the values in x at call time."""
+    rng = np.random.default_rng(seed)
+    c, o = cg * groups, og * groups
+    if dil * (k - 1) + 1 > hw + min(pads[0] + pads[2], pads[1] + pads[3]):
+        return  # no output position
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((o, cg, k, k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32) if bias else None
+    kw = {"stride": stride, "padding": pads, "dilation": dil, "groups": groups}
+    out = np.empty_like(ops.conv2d(x, w, b, **kw))
+    call = ops.bind("conv2d", x, w, b, out=out, **kw)
+    assert call is not None
+    x[:] = rng.standard_normal(x.shape)
+    call()
+    np.testing.assert_array_equal(out, ops.conv2d(x, w, b, **kw))

@@ -33,7 +33,8 @@ __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
 
 _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm"),
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
-              ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"))  # fmt: skip
+              ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
+              ("", "Conv"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -176,6 +177,8 @@ def _prebound(
         )  # fmt: skip
     if key == ("", "Split"):
         return _bind_split(node, static, dsts)
+    if key == ("", "Conv") and 2 <= len(static) <= 3 and static[1].ndim == 4:
+        return _bind_conv(sch, node, static, dsts[0])
     if key in (("", "Transpose"), ("", "Slice"), ("", "Expand")):
         return _bind_view(key, node, static, dsts[0])
     if (
@@ -215,6 +218,23 @@ def _chain(*calls: Callable[[], object]) -> Callable[[], object]:
             call()
 
     return run
+
+
+def _bind_conv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
+    """A 2-D Conv: ``ops.bind("conv2d")`` with the window the graph's kernel derives from the attributes
+    (its ``_geom``; a graph without it keeps the per-run path)."""
+    try:
+        from opstrata.graph.opdefs.conv import _geom
+    except ImportError:
+        return None
+    w = static[1]
+    kernel = node.attrs.get("kernel_shape") or w.shape[2:]
+    s, d, pads = _geom(node, static[0], kernel)
+    b = static[2] if len(static) > 2 else None
+    return ops.bind(
+        "conv2d", static[0], w, b, out=dst, stride=tuple(s), padding=tuple(pads), dilation=tuple(d),
+        groups=node.attrs.get("group", 1), device=sch.device,
+    )  # fmt: skip
 
 
 def _bind_view(

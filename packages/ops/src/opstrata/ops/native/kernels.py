@@ -19,7 +19,7 @@ import numpy as np
 
 from .._registry import register
 from ..kernels.activation import _check_approximate, gelu_cpu
-from ..kernels.conv import _arr, _check_conv, conv2d_cpu
+from ..kernels.conv import _arr, _check_conv, bind_conv2d, conv2d_cpu
 from ..kernels.elementwise import nd
 from ..kernels.fused import bias_act_cpu
 from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
@@ -377,3 +377,47 @@ def depthwise_conv2d_native(
         )
     count("conv2d", "native")
     return out
+
+
+def _bind_conv2d_native(
+    x: Any, weight: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+    groups: int = 1, out: Any = None,
+) -> Any:  # fmt: skip
+    """``depthwise_conv2d_native(...)`` into ``out`` with its checks done once (see ops.bind): the C call
+    for a depthwise convolution, the numpy kernel's binder for every other (as the kernel delegates)."""
+    kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in (x, weight, out)):
+        return None
+    if bias is not None and (
+        type(bias) is not np.ndarray or bias.dtype != _F32 or not bias.flags.c_contiguous
+    ):
+        return None
+    try:
+        g = _check_conv(x, weight, bias, stride, padding, dilation, groups)
+    except Exception:
+        return None
+    n, c, h, wd = x.shape
+    if not (g.groups == c == weight.shape[0] and c > 1):
+        return bind_conv2d(x, weight, bias, out=out, **kw)
+    (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
+    if out.shape != (n, c, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    kh, kw_ = weight.shape[2:]
+    args = (x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data,
+            n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)  # fmt: skip
+    fn, keep = lib.opstrata_depthwise_conv2d_f32, (x, weight, bias, out)
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise MemoryError(
+                f"conv2d (depthwise, native): cannot allocate a padded {h}x{wd} plane scratch buffer"
+            )
+        assert keep  # the arrays the pointers point into live as long as this call
+
+    return run
+
+
+depthwise_conv2d_native.binder = _bind_conv2d_native  # type: ignore[attr-defined]
