@@ -421,6 +421,9 @@ def test_bound_llama_block_is_bit_identical_and_binds_its_kernels(level: int) ->
         got = sess.run(None, feeds)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[0], ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-5)
+    passes = {name for _, name, _ in og.passes_for_level(level)}
+    if not {"fuse_rotary", "fold_attention_layout"} <= passes:
+        return  # graph < 0.4.13 (a compat floor): the block runs unfused, the results above still hold
     (bound,) = sess._bound.values()
     sch = sess._schedule
     steps = [(sch.steps[i], c) for c, i in zip(bound.calls, bound.index, strict=True)]
