@@ -175,12 +175,11 @@ def _prebound(
             "layer_norm", static[0], static[1], b, out=dsts[0], axis=a.get("axis", -1),
             eps=a.get("epsilon", 1e-5), device=sch.device,
         )  # fmt: skip
-    if key == ("", "Split"):
-        return _bind_split(node, static, dsts)
+
     if key == ("", "Conv") and 2 <= len(static) <= 3 and static[1].ndim == 4:
         return _bind_conv(sch, node, static, dsts[0])
-    if key in (("", "Transpose"), ("", "Slice"), ("", "Expand")):
-        return _bind_view(key, node, static, dsts[0])
+    if key in (("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand")):
+        return _bind_views(key, node, static, dsts)
     if (
         key == ("", "Gather")
         and len(static) == 2
@@ -237,35 +236,23 @@ def _bind_conv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> 
     )  # fmt: skip
 
 
-def _bind_view(
-    key: tuple[str, str], node: Any, static: list[Any], dst: np.ndarray
+def _bind_views(
+    key: tuple[str, str], node: Any, static: list[Any], dsts: list[np.ndarray]
 ) -> Callable[[], object] | None:
-    """Transpose / Slice / Expand whose graph kernel returns a view of its input's arena bytes (fixed
-    per shape): the view is taken once here and each run copies it into the output view."""
+    """Split / Transpose / Slice / Expand whose graph kernel returns views of its input's arena bytes
+    (fixed per shape): the views are taken once here and each run copies them into the output views."""
     try:
-        (res,) = KERNELS[key](node, list(static))
-    except Exception:
-        return None  # the per-run path raises it, naming the node
-    if type(res) is not np.ndarray or not np.may_share_memory(res, static[0]):
-        return None
-    if res.shape != dst.shape or res.dtype != dst.dtype or np.may_share_memory(res, dst):
-        return None
-    return partial(np.copyto, dst, res)
-
-
-def _bind_split(node: Any, static: list[Any], dsts: list[np.ndarray]) -> Callable[[], object] | None:
-    """``Split``: the graph's kernel slices its input (views of the arena bytes, fixed per shape), so
-    it runs once here and each run copies the slices into the output views."""
-    try:
-        pieces = KERNELS[("", "Split")](node, list(static))
+        pieces = KERNELS[key](node, list(static))
     except Exception:
         return None  # the per-run path raises it, naming the node
     if len(pieces) != len(dsts) or any(
-        not np.may_share_memory(p, static[0]) or p.shape != d.shape or p.dtype != d.dtype
+        type(p) is not np.ndarray or not np.may_share_memory(p, static[0]) or np.may_share_memory(p, d)
+        or p.shape != d.shape or p.dtype != d.dtype
         for p, d in zip(pieces, dsts, strict=True)
-    ):
+    ):  # fmt: skip
         return None
-    return _chain(*(partial(np.copyto, d, p) for d, p in zip(dsts, pieces, strict=True)))
+    copies = [partial(np.copyto, d, p) for d, p in zip(dsts, pieces, strict=True)]
+    return copies[0] if len(copies) == 1 else _chain(*copies)
 
 
 def _bind_skip_norm(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..native.kernels import softmax_rows_inplace
+from ..native.library import library
 from .attention import AttnShape, _check_attention, causal_keep
 
 __all__ = ["SMALL_ATTENTION_MACS", "attention_single_tile", "bind_small_attention"]
@@ -92,8 +93,6 @@ def bind_small_attention(
     float32 problems up to :data:`SMALL_ATTENTION_MACS`; None otherwise (the caller keeps the numpy
     path). q / k / v / out may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
     (contiguous float32 (B, H, N)), when given, receives the rows' logsumexp."""
-    from ..native.library import library
-
     arrays = (q, k, v, out)
     if rest or not all(type(t) is np.ndarray and t.dtype == np.float32 and t.ndim == 4 for t in arrays):
         return None

@@ -176,15 +176,21 @@ def conv2d_ref(
 # ---------------------------------------------------------------------------------------------
 
 
-def im2col(xp: np.ndarray, kernel: Pair, g: ConvGeom) -> np.ndarray:
-    """Columns ``(N, G, Cg * kh * kw, Ho * Wo)`` of padded ``xp`` (one copy; windows are views)."""
+def windows(xp: np.ndarray, kernel: Pair, g: ConvGeom) -> np.ndarray:
+    """The convolution windows of padded ``xp`` as a view ``(N, G, Cg, kh, kw, Ho, Wo)`` (no copy)."""
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = kernel, g.stride, g.dilation, g.out_hw
     n, c = xp.shape[:2]
     eff = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
     win = sliding_window_view(xp, eff, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]  # (N, C, Ho', Wo', kh, kw)
     win = win[:, :, :ho, :wo].reshape(n, g.groups, c // g.groups, ho, wo, kh, kw)
-    cols = win.transpose(0, 1, 2, 5, 6, 3, 4)  # (N, G, Cg, kh, kw, Ho, Wo)
-    return cols.reshape(n, g.groups, (c // g.groups) * kh * kw, ho * wo)
+    return win.transpose(0, 1, 2, 5, 6, 3, 4)
+
+
+def im2col(xp: np.ndarray, kernel: Pair, g: ConvGeom) -> np.ndarray:
+    """Columns ``(N, G, Cg * kh * kw, Ho * Wo)`` of padded ``xp`` (one copy; windows are views)."""
+    (kh, kw), (ho, wo) = kernel, g.out_hw
+    n, c = xp.shape[:2]
+    return windows(xp, kernel, g).reshape(n, g.groups, (c // g.groups) * kh * kw, ho * wo)
 
 
 @register("conv2d", device="cpu", dtypes=FLOAT_DTYPES)
@@ -255,11 +261,8 @@ def bind_conv2d(
     plain = (kh, kw) == (1, 1) and g.stride == (1, 1) and not any(g.pads)
     if plain:
         cols = x.reshape(n, g.groups, cg, ho * wo)  # the image is its own columns
-    else:
-        eff = (g.dilation[0] * (kh - 1) + 1, g.dilation[1] * (kw - 1) + 1)
-        (sh, sw), (dh, dw) = g.stride, g.dilation
-        win = sliding_window_view(xp, eff, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :ho, :wo]
-        win7 = win.reshape(n, g.groups, cg, ho, wo, kh, kw).transpose(0, 1, 2, 5, 6, 3, 4)
+    else:  # im2col's copy, into a buffer kept for every call
+        win7 = windows(xp, (kh, kw), g)
         cols = np.empty((n, g.groups, cg * kh * kw, ho * wo), np.float32)
         steps.append(partial(np.copyto, cols.reshape(win7.shape), win7))
     wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw)

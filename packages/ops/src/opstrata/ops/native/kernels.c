@@ -64,9 +64,8 @@ static inline float gelu_f32(float h) { return 0.5f * h * (1.0f + erf_f32(h * 0.
    exponent bits (vectorizable: no libm call); ~1 ulp. Internal: its callers pass x <= 0 (softmax) or
    saturate long before overflow (tanh), so it returns 0 below -87.34 (no denormals) and inf above 88.37
    (n = 127 is the largest exponent built; the true overflow is at 88.72). NaN propagates. */
-static inline float exp_f32(float x) {
-    float xc = x > 88.3762626f ? 88.3762626f : (x < -87.3365448f ? -87.3365448f : x);
-    float n = rintf(xc * 1.44269504088896341f);
+/* exp(r) for the reduced argument r = x - n ln2 (Cody-Waite, n = rint(x / ln2)): Cephes' polynomial */
+static inline float exp_reduced(float xc, float n) {
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -75,7 +74,13 @@ static inline float exp_f32(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+static inline float exp_f32(float x) {
+    float xc = x > 88.3762626f ? 88.3762626f : (x < -87.3365448f ? -87.3365448f : x);
+    float n = rintf(xc * 1.44269504088896341f);
+    float p = exp_reduced(xc, n);
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -367,15 +372,7 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
 static inline float exp_full_f32(float x) {
     float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
     float n = rintf(xc * 1.44269504088896341f);
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float p = exp_reduced(xc, n);
     int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
     int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
     float s1, s2;
