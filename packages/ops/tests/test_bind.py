@@ -163,3 +163,40 @@ def test_conv2d_binds_to_the_eager_kernels_bits(
     x[:] = rng.standard_normal(x.shape)
     call()
     np.testing.assert_array_equal(out, ops.conv2d(x, w, b, **kw))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), data=st.data(), keepdims=st.booleans(),
+    dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_mean_binds_to_the_eager_kernels_bits(shape, data, keepdims, dtype, seed) -> None:
+    axes = data.draw(st.none() | st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True).map(tuple))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    out = np.empty_like(ops.mean(x, axis=axes, keepdims=keepdims))
+    call = ops.bind("mean", x, out=out, axis=axes, keepdims=keepdims)
+    assert call is not None
+    x[...] = rng.standard_normal(shape)
+    call()
+    np.testing.assert_array_equal(out, ops.mean(x, axis=axes, keepdims=keepdims))
+
+
+def test_mean_and_max_pool_binders_refuse_what_they_do_not_cover() -> None:
+    x16 = np.ones((2, 3), np.float16)  # accumulates in float32: the eager kernel
+    assert ops.bind("mean", x16, out=np.empty(2, np.float16), axis=1) is None
+    xi = np.ones((2, 3), np.int32)  # integer mean truncates: the eager kernel
+    assert ops.bind("mean", xi, out=np.empty(2, np.int32), axis=1) is None
+    x = np.ones((2, 3), np.float32)
+    assert ops.bind("mean", x, out=np.empty(3, np.float32), axis=1) is None  # wrong out shape
+    assert ops.bind("mean", x, out=np.empty((2, 0), np.float32)[:, :0].reshape(2, 0), axis=(0, 1)) is None
+    img = np.ones((1, 2, 4, 4), np.float32)
+    bad_out = np.empty((1, 2, 3, 3), np.float32)  # kernel 2 stride 2 gives 2x2
+    if ops.native_status().available:
+        assert ops.bind("max_pool2d", img, out=bad_out, kernel_size=2) is None
+        good = np.empty((1, 2, 2, 2), np.float32)
+        call = ops.bind("max_pool2d", img, out=good, kernel_size=2)
+        assert call is not None
+        img[...] = np.arange(32, dtype=np.float32).reshape(img.shape)
+        call()
+        np.testing.assert_array_equal(good, ops.max_pool2d(img, kernel_size=2))

@@ -602,7 +602,7 @@ def test_depthwise_conv_native_matches_float64(n, c, h, wd, k, stride, dil, pads
     assert_close(got, depthwise64(x, w, b, stride, pads, dil), rtol=RTOL, atol=ATOL)
 
 
-def test_convs_the_depthwise_loop_does_not_take_run_on_numpy() -> None:
+def test_convs_beside_depthwise_run_im2col_in_c_and_strided_input_on_numpy() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
     ops.reset_native_stats()
@@ -622,4 +622,79 @@ def test_convs_the_depthwise_loop_does_not_take_run_on_numpy() -> None:
         rtol=RTOL,
         atol=ATOL,
     )
-    assert ops.native_status().calls["conv2d"] == {"native": 0, "numpy": 1}
+    assert ops.native_status().calls["conv2d"] == {"native": 3, "numpy": 1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2), cg=st.integers(1, 4), og=st.integers(1, 3), groups=st.sampled_from([1, 2, 3]),
+    h=st.integers(3, 10), w=st.integers(3, 10), k=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), dil=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    pads=st.tuples(*(st.integers(0, 2) for _ in range(4))), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_im2col_in_c_matches_the_numpy_and_ref_kernels(
+    n, cg, og, groups, h, w, k, stride, dil, pads, seed
+) -> None:
+    """Columns made in C (padding, stride, dilation, groups in one pass) feed the GEMM numpy's
+    sliding-window copy feeds: the numpy and ref kernels' values within float32 tolerance (the bound call's
+    bits are the eager call's: test_bind)."""
+    from opstrata.ops.kernels.conv import conv2d_cpu
+
+    rng = np.random.default_rng(seed)
+    if any(
+        d * (kk - 1) + 1 > s + p0 + p1
+        for d, kk, s, p0, p1 in zip(dil, k, (h, w), pads[:2], pads[2:], strict=True)
+    ):
+        return  # no output position
+    x = rng.standard_normal((n, cg * groups, h, w)).astype(np.float32)
+    wt = rng.standard_normal((og * groups, cg, *k)).astype(np.float32)
+    b = rng.standard_normal(og * groups).astype(np.float32)
+    kw = {"stride": stride, "padding": pads, "dilation": dil, "groups": groups}
+    ops.reset_native_stats()
+    got = ops.conv2d(x, wt, b, **kw)
+    depthwise = cg == 1 and og == 1 and groups > 1
+    assert_close(got, conv2d_cpu(x, wt, b, **kw), rtol=RTOL, atol=ATOL)  # numpy's GEMM order follows layout
+    assert_close(got, ops.conv2d(x, wt, b, device="ref", **kw), rtol=RTOL, atol=ATOL)
+    plain = k == (1, 1) and stride == (1, 1) and not any(pads)
+    if not plain or depthwise:
+        assert ops.native_status().calls["conv2d"] == {"native": 1, "numpy": 0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9),
+    k=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*(st.integers(0, 1) for _ in range(4))),
+    ceil=st.booleans(), nan=st.booleans(), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_max_pool_native_matches_the_numpy_and_ref_kernels(
+    n, c, h, w, k, stride, dil, pads, ceil, nan, seed
+) -> None:
+    from opstrata.ops.kernels.pool import max_pool2d_cpu
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    if nan:
+        x.flat[rng.integers(x.size)] = np.nan
+    kw = {"kernel_size": k, "stride": stride, "padding": pads, "dilation": dil, "ceil_mode": ceil}
+    try:
+        want = max_pool2d_cpu(x, **kw)
+    except ops.OpError:
+        with pytest.raises(ops.OpError):
+            ops.max_pool2d(x, **kw)
+        return
+    ops.reset_native_stats()
+    got = ops.max_pool2d(x, **kw)
+    assert ops.native_status().calls["max_pool2d"] == {"native": 1, "numpy": 0}
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, ops.max_pool2d(x, device="ref", **kw))
+
+
+def test_max_pool_outside_the_c_loop_runs_on_numpy() -> None:
+    x = np.random.default_rng(0).standard_normal((1, 2, 8, 8))
+    ops.reset_native_stats()
+    for arr in (x, x.astype(np.float32)[:, :, :, ::2]):  # float64; a strided view
+        np.testing.assert_array_equal(
+            ops.max_pool2d(arr, kernel_size=2), ops.max_pool2d(arr, kernel_size=2, device="ref")
+        )
+    assert ops.native_status().calls["max_pool2d"] == {"native": 0, "numpy": 1}

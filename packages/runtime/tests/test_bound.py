@@ -484,3 +484,55 @@ def test_data_movement_steps_bind_to_copies_of_fixed_views() -> None:
     if hasattr(ops, "bind"):
         assert kinds["Transpose"] == kinds["Slice"] == kinds["Expand"] == "copyto", kinds
         assert kinds["Gather"] == "take" and kinds["Concat"] == "concatenate", kinds
+
+
+def test_conv_net_bound_runs_are_bit_identical_and_bind_every_conv_step() -> None:
+    """The mobile idioms (Conv epilogues, depthwise, SE, MaxPool, ReduceMean): bound calls, the allocator
+    path's bits, and no step left on the per-run path (the first Conv reads the staged feed)."""
+    import opstrata.graph.testing as gt
+
+    build = getattr(gt, "mobile_cnn_model", None)
+    if build is None:
+        pytest.skip("graph < 0.4.14 has no mobile_cnn_model")
+    model = build()
+    for level in (0, 2, 3):
+        sess = InferenceSession(model, SessionOptions(graph_optimization_level=level, intra_op_num_threads=1))
+        for seed in range(2):
+            feeds = random_feeds(model, {"batch": 2}, seed=seed)
+            want = _allocator_outputs(model, feeds, level)
+            for w, g in zip(want, sess.run(None, feeds), strict=True):
+                np.testing.assert_array_equal(g, w)
+        (bound,) = sess._bound.values()
+        sch = sess._schedule
+        per_run = [
+            sch.steps[i].node.op_type for i, c in zip(bound.index, bound.calls, strict=True)
+            if "_generic" in getattr(c, "__qualname__", "") or "_dyn" in getattr(c, "__qualname__", "")
+        ]  # fmt: skip
+        conv_like = {"Conv", "FusedConv", "MaxPool", "ReduceMean"}
+        if ops.native_status().available:
+            assert not conv_like & set(per_run), per_run
+
+
+def test_feeds_are_staged_into_the_programs_own_buffers(models, monkeypatch) -> None:
+    """A run copies each (small) feed into a buffer the bound steps read: changing the caller's array
+    afterwards changes nothing; over the size limit the feed is read in place, with the same results."""
+    from opstrata.runtime import _bound
+
+    model, dims = models["cnn"]
+    feeds = random_feeds(model, dims)
+    want = _allocator_outputs(model, feeds, 3)
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    got = sess.run(None, feeds)
+    (bound,) = sess._bound.values()
+    assert [k for k, _ in bound.stage] == [0]
+    buf = bound.stage[0][1]
+    assert not np.may_share_memory(buf, feeds["x"])
+    feeds["x"][...] = 0.0  # the caller reuses its array: the next run copies it afresh
+    np.testing.assert_array_equal(got[0], want[0])
+    zero = sess.run(None, feeds)[0]
+    np.testing.assert_array_equal(zero, _allocator_outputs(model, feeds, 3)[0])
+    monkeypatch.setattr(_bound, "STAGE_MAX_BYTES", 0)
+    sess2 = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    np.testing.assert_array_equal(sess2.run(None, feeds)[0], zero)
+    (bound2,) = sess2._bound.values()
+    assert bound2.stage == []

@@ -80,9 +80,11 @@ from .partition.simulate import simulate_tensor_parallel as simulate_tensor_para
 from .passes.cse import eliminate_common_subexpressions as eliminate_common_subexpressions
 from .passes.dce import eliminate_dead_code as eliminate_dead_code
 from .passes.fold import fold_constants as fold_constants
+from .passes.fold_conv_bn import fold_conv_batchnorm as fold_conv_batchnorm
 from .passes.fold_shapes import fold_shapes as fold_shapes
 from .passes.fuse_activation import fuse_bias_activation as fuse_bias_activation
 from .passes.fuse_attention import fuse_attention as fuse_attention
+from .passes.fuse_conv_epilogue import fuse_conv_epilogue as fuse_conv_epilogue
 from .passes.fuse_elementwise import fuse_elementwise as fuse_elementwise
 from .passes.fuse_gelu import fuse_gelu as fuse_gelu
 from .passes.fuse_linear import fuse_linear as fuse_linear
@@ -135,11 +137,13 @@ __all__ = [
     "export_as_function",
     "find_cycle",
     "fold_constants",
+    "fold_conv_batchnorm",
     "fold_shapes",
     "fold_transposes",
     "from_onnx",
     "fuse_attention",
     "fuse_bias_activation",
+    "fuse_conv_epilogue",
     "fuse_elementwise",
     "fuse_gelu",
     "fuse_layer_norm",

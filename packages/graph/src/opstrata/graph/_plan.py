@@ -72,6 +72,11 @@ def kernels_of(node: Node, device: str | None = None) -> list[str]:
         if (device or ops.get_default_device()) == "cpu":
             return [CODEGEN]
         return [k for op, _ in node.attrs["expr"] for k in _OPS[op].split()]
+    if node.domain == OPSTRATA_DOMAIN and node.op_type == "FusedConv":
+        conv = _OPS[node.qualified_type].split()
+        if (device or ops.get_default_device()) == "cpu":
+            return [*conv, CODEGEN]
+        return conv + [k for op, _ in node.attrs["expr"] for k in _OPS[op].split()]
     names = _OPS.get(node.qualified_type)
     if names is None:
         raise GraphError(

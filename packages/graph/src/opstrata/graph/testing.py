@@ -24,6 +24,7 @@ __all__ = [
     "gpt_block_model",
     "gpt_gqa_model",
     "mlp_model",
+    "mobile_cnn_model",
     "opset_variant_model",
     "ort_run",
     "random_feeds",
@@ -192,6 +193,46 @@ def cnn_model(*, opset: int = 17, channels: int = 3, size: int = 16, classes: in
     )
     a = b.op("AveragePool", [b.op("Relu", [c2])], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1])
     f = b.op("Flatten", [b.op("GlobalAveragePool", [a])], axis=1)
+    b.nodes.append(
+        b.onnx.helper.make_node(
+            "Gemm",
+            [f, b.weight([classes, 16]), b.weight([classes], "b", 0.1)],
+            ["logits"],
+            name="fc",
+            transB=1,
+        )
+    )
+    b.output("logits")
+    return b.build()
+
+
+def mobile_cnn_model(*, opset: int = 17, size: int = 16, classes: int = 10, seed: int = 0) -> Any:
+    """The idioms of MobileNetV3 / EfficientNet exports on ``x`` (batch, 3, H, W): Conv + HardSwish, a
+    depthwise Conv + Clip(0, 6), squeeze-excitation (ReduceMean, 1x1 Conv, Relu, 1x1 Conv, HardSigmoid,
+    Mul), a residual Add, SiLU, MaxPool (ceil mode), Conv + LeakyRelu, a bias-free Conv, Gemm."""
+    b = ModelBuilder("mobile_cnn", opset, seed)
+    x = b.input("x", ["batch", 3, size, size])
+
+    def conv(
+        x: str, c_in: int, c_out: int, k: int, *, stride: int = 1, groups: int = 1, bias: bool = True
+    ) -> str:
+        ins = [x, b.weight([c_out, c_in // groups, k, k])] + ([b.weight([c_out], "b", 0.1)] if bias else [])
+        p = k // 2
+        return b.op("Conv", ins, kernel_shape=[k, k], strides=[stride] * 2, pads=[p] * 4, group=groups)
+
+    h = b.op("HardSwish", [conv(x, 3, 8, 3, stride=2, bias=False)])
+    lo, hi = b.scalar(0.0), b.scalar(6.0)
+    d = b.op("Clip", [conv(h, 8, 8, 3, groups=8), lo, hi])
+    s = b.reduce("ReduceMean", d, [2, 3])
+    s = b.op("Relu", [conv(s, 8, 4, 1)])
+    s = b.op("HardSigmoid", [conv(s, 4, 8, 1)], alpha=1 / 6, beta=0.5)
+    r = b.op("Add", [conv(b.op("Mul", [d, s]), 8, 8, 1), h])
+    c = conv(r, 8, 16, 3)
+    m = b.op(
+        "MaxPool", [b.op("Mul", [c, b.op("Sigmoid", [c])])], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1
+    )
+    y = b.op("LeakyRelu", [conv(m, 16, 16, 3)], alpha=0.1)
+    f = b.op("Flatten", [b.reduce("ReduceMean", y, [2, 3])], axis=1)
     b.nodes.append(
         b.onnx.helper.make_node(
             "Gemm",

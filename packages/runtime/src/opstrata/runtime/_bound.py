@@ -34,7 +34,7 @@ __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
 _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm"),
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
-              ("", "Conv"))  # fmt: skip
+              ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -48,7 +48,7 @@ _BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
 class BoundProgram:
     """One arena's steps as zero-argument calls over its own value list ``vals`` (runs take turns)."""
 
-    __slots__ = ("calls", "generation", "index", "reset", "template", "vals")
+    __slots__ = ("calls", "generation", "index", "reset", "stage", "template", "vals")
 
     def __init__(
         self,
@@ -65,6 +65,9 @@ class BoundProgram:
         #: slots holding per-run values (feeds, view aliases): put back after a run so the program
         #: keeps no reference to the caller's arrays
         self.reset = reset
+        #: (feed index, buffer): feeds copied into buffers of the program's own, so the steps that read
+        #: them are bound like any other (see :data:`STAGE_MAX_BYTES`)
+        self.stage: list[tuple[int, np.ndarray]] = []
 
 
 def _resolved_binary(
@@ -178,6 +181,19 @@ def _prebound(
 
     if key == ("", "Conv") and 2 <= len(static) <= 3 and static[1].ndim == 4:
         return _bind_conv(sch, node, static, dsts[0])
+    if key == ("", "MaxPool") and len(static) == 1 and static[0].ndim == 4 and static[0].dtype.kind == "f":
+        return _bind_max_pool(sch, node, static[0], dsts[0])
+    if key == ("", "ReduceMean") and static[0].dtype.kind == "f":
+        return _bind_mean(sch, node, static, dsts[0])
+    if key == (OPSTRATA_DOMAIN, "FusedConv") and static[1].ndim == 4 and sch.device == "cpu":
+        k = int(a.get("conv_inputs", 0))
+        if k not in (2, 3) or not hasattr(og, "bind_fused"):
+            return None
+        conv = _bind_conv(sch, node, static[:k], dsts[0])
+        if conv is None or any(np.may_share_memory(t, dsts[0]) for t in static):
+            return None
+        epilogue = og.bind_fused(node, [dsts[0], *static[k:]], dsts[0])  # in place, as the graph's kernel
+        return _chain(conv, epilogue)
     if key in (("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand")):
         return _bind_views(key, node, static, dsts)
     if (
@@ -234,6 +250,40 @@ def _bind_conv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> 
         "conv2d", static[0], w, b, out=dst, stride=tuple(s), padding=tuple(pads), dilation=tuple(d),
         groups=node.attrs.get("group", 1), device=sch.device,
     )  # fmt: skip
+
+
+def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:
+    """A 2-D MaxPool without Indices that the graph's kernel runs on ``max_pool2d``: bound to it."""
+    try:
+        from opstrata.graph.opdefs.conv import _fits_2d, _geom
+    except ImportError:
+        return None
+    k = list(node.attrs.get("kernel_shape") or ())
+    if len(k) != 2:
+        return None
+    s, d, pads = _geom(node, x, k)
+    if not _fits_2d(k, d, pads):
+        return None
+    return ops.bind(
+        "max_pool2d", x, out=dst, kernel_size=tuple(k), stride=tuple(s), padding=tuple(pads), dilation=tuple(d),
+        ceil_mode=bool(node.attrs.get("ceil_mode", 0)), device=sch.device,
+    )  # fmt: skip
+
+
+def _bind_mean(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
+    """ReduceMean over constant axes (the attribute, or an initializer input): ``ops.bind("mean")``."""
+    if len(static) == 2:
+        if node.inputs[1] not in sch.graph.initializers:
+            return None  # axes computed at run time
+        axes = tuple(int(a) % static[0].ndim for a in np.asarray(static[1]).ravel())
+    elif len(static) == 1:
+        axes = tuple(int(a) % static[0].ndim for a in node.attrs.get("axes") or ()) or None
+    else:
+        return None
+    if axes is None and node.attrs.get("noop_with_empty_axes", 0):
+        return None
+    keep = bool(node.attrs.get("keepdims", 1))
+    return ops.bind("mean", static[0], out=dst, axis=axes, keepdims=keep, device=sch.device)
 
 
 def _bind_views(
@@ -434,12 +484,31 @@ def bind_arena(
     # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)
     set_by_skipped = {s for i in skip for s in sch.steps[i].outs}
     dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped) | unplanned
+    stage = _stage_feeds(sch, vals, feeds) if feeds is not None else []
+    dynamic = dynamic - {sch.input_slots[k] for k, _ in stage}
     calls, index = [], []
     for i, st in enumerate(sch.steps):
         if i not in skip:
             calls.append(_bind_step(sch, st, vals, dynamic, alias, arena))
             index.append(i)
-    return BoundProgram(calls, index, vals, sorted(dynamic), generation)
+    prog = BoundProgram(calls, index, vals, sorted(dynamic), generation)
+    prog.stage = stage
+    return prog
+
+
+#: feeds up to this size are copied into a buffer of the bound program each run (a few microseconds)
+#: so that the steps reading them are bound too; a larger feed is read where the caller keeps it
+STAGE_MAX_BYTES = 4 << 20
+
+
+def _stage_feeds(sch: Schedule, vals: list[Any], feeds: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    """Buffers for the feeds (plain numeric arrays of at most STAGE_MAX_BYTES) placed in ``vals``."""
+    stage = []
+    for k, (s, f) in enumerate(zip(sch.input_slots, feeds, strict=True)):
+        if type(f) is np.ndarray and f.dtype.kind in "biuf" and f.nbytes <= STAGE_MAX_BYTES:
+            vals[s] = np.empty(f.shape, f.dtype)
+            stage.append((k, vals[s]))
+    return stage
 
 
 def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> list[Any]:
@@ -448,6 +517,9 @@ def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> lis
     vals = prog.vals
     for s, f in zip(sch.input_slots, feeds, strict=True):
         vals[s] = f
+    for k, buf in prog.stage:  # same shape (the program's key) and dtype (the session checked it)
+        np.copyto(buf, feeds[k], casting="no")
+        vals[sch.input_slots[k]] = buf
     i = 0
     try:
         for i, call in enumerate(prog.calls):  # noqa: B007  (i names the failing step)

@@ -48,6 +48,9 @@ def node_flops(node: Node, ins: Sequence[Shape | None], outs: Sequence[Shape | N
         )
     if op == "Conv" and ins[1]:
         return 2 * out * math.prod(ins[1][1:]) + (out if len(ins) > 2 and ins[2] else 0)
+    if op == "FusedConv" and ins[1]:
+        bias = out if node.attrs.get("conv_inputs") == 3 else 0
+        return 2 * out * math.prod(ins[1][1:]) + bias + out * len(node.attrs.get("expr", ()))
     if op == "Attention" and ins[0] and ins[1] and len(ins[0]) == 4 and len(ins[1]) == 4:  # (B, H, N, D)
         b, h, n, d = ins[0]
         m = ins[1][2]

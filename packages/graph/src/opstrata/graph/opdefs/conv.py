@@ -463,3 +463,69 @@ define(
 define("GlobalAveragePool", shape=_global_pool_rule, kernel=_run_gap, uses=("global_avg_pool",))
 define("GlobalMaxPool", shape=_global_pool_rule, kernel=_run_gmp, uses=("max",))
 define("GlobalLpPool", attrs={"p": 2}, shape=_global_pool_rule, kernel=_run_glp, uses=("lp_pool_nd",))
+
+
+# --------------------------------------------------------------------------- FusedConv (fuse_conv_epilogue)
+
+#: FusedConv attributes that are not Conv's
+_EPILOGUE_ATTRS = ("conv_inputs", "expr", "consts")
+
+
+def _conv_part(n: Node) -> Node:
+    """The plain Conv a FusedConv node starts with (its window attributes, its first inputs)."""
+    k = int(n.attrs.get("conv_inputs", 3))
+    attrs = {a: v for a, v in n.attrs.items() if a not in _EPILOGUE_ATTRS}
+    return Node("Conv", n.inputs[:k], [n.outputs[0]], attrs, n.name)
+
+
+def _fused_conv_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    from .fused import check_expr
+
+    k = n.attrs.get("conv_inputs")
+    if k not in (2, 3) or len(n.inputs) < k:
+        raise ctx.fail(
+            f"conv_inputs must be 2 or 3 (x, w, b?) and at most the {len(n.inputs)} inputs, got {k!r}"
+        )
+    consts = n.attrs.get("consts") or []
+    check_expr(
+        n.attrs.get("expr") or [], 1 + len(n.inputs) - k, f"node '{n.name}' ({n.qualified_type})", len(consts)
+    )
+    return _conv_rule(n, ctx)
+
+
+def _run_fused_conv(n: Node, x: list[Any]) -> list[Arr]:
+    """The Conv's kernel, then the epilogue over its result (in place: the result is this node's own)."""
+    from .fused import fused_steps
+    from .fused_codegen import run_fused
+
+    k = int(n.attrs["conv_inputs"])
+    y = _run_conv(n, x[:k])[0]
+    extras = x[k:]
+    if ops.get_default_device() != "cpu":
+        return [fused_steps(n, [y, *extras])]
+    own = y.flags.writeable and not any(a is not None and np.may_share_memory(y, a) for a in x)
+    return [run_fused(n, [y, *extras], out=y if own else None)]
+
+
+def _export_fused_conv(n: Node, ctx: ExportContext) -> None:
+    """Conv into a temporary, then the epilogue's steps (a model-local function)."""
+    from .fused import emit_expr
+
+    def body(node: Node, c: ExportContext) -> None:
+        conv = _conv_part(node)
+        conv.outputs = [c.fresh("conv")]
+        _export_window(conv, c)
+        k = int(node.attrs["conv_inputs"])
+        dt = c.dtype_of(node.inputs[0])
+        emit_expr(c, node.attrs["expr"], node.attrs.get("consts") or [], [conv.outputs[0], *node.inputs[k:]],
+                  node.outputs[0], dt)  # fmt: skip
+
+    ctx.call_function(n, body)
+
+
+register_export("FusedConv", _export_fused_conv, domain=OPSTRATA_DOMAIN)
+define(
+    "FusedConv", OPSTRATA_DOMAIN, shape=_fused_conv_rule, kernel=_run_fused_conv, uses=("conv2d", "conv_nd"),
+    onnx=False, dtypes="float",
+    doc="Conv then an elementwise epilogue (activation, residual add) over its result, in place",
+)  # fmt: skip

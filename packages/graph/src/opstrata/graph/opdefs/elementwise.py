@@ -233,6 +233,7 @@ define(
     kernel=_run_variadic,
     uses=("greater", "where"),
     elementwise="variadic",
+    codegen="maximum",  # two inputs join a FusedElementwise chain (the fusion checks the arity)
 )
 define(
     "Min",
@@ -241,6 +242,7 @@ define(
     kernel=_run_variadic,
     uses=("less", "where"),
     elementwise="variadic",
+    codegen="minimum",
 )
 define(
     "Sum",

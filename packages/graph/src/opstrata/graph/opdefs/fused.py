@@ -6,6 +6,7 @@
 | ``SkipLayerNorm`` | x, skip, gamma, beta? | ``axis``, ``epsilon`` | y, sum? (``x + skip``) |
 | ``SkipRMSNorm`` | x, skip, w? | ``axis``, ``epsilon`` | y, sum? |
 | ``FusedElementwise`` | x0, x1, ... | ``expr``: steps ``[op, [refs]]``, ref ``"x<i>"`` / ``"t<j>"`` / ``"c<k>"``; ``consts``: floats | the last step |
+| ``FusedConv`` | x, w, b?, e1, e2, ... | Conv's attrs; ``conv_inputs`` (2 or 3); ``expr`` / ``consts`` over ``x0`` = the convolution, ``x<i>`` = ``e<i>`` | the last step |
 | ``RotaryHalf`` | x (..., D), cos, sin (broadcast to x) | | ``x cos + concat(-x[..., D/2:], x[..., :D/2]) sin`` |
 """
 
@@ -36,7 +37,7 @@ from .common import Arr
 from .fused_codegen import result_dtype, run_fused
 from .registry import define
 
-__all__ = ["ACTIVATIONS", "check_expr"]
+__all__ = ["ACTIVATIONS", "check_expr", "emit_expr", "fused_steps"]
 
 #: ``Linear`` epilogue activations -> the ONNX op they stand for.
 ACTIVATIONS = {
@@ -59,7 +60,7 @@ def check_expr(expr: Sequence[Sequence], n_inputs: int, where: str, n_consts: in
         op, refs = step[0], list(step[1])
         unary, binary = (
             registry.elementwise_ops("unary", codegen=True),
-            registry.elementwise_ops("binary", codegen=True),
+            registry.elementwise_ops("binary", "variadic", codegen=True),
         )
         arity = 1 if op in unary else 2 if op in binary else None
         if arity is None or len(refs) != arity:
@@ -152,26 +153,30 @@ def _skip_norm_export(node: Node, ctx: ExportContext) -> None:
 def _fused_elementwise_body(node: Node, ctx: ExportContext) -> None:
     from .fused_codegen import result_dtype
 
-    names: list[str] = []
-    expr = node.attrs["expr"]
-    consts = node.attrs.get("consts") or []
     dt = result_dtype(node, [ctx.dtype_of(x) for x in node.inputs])
+    emit_expr(ctx, node.attrs["expr"], node.attrs.get("consts") or [], node.inputs, node.outputs[0], dt)
+
+
+def emit_expr(
+    ctx: ExportContext, expr: Sequence[Sequence], consts: Sequence[float], inputs: Sequence[str], out: str,
+    dt: np.dtype,
+) -> None:  # fmt: skip
+    """Write a FusedElementwise expression over ``inputs`` as ONNX nodes, the last step into ``out``
+    (constants as 0-d tensors of ``dt``)."""
+    names: list[str] = []
     const_names = [ctx.scalar(float(c), dt, f"c{k}") for k, c in enumerate(consts)]
     for j, (op, refs) in enumerate(expr):
         args = [
-            node.inputs[int(r[1:])]
+            inputs[int(r[1:])]
             if r[0] == "x"
             else names[int(r[1:])]
             if r[0] == "t"
             else const_names[int(r[1:])]
             for r in refs
         ]
-        out = node.outputs[0] if j == len(expr) - 1 else ctx.fresh(f"t{j}")
-        if op == "Pow":  # ONNX Pow takes any exponent dtype; keep the base's
-            ctx.emit("Pow", args, [out])
-        else:
-            ctx.emit(op, args, [out])
-        names.append(out)
+        step_out = out if j == len(expr) - 1 else ctx.fresh(f"t{j}")
+        ctx.emit(op, args, [step_out])  # Pow keeps its base's dtype: ONNX takes any exponent dtype
+        names.append(step_out)
 
 
 def _linear_export(node: Node, ctx: ExportContext) -> None:

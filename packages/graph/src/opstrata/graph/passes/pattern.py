@@ -18,8 +18,8 @@ def fusable_unary() -> frozenset[str]:
 
 
 def fusable_binary() -> frozenset[str]:
-    """Binary IR ops (ONNX domain) a FusedElementwise chain may hold."""
-    return registry.elementwise_ops("binary", codegen=True)
+    """Binary IR ops (ONNX domain) a FusedElementwise chain may hold (two-input Max / Min too)."""
+    return registry.elementwise_ops("binary", "variadic", codegen=True)
 
 
 def is_onnx(node: Node, *op_types: str) -> bool:

@@ -125,6 +125,7 @@ def _basic() -> list[tuple[str, Pass]]:
 def _extended() -> list[tuple[str, Pass]]:
     from .attention_layout import fold_attention_layout
     from .dce import eliminate_dead_code
+    from .fold_conv_bn import fold_conv_batchnorm
     from .fold_repeat_kv import fold_repeat_kv
     from .fuse_activation import fuse_bias_activation
     from .fuse_attention import fuse_attention
@@ -137,6 +138,7 @@ def _extended() -> list[tuple[str, Pass]]:
     from .transpose import fold_transposes
 
     return [
+        ("fold_conv_batchnorm", fold_conv_batchnorm),
         ("fuse_qdq_matmul", fuse_qdq_matmul),
         ("fuse_qdq_conv", fuse_qdq_conv),
         ("fuse_dequant_matmul", fuse_dequant_matmul),
@@ -158,9 +160,14 @@ def _extended() -> list[tuple[str, Pass]]:
 
 def _all() -> list[tuple[str, Pass]]:
     from .dce import eliminate_dead_code
+    from .fuse_conv_epilogue import fuse_conv_epilogue
     from .fuse_elementwise import fuse_elementwise
 
-    return [("fuse_elementwise", fuse_elementwise), ("eliminate_dead_code", eliminate_dead_code)]
+    return [
+        ("fuse_elementwise", fuse_elementwise),
+        ("fuse_conv_epilogue", fuse_conv_epilogue),
+        ("eliminate_dead_code", eliminate_dead_code),
+    ]
 
 
 #: Level number -> what it adds.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import math
 import operator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -163,6 +164,41 @@ def mean_cpu(x: Any, *, axis: Axis = None, keepdims: bool = False) -> np.ndarray
     if x.dtype.kind in "iu":
         return _int_mean(x, axes, keepdims)
     return cast_back(mean_over(x, axes, keepdims, dtype=accumulation_dtype(x.dtype)), x.dtype)
+
+
+def bind_mean(x: Any, *, axis: Axis = None, keepdims: bool = False, out: Any = None) -> Any:
+    """``mean_cpu(...)`` into ``out`` with its checks done once (ops.bind): the same sum (into ``out``)
+    and division by the count, so the same bits. float32 / float64, non-empty axes, C-contiguous ``out``."""
+    if not (type(x) is np.ndarray and type(out) is np.ndarray and x.dtype == out.dtype):
+        return None
+    if x.dtype not in (np.float32, np.float64) or not (out.flags.c_contiguous and out.flags.writeable):
+        return None
+    try:
+        axes = normalize_axes("mean", x, axis)
+    except Exception:
+        return None  # the kernel's own call raises it where it is made
+    count = reduced_count(x, axes)
+    if count == 0 or np.may_share_memory(x, out):
+        return None
+    shape = (
+        tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+        if keepdims
+        else tuple(d for a, d in enumerate(x.shape) if a not in axes)
+    )
+    if out.shape != shape:
+        return None
+    total = partial(np.sum, x, axis=axes, keepdims=keepdims, dtype=x.dtype, out=out)
+    divide = partial(np.divide, out, count, out=out)
+
+    def run() -> None:
+        with np.errstate(all="ignore"):
+            total()
+            divide()
+
+    return run
+
+
+mean_cpu.binder = bind_mean  # type: ignore[attr-defined]
 
 
 @register_decomposition("mean", dtypes=FLOATS)

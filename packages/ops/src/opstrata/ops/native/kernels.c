@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 8; }
+int opstrata_native_abi(void) { return 9; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -359,6 +359,97 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
     return 0;
 }
 
+/* im2col of one group of NCHW images: cols (G, Cg * kh * kw, ho * wo) per image, row (c, i, j) holding input
+   channel c at tap (i, j) of every output position, zero where the tap falls in the padding -- numpy's
+   sliding-window copy and the separate padded image in one pass (a stride-1 row is a memcpy plus its zero
+   edges). x is (n, c, h, w) C-contiguous; cols is (n, c * kh * kw, ho * wo): the GEMM of group g reads
+   rows g * Cg * kh * kw onwards, as the numpy lowering lays them out. */
+void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
+                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                         int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
+    const int64_t l = ho * wo;
+    for (int64_t p = 0; p < n * c; ++p) {
+        const float *plane = x + p * h * wd;
+        for (int64_t i = 0; i < kh; ++i) {
+            for (int64_t j = 0; j < kw; ++j) {
+                float *row = cols + ((p * kh + i) * kw + j) * l;
+                /* output columns whose tap j lands inside the image: ow in [o0, o1) */
+                const int64_t off = j * dw - pl;
+                int64_t o0 = off < 0 ? (-off + sw - 1) / sw : 0;
+                int64_t o1 = wd - off > 0 ? (wd - off + sw - 1) / sw : 0;
+                if (o1 > wo) o1 = wo;
+                if (o0 > o1) o0 = o1;
+                for (int64_t oh = 0; oh < ho; ++oh) {
+                    float *dst = row + oh * wo;
+                    const int64_t ih = oh * sh + i * dh - pt;
+                    if (ih < 0 || ih >= h) {
+                        memset(dst, 0, (size_t)wo * sizeof(float));
+                        continue;
+                    }
+                    const float *src = plane + ih * wd + off;
+                    if (o0) memset(dst, 0, (size_t)o0 * sizeof(float));
+                    if (sw == 1) {
+                        memcpy(dst + o0, src + o0, (size_t)(o1 - o0) * sizeof(float));
+                    } else {
+                        for (int64_t ow = o0; ow < o1; ++ow) dst[ow] = src[ow * sw];
+                    }
+                    if (o1 < wo) memset(dst + o1, 0, (size_t)(wo - o1) * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* 2-D max pooling of NCHW float32 planes, padding never chosen (the max over the window's in-image taps,
+   as ONNX MaxPool and torch): out (n, c, ho, wo); a NaN tap wins, as np.maximum. ho / wo come from the
+   caller (floor or ceil mode). Separable: the max over the window's rows is one vectorized pass over whole
+   input rows, then each output takes the max of kw entries of that row; a window with no in-image tap
+   gives -inf. Returns 0, or -1 when the row buffer cannot be allocated. */
+static inline float max_nan_f32(float a, float b) { return a != a ? a : (a >= b ? a : b); }
+
+int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_t n, int64_t c, int64_t h,
+                            int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                            int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
+    float *row = (float *)malloc((size_t)wd * sizeof(float));
+    if (!row) return -1;
+    for (int64_t p = 0; p < n * c; ++p) {
+        const float *plane = x + p * h * wd;
+        float *op = out + p * ho * wo;
+        for (int64_t oh = 0; oh < ho; ++oh) {
+            int rows = 0;
+            for (int64_t i = 0; i < kh; ++i) {
+                const int64_t ih = oh * sh + i * dh - pt;
+                if (ih < 0 || ih >= h) continue;
+                const float *r = plane + ih * wd;
+                if (rows++ == 0) {
+                    memcpy(row, r, (size_t)wd * sizeof(float));
+                } else {
+                    for (int64_t t = 0; t < wd; ++t) row[t] = max_nan_f32(row[t], r[t]);
+                }
+            }
+            float *orow = op + oh * wo;
+            for (int64_t ow = 0; ow < wo; ++ow) {
+                const int64_t w0 = ow * sw - pl;
+                float m = -INFINITY;
+                if (!rows) {
+                } else if (w0 >= 0 && w0 + (kw - 1) * dw < wd) { /* the window inside the row: no checks */
+                    const float *r = row + w0;
+                    m = r[0];
+                    for (int64_t j = 1; j < kw; ++j) m = max_nan_f32(m, r[j * dw]);
+                } else {
+                    for (int64_t j = 0; j < kw; ++j) {
+                        const int64_t iw = w0 + j * dw;
+                        if (iw >= 0 && iw < wd) m = max_nan_f32(m, row[iw]);
+                    }
+                }
+                orow[ow] = m;
+            }
+        }
+    }
+    free(row);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------------
    The elementwise VM: a FusedElementwise / codegen expression run as a short register program over
    cache-resident tiles, one C call per node (numexpr's design). The program is made by
@@ -400,7 +491,6 @@ static inline float gelu_tanh_acc_f32(float h) {
     return 0.5f * h * (1.0f + tanh_acc_f32(inner));
 }
 /* np.maximum / np.minimum: a NaN in either operand is the result */
-static inline float max_nan_f32(float a, float b) { return a != a ? a : (a >= b ? a : b); }
 static inline float min_nan_f32(float a, float b) { return a != a ? a : (a <= b ? a : b); }
 
 #define EW_TILE 256

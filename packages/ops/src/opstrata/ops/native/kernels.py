@@ -1,5 +1,5 @@
 """cpu kernels backed by the native library (:mod:`._native`): GELU, bias + activation, layer norm, RMS norm,
-softmax, depthwise convolution. Layer norm and RMS norm carry ``ops.bind`` binders (the C call with its
+softmax, convolution (depthwise in C; the rest as a GEMM over columns made in C), max pooling. Layer norm and RMS norm carry ``ops.bind`` binders (the C call with its
 pointers resolved once).
 
 Registered on ``cpu`` above the numpy kernels (priority 1) for float32 only. Each takes the cases the C
@@ -23,6 +23,7 @@ from ..kernels.conv import _arr, _check_conv, bind_conv2d, conv2d_cpu
 from ..kernels.elementwise import nd
 from ..kernels.fused import bias_act_cpu
 from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
+from ..kernels.pool import _check_pool, max_pool2d_cpu
 from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
 from . import library as _native
@@ -341,8 +342,36 @@ def softmax_rows_inplace(sc: np.ndarray, lse: np.ndarray) -> bool:
     return True
 
 
+def _im2col_args(x: np.ndarray, cols: np.ndarray, g: Any, kh: int, kw: int) -> tuple[int, ...]:
+    n, c, h, wd = x.shape
+    (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
+    return (
+        x.ctypes.data,
+        cols.ctypes.data,
+        n,
+        c,
+        h,
+        wd,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        g.pads[0],
+        g.pads[1],
+        ho,
+        wo,
+    )
+
+
+def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
+    """A 1x1, stride-1, unpadded convolution: the image is its own columns (no copy to make)."""
+    return (kh, kw) == (1, 1) and g.stride == (1, 1) and not any(g.pads)
+
+
 @register("conv2d", device="cpu", dtypes=[np.float32], priority=1)
-def depthwise_conv2d_native(
+def conv2d_native(
     x: Any,
     weight: Any,
     bias: Any = None,
@@ -353,19 +382,31 @@ def depthwise_conv2d_native(
     groups: int = 1,
 ) -> np.ndarray:
     """Depthwise convolution (groups == C_in == C_out: MobileNet, EfficientNet, ConvNeXt) in one C loop per
-    channel plane; every other convolution goes to the numpy im2col + GEMM kernel."""
+    channel plane; every other convolution as the numpy kernel's GEMM over columns made by one C pass
+    (padding included, no padded copy of the image); a 1x1 stride-1 unpadded one on the numpy kernel."""
     x, weight, b = nd(x), nd(weight), _arr(bias)
     g = _check_conv(x, weight, b, stride, padding, dilation, groups)
     n, c, h, wd = x.shape
+    kh, kw = weight.shape[2:]
     depthwise = g.groups == c == weight.shape[0] and c > 1
     plain = all(a is None or (a.dtype == _F32 and a.flags.c_contiguous) for a in (x, weight, b))
-    lib = library() if depthwise and plain and x.size else None
+    lib = library() if plain and x.size and (depthwise or not _plain_1x1(g, kh, kw)) else None
+    kw_args = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     if lib is None:
-        if depthwise:
+        if depthwise or not _plain_1x1(g, kh, kw):
             count("conv2d", "numpy")
-        return conv2d_cpu(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return conv2d_cpu(x, weight, bias, **kw_args)
     (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
-    kh, kw = weight.shape[2:]
+    if not depthwise:
+        o, cg = weight.shape[:2]
+        cols = np.empty((n, g.groups, cg * kh * kw, ho * wo), _F32)
+        lib.opstrata_im2col_f32(*_im2col_args(x, cols, g, kh, kw))
+        out = np.matmul(weight.reshape(g.groups, o // g.groups, cg * kh * kw), cols)  # as conv2d_cpu
+        out = out.reshape(n, o, ho, wo)
+        if b is not None:
+            out += b[:, None, None]
+        count("conv2d", "native")
+        return out
     out = np.empty((n, c, ho, wo), _F32)
     rc = lib.opstrata_depthwise_conv2d_f32(
         x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data,
@@ -383,8 +424,9 @@ def _bind_conv2d_native(
     x: Any, weight: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
     groups: int = 1, out: Any = None,
 ) -> Any:  # fmt: skip
-    """``depthwise_conv2d_native(...)`` into ``out`` with its checks done once (see ops.bind): the C call
-    for a depthwise convolution, the numpy kernel's binder for every other (as the kernel delegates)."""
+    """``conv2d_native(...)`` into ``out`` with its checks done once (see ops.bind): the depthwise C call,
+    or the C im2col into a columns buffer kept for every call, the GEMM into ``out`` and the bias add; the
+    numpy kernel's binder where the kernel delegates to it."""
     kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in (x, weight, out)):
         return None
@@ -397,15 +439,33 @@ def _bind_conv2d_native(
     except Exception:
         return None
     n, c, h, wd = x.shape
-    if not (g.groups == c == weight.shape[0] and c > 1):
+    o, cg, kh, kw_ = weight.shape
+    depthwise = g.groups == c == o and c > 1
+    if not depthwise and _plain_1x1(g, kh, kw_):
         return bind_conv2d(x, weight, bias, out=out, **kw)
     (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
-    if out.shape != (n, c, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
+    if out.shape != (n, o, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
         return None
     lib = library()
     if lib is None:
         return None
-    kh, kw_ = weight.shape[2:]
+    if not depthwise:
+        cols = np.empty((n, g.groups, cg * kh * kw_, ho * wo), _F32)
+        args = _im2col_args(x, cols, g, kh, kw_)
+        im2col = lib.opstrata_im2col_f32
+        wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
+        gemm = partial(np.matmul, wm, cols, out=out.reshape(n, g.groups, o // g.groups, ho * wo))
+        add_bias = partial(np.add, out, bias[:, None, None], out=out) if bias is not None else None
+        keep = (x, cols, out)
+
+        def run_gemm() -> None:
+            im2col(*args)
+            gemm()
+            if add_bias is not None:
+                add_bias()
+            assert keep  # the arrays the pointers point into live as long as this call
+
+        return run_gemm
     args = (x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data,
             n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)  # fmt: skip
     fn, keep = lib.opstrata_depthwise_conv2d_f32, (x, weight, bias, out)
@@ -420,4 +480,66 @@ def _bind_conv2d_native(
     return run
 
 
-depthwise_conv2d_native.binder = _bind_conv2d_native  # type: ignore[attr-defined]
+conv2d_native.binder = _bind_conv2d_native  # type: ignore[attr-defined]
+
+
+@register("max_pool2d", device="cpu", dtypes=[np.float32], priority=1)
+def max_pool2d_native(
+    x: Any,
+    *,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> np.ndarray:
+    """2-D max pooling of C-contiguous float32 NCHW images in one C loop (no padded copy, no pass per tap);
+    anything else on the numpy kernel."""
+    x = nd(x)
+    kw = {"kernel_size": kernel_size, "stride": stride, "padding": padding, "dilation": dilation,
+          "ceil_mode": ceil_mode}  # fmt: skip
+    lib = library() if x.dtype == _F32 and x.ndim == 4 and x.flags.c_contiguous and x.size else None
+    if lib is None:
+        count("max_pool2d", "numpy")
+        return max_pool2d_cpu(x, **kw)
+    g = _check_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+    out = np.empty((*x.shape[:2], *g.out_hw), _F32)
+    if lib.opstrata_max_pool2d_f32(*_pool_args(x, out, g)) != 0:
+        raise MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats")
+    count("max_pool2d", "native")
+    return out
+
+
+def _pool_args(x: np.ndarray, out: np.ndarray, g: Any) -> tuple[int, ...]:
+    n, c, h, wd = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (ho, wo) = g.kernel, g.stride, g.dilation, g.out_hw
+    return (x.ctypes.data, out.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)
+
+
+def _bind_max_pool2d_native(
+    x: Any, *, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+    ceil_mode: bool = False, out: Any = None,
+) -> Any:  # fmt: skip
+    """``max_pool2d_native(...)`` into ``out`` (see ops.bind): the C call with its pointers resolved once."""
+    if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in (x, out)):
+        return None
+    if x.ndim != 4 or not x.size or not out.flags.writeable or np.may_share_memory(x, out):
+        return None
+    try:
+        g = _check_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+    except Exception:
+        return None
+    lib = library()
+    if lib is None or out.shape != (*x.shape[:2], *g.out_hw):
+        return None
+    fn, args, keep = lib.opstrata_max_pool2d_f32, _pool_args(x, out, g), (x, out)
+
+    def run() -> None:
+        if fn(*args) != 0:
+            raise MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats")
+        assert keep  # the arrays the pointers point into live as long as this call
+
+    return run
+
+
+max_pool2d_native.binder = _bind_max_pool2d_native  # type: ignore[attr-defined]
