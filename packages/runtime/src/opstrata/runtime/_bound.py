@@ -48,7 +48,7 @@ _BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
 class BoundProgram:
     """One arena's steps as zero-argument calls over its own value list ``vals`` (runs take turns)."""
 
-    __slots__ = ("calls", "generation", "index", "reset", "stage", "template", "vals")
+    __slots__ = ("calls", "generation", "index", "owners", "reset", "runner", "stage", "template", "vals")
 
     def __init__(
         self,
@@ -68,6 +68,22 @@ class BoundProgram:
         #: (feed index, buffer): feeds copied into buffers of the program's own, so the steps that read
         #: them are bound like any other (see :data:`STAGE_MAX_BYTES`)
         self.stage: list[tuple[int, np.ndarray]] = []
+        #: what a run calls: ``calls`` with consecutive native calls merged (:func:`merge_native`), and
+        #: per runner entry the step of each call inside it
+        self.runner: list[Callable[[], object]] = list(calls)
+        self.owners: list[list[int]] = [[i] for i in index]
+
+
+def merge_native(prog: BoundProgram) -> None:
+    """Run consecutive bound native calls (the VM, norms, depthwise / im2col, pooling, attention) as one
+    ``ops.NativeBatch`` each: one C call for the run instead of one Python call per step (ops >= 0.4.20;
+    with an older ops the calls stay as they are)."""
+    merge = getattr(ops, "merge_bound_calls", None)
+    if merge is None:
+        return
+    runner, owners = merge(prog.calls)
+    prog.runner = runner
+    prog.owners = [[prog.index[p] for p in o] for o in owners]
 
 
 def _resolved_binary(
@@ -205,7 +221,10 @@ def _prebound(
         axis = int(node.attrs.get("axis", 0))
         if np.take(static[0], np.zeros_like(static[1]), axis=axis).shape != dsts[0].shape:
             return None
-        return partial(np.take, static[0], static[1], axis=axis, out=dsts[0])  # a copy by index, as gather
+        take = getattr(ops, "bind_take", None)  # a copy by index, as gather: natively with ops >= 0.4.20
+        if take is not None:
+            return take(static[0], static[1], axis, dsts[0])
+        return partial(np.take, static[0], static[1], axis=axis, out=dsts[0])
     if key == ("", "Concat") and all(t.dtype == dsts[0].dtype for t in static):
         try:
             if np.concatenate(static, axis=int(node.attrs["axis"])).shape != dsts[0].shape:
@@ -228,6 +247,11 @@ def _prebound(
 
 
 def _chain(*calls: Callable[[], object]) -> Callable[[], object]:
+    """``calls`` in order as one step (an ``ops.BoundSteps``, which merge_native opens up, when ops has it)."""
+    steps = getattr(ops, "BoundSteps", None)
+    if steps is not None:
+        return steps(calls)
+
     def run() -> None:
         for call in calls:
             call()
@@ -301,7 +325,10 @@ def _bind_views(
         for p, d in zip(pieces, dsts, strict=True)
     ):  # fmt: skip
         return None
-    copies = [partial(np.copyto, d, p) for d, p in zip(dsts, pieces, strict=True)]
+    copy = getattr(ops, "bind_copy", None) or (
+        lambda d, p: partial(np.copyto, d, p)
+    )  # native with ops >= 0.4.20
+    copies = [copy(d, p) for d, p in zip(dsts, pieces, strict=True)]
     return copies[0] if len(copies) == 1 else _chain(*copies)
 
 
@@ -318,7 +345,9 @@ def _bind_skip_norm(
         return None
     if sch.device != "cpu" or ops.resolve_kernel("add", x.dtype, device=sch.device) is None:
         return None
-    add = partial(np.add, x, skip, out=s_view)  # what the cpu add kernel computes for equal shapes
+    add = ops.bind("add", x, skip, out=s_view, device=sch.device) or partial(
+        np.add, x, skip, out=s_view
+    )  # the cpu add kernel's (native) call for equal shapes
     a = node.attrs
     if node.op_type == "SkipLayerNorm":
         beta = static[3] if len(static) > 3 else None
@@ -377,7 +406,9 @@ def _bind_step(
         dst = vals[st.outs[0]]
         fn = _resolved_binary(st.out_fn, vals[t[0]], vals[t[1]], dst, sch.device) or st.out_fn
         if static is not None:
-            return partial(fn, static[0], static[1], out=dst)
+            binder = getattr(fn, "binder", None) if fn is not st.out_fn else None
+            bound = binder(static[0], static[1], out=dst) if binder is not None else None
+            return bound if bound is not None else partial(fn, static[0], static[1], out=dst)
         return _dyn_out(fn, t[0], t[1], dst, vals)
     if static is not None and all(s >= 0 and s not in alias for s in st.outs):
         bound = _prebound(sch, st, static, [vals[s] for s in st.outs])
@@ -520,21 +551,24 @@ def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> lis
     for k, buf in prog.stage:  # same shape (the program's key) and dtype (the session checked it)
         np.copyto(buf, feeds[k], casting="no")
         vals[sch.input_slots[k]] = buf
-    i = 0
+    k = 0
     try:
-        for i, call in enumerate(prog.calls):  # noqa: B007  (i names the failing step)
+        for k, call in enumerate(prog.runner):  # noqa: B007  (k names the failing step)
             call()
     except ExecutionError:
         release(prog)
         raise
-    except Exception as exc:
-        st = sch.steps[prog.index[i]]
+    except Exception as err:
+        exc, j = err, 0
+        if type(err).__name__ == "NativeBatchError":  # a call inside a merged run: its own step and error
+            j, exc = err.index, err.__cause__ or err  # type: ignore[attr-defined]
+        st = sch.steps[prog.owners[k][j]]
         ins = list(st.ins)
         while ins and ins[-1] < 0:
             ins.pop()
-        err = sch._fail(st, _args_of(tuple(ins), vals), exc)
+        failure = sch._fail(st, _args_of(tuple(ins), vals), exc)
         release(prog)
-        raise err from exc
+        raise failure from exc
     return vals
 
 

@@ -26,7 +26,7 @@ from opstrata.graph import absent, is_absent, sequence_items, to_sequence
 from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases
 from ._blas import BLAS
-from ._bound import BoundProgram, bind_arena, release, run_bound
+from ._bound import BoundProgram, bind_arena, merge_native, release, run_bound
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
 from ._gemm_threads import ThreadPlan, thread_plan, with_switches
@@ -434,6 +434,7 @@ class InferenceSession:
             if bound is None or bound.generation != ops.registry_generation():
                 bound = self._bound[key] = bind_arena(sch, arena, template, feeds)  # (re)resolve kernels
                 bound.calls = with_switches(bound.calls, bound.index, tplan, BLAS.set)
+                merge_native(bound)
             bvals = run_bound(sch, bound, feeds)
             try:
                 return [np.array(bvals[s], copy=True) for s in slots]

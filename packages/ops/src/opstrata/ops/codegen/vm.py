@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..native.library import count, library
+from ..native.packed import NativeCall
 from .ir import Expr, kind
 
 __all__ = ["MAX_INPUTS", "MAX_REGISTERS", "VMProgram", "vm_args", "vm_bind", "vm_program", "vm_run"]
@@ -260,12 +261,4 @@ def vm_bind(prog: VMProgram, arrays: list[np.ndarray], out: np.ndarray) -> Calla
     args, keep, copied = vm_args(prog, arrays, out)
     if copied:
         return None
-    fn = lib.opstrata_ew_run_f32
-
-    def call() -> None:
-        rc = fn(*args)
-        if rc != 0:
-            raise _rejected(prog, rc)
-        assert keep  # the arrays the pointers point into live as long as this call
-
-    return call
+    return NativeCall(lib, "opstrata_ew_run_f32", args, keep, lambda rc: _rejected(prog, rc))

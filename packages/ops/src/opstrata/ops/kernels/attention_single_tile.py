@@ -19,6 +19,7 @@ import numpy as np
 
 from ..native.kernels import softmax_rows_inplace
 from ..native.library import library
+from ..native.packed import NativeCall
 from .attention import AttnShape, _check_attention, causal_keep
 
 __all__ = ["SMALL_ATTENTION_MACS", "attention_single_tile", "bind_small_attention"]
@@ -129,13 +130,12 @@ def bind_small_attention(
         q.ctypes.data, k.ctypes.data, v.ctypes.data, None if mb is None else mb.ctypes.data, out.ctypes.data,
         None if lse is None else lse.ctypes.data, dims.ctypes.data, *(a.ctypes.data for a in st_arr), kind, int(bool(causal)), sc,
     )  # fmt: skip
-    fn = lib.opstrata_attention_f32
-    keep = (arrays, mb, dims, st_arr, lse)
-
-    def run() -> object:
-        if fn(*args) != 0:
-            raise MemoryError("attention: the native kernel could not allocate its scratch row")
-        assert keep  # the arrays the pointers point into live as long as this call
-        return out
-
-    return run
+    keep = (arrays, mb, dims, st_arr, lse, out)
+    return NativeCall(
+        lib,
+        "opstrata_attention_f32",
+        args,
+        keep,
+        lambda rc: MemoryError("attention: the native kernel could not allocate its scratch row"),
+        result=out,
+    )

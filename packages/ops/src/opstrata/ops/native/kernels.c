@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 9; }
+int opstrata_native_abi(void) { return 11; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -770,4 +770,186 @@ opstrata_rope_half_f32(const float *x, const float *cs, const float *sn, float *
             idx[k] = 0;
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+   Packed calls: a bound kernel call as (function id, int64 argument block) -- pointers as addresses,
+   floats as the bits of a double -- so Python passes two arguments instead of converting a dozen
+   (ctypes spends ~0.2 us per argument), and a run of consecutive bound native steps is one call of
+   opstrata_call_batch (the CPU analogue of replaying a captured graph). Ids match native/packed.py.
+   ------------------------------------------------------------------------------------------------- */
+static inline float packed_f32(int64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return (float)d;
+}
+
+/* The BLAS sgemm numpy itself calls (its bundled OpenBLAS, found by native/blas.py), so a GEMM step can run
+   inside a batch with the numpy call's exact arguments -- hence its exact bits. ilp64: 64-bit integers. */
+typedef void (*sgemm64_fn)(int64_t order, int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+typedef void (*sgemm32_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc);
+static void *sgemm_ptr = 0;
+static int sgemm_ilp64 = 0;
+
+void opstrata_set_sgemm(void *fn, int ilp64) {
+    sgemm_ptr = fn;
+    sgemm_ilp64 = ilp64;
+}
+
+/* batch row-major C = A op(B) (op: transpose when tb, alpha 1, beta 0), A / B / C advancing by sa / sb / sc
+   elements per batch entry -- numpy's matmul loop over the leading dims calling cblas_sgemm for each. */
+static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc, int64_t tb) {
+    if (!sgemm_ptr) return -2;
+    const int64_t opb = tb ? 112 : 111; /* CblasTrans : CblasNoTrans */
+    for (int64_t i = 0; i < batch; ++i) {
+        if (sgemm_ilp64) {
+            ((sgemm64_fn)sgemm_ptr)(101, 111, opb, m, n, k, 1.0f, a + i * sa, lda, b + i * sb, ldb, 0.0f, c + i * sc,
+                                    ldc);
+        } else {
+            ((sgemm32_fn)sgemm_ptr)(101, 111, (int)opb, (int)m, (int)n, (int)k, 1.0f, a + i * sa, (int)lda,
+                                    b + i * sb, (int)ldb, 0.0f, c + i * sc, (int)ldc);
+        }
+    }
+    return 0;
+}
+
+#define P(i, T) ((T)(intptr_t)a[i])
+
+int opstrata_call_packed(int64_t fn, const int64_t *a) {
+    switch (fn) {
+    case 1:
+        return opstrata_ew_run_f32(P(0, const int32_t *), a[1], P(2, const float *), a[3], a[4],
+                                   P(5, const float *const *), P(6, const int64_t *), P(7, const int64_t *), a[8],
+                                   P(9, void *), a[10], (int)a[11], P(12, const int64_t *), a[13]);
+    case 2:
+        return opstrata_depthwise_conv2d_f32(P(0, const float *), P(1, const float *), P(2, const float *),
+                                             P(3, float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                                             a[12], a[13], a[14], a[15], a[16], a[17]);
+    case 3:
+        opstrata_im2col_f32(P(0, const float *), P(1, float *), a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                            a[10], a[11], a[12], a[13], a[14], a[15]);
+        return 0;
+    case 4:
+        return opstrata_max_pool2d_f32(P(0, const float *), P(1, float *), a[2], a[3], a[4], a[5], a[6], a[7],
+                                       a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+    case 5:
+        opstrata_layer_norm_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *), a[4],
+                                a[5], packed_f32(a[6]));
+        return 0;
+    case 6:
+        opstrata_rms_norm_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], packed_f32(a[5]));
+        return 0;
+    case 7:
+        opstrata_rope_half_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
+                               P(4, const int64_t *), P(5, const int64_t *), P(6, const int64_t *), a[7], a[8], a[9]);
+        return 0;
+    case 8:
+        return opstrata_attention_f32(P(0, const float *), P(1, const float *), P(2, const float *),
+                                      P(3, const void *), P(4, float *), P(5, float *), P(6, const int64_t *),
+                                      P(7, const int64_t *), P(8, const int64_t *), P(9, const int64_t *),
+                                      P(10, const int64_t *), P(11, const int64_t *), (int)a[12], (int)a[13],
+                                      packed_f32(a[14]));
+    case 9:
+        return opstrata_bias_act_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], (int)a[5]);
+    case 11: { /* out (rows, cols) += bias[row]: numpy's out += b[:, None] (one float add each, same bits) */
+        float *o = P(0, float *);
+        const float *b = P(1, const float *);
+        const int64_t rows = a[2], cols = a[3], reps = a[4];
+        for (int64_t r = 0; r < reps * rows; ++r) {
+            const float v = b[r % rows];
+            float *orow = o + r * cols;
+            for (int64_t j = 0; j < cols; ++j) orow[j] = orow[j] + v;
+        }
+        return 0;
+    }
+    case 13: { /* out = x (+ - * /) y over n floats (out may be x or y): numpy's ufunc, one rounding, same bits */
+        const float *x = P(0, const float *), *y = P(1, const float *);
+        float *o = P(2, float *);
+        const int64_t n = a[3];
+        switch (a[4]) {
+        case 0: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; return 0;
+        case 1: for (int64_t i = 0; i < n; ++i) o[i] = x[i] - y[i]; return 0;
+        case 2: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; return 0;
+        case 3: for (int64_t i = 0; i < n; ++i) o[i] = x[i] / y[i]; return 0;
+        default: return -1001;
+        }
+    }
+    case 14: { /* dst (C-contiguous) = src, a strided view of up to 6 dims (bytes): a copy of a fixed view */
+        const char *src = P(0, const char *);
+        char *dst = P(1, char *);
+        const int64_t item = a[2], nd = a[3];
+        const int64_t *shape = P(4, const int64_t *), *st = P(5, const int64_t *);
+        int64_t dims[6] = {1, 1, 1, 1, 1, 1}, str[6] = {0, 0, 0, 0, 0, 0};
+        for (int64_t d = 0; d < nd; ++d) {
+            dims[6 - nd + d] = shape[d];
+            str[6 - nd + d] = st[d];
+        }
+        const int contiguous_rows = str[5] == item;
+        const size_t row = (size_t)(dims[5] * item);
+        for (int64_t i0 = 0; i0 < dims[0]; ++i0)
+            for (int64_t i1 = 0; i1 < dims[1]; ++i1)
+                for (int64_t i2 = 0; i2 < dims[2]; ++i2)
+                    for (int64_t i3 = 0; i3 < dims[3]; ++i3)
+                        for (int64_t i4 = 0; i4 < dims[4]; ++i4) {
+                            const char *s0 = src + i0 * str[0] + i1 * str[1] + i2 * str[2] + i3 * str[3] + i4 * str[4];
+                            if (contiguous_rows) {
+                                memcpy(dst, s0, row);
+                            } else if (item == 4) {
+                                for (int64_t j = 0; j < dims[5]; ++j) memcpy(dst + 4 * j, s0 + j * str[5], 4);
+                            } else {
+                                for (int64_t j = 0; j < dims[5]; ++j) memcpy(dst + item * j, s0 + j * str[5], (size_t)item);
+                            }
+                            dst += row;
+                        }
+        return 0;
+    }
+    case 15: { /* out (outer, m, inner) = table (outer, n, inner)[:, idx, :] with int64 idx (negative from the
+                  end, as np.take); an index outside [-n, n) returns -3 before anything is written */
+        const char *t = P(0, const char *);
+        const int64_t *idx = P(1, const int64_t *);
+        char *o = P(2, char *);
+        const int64_t outer = a[3], n = a[4], inner_bytes = a[5], m = a[6];
+        for (int64_t j = 0; j < m; ++j)
+            if (idx[j] < -n || idx[j] >= n) return -3;
+        for (int64_t p = 0; p < outer; ++p)
+            for (int64_t j = 0; j < m; ++j) {
+                const int64_t r = idx[j] < 0 ? idx[j] + n : idx[j];
+                memcpy(o + (p * m + j) * inner_bytes, t + (p * n + r) * inner_bytes, (size_t)inner_bytes);
+            }
+        return 0;
+    }
+    case 10:
+        return batched_sgemm(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], a[5], a[6], a[7],
+                             a[8], a[9], a[10], a[11], a[12], a[13]);
+    case 12: { /* out (rows, cols) += bias[col]: numpy's out += b over the last dim (same bits) */
+        float *o = P(0, float *);
+        const float *b = P(1, const float *);
+        const int64_t rows = a[2], cols = a[3];
+        for (int64_t r = 0; r < rows; ++r) {
+            float *orow = o + r * cols;
+            for (int64_t j = 0; j < cols; ++j) orow[j] = orow[j] + b[j];
+        }
+        return 0;
+    }
+    default:
+        return -1000; /* an unknown id: the bindings and the library disagree */
+    }
+}
+
+#undef P
+
+/* Run n packed calls (cmds: n pairs of function id, argument block address) in order; on the first that
+   fails, stores its index in *failed and returns its code. */
+int opstrata_call_batch(const int64_t *cmds, int64_t n, int64_t *failed) {
+    for (int64_t i = 0; i < n; ++i) {
+        const int rc = opstrata_call_packed(cmds[2 * i], (const int64_t *)(intptr_t)cmds[2 * i + 1]);
+        if (rc != 0) {
+            *failed = i;
+            return rc;
+        }
+    }
+    return 0;
 }

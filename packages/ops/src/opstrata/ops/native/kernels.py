@@ -20,14 +20,22 @@ import numpy as np
 from .._registry import register
 from ..kernels.activation import _check_approximate, gelu_cpu
 from ..kernels.conv import _arr, _check_conv, bind_conv2d, conv2d_cpu
-from ..kernels.elementwise import nd
+from ..kernels.elementwise import add_cpu, div_cpu, mul_cpu, nd, sub_cpu
 from ..kernels.fused import bias_act_cpu
+from ..kernels.matmul import (
+    _bind_linear as _bind_linear_numpy,
+    _bind_matmul as _bind_matmul_numpy,
+    linear_cpu,
+    matmul_cpu,
+)
 from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
 from ..kernels.pool import _check_pool, max_pool2d_cpu
 from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
 from . import library as _native
+from .blas import gemm_call, linear_call
 from .library import count, library
+from .packed import BoundSteps, NativeCall
 
 _F32 = np.dtype(np.float32)
 
@@ -140,7 +148,18 @@ def _bind_bias_act(
     if not (_rows_f32(x) and x.size and b is not False and _writable_out(out, x) and out.flags.c_contiguous):
         return None
     lib = library()
-    return None if lib is None else partial(_bias_act, lib, act, x, b, out, cols)
+    if lib is None:
+        return None
+    args = (x.ctypes.data, _ptr(b), out.ctypes.data, x.size // cols, cols, ACT_CODES[act])  # type: ignore[arg-type]
+    return NativeCall(
+        lib,
+        "opstrata_bias_act_f32",
+        args,
+        (x, b, out),
+        lambda rc: RuntimeError(
+            f"native bias_act: the library at {_native.native_status().library} rejected act={act!r}"
+        ),
+    )
 
 
 bias_act_native.binder = _bind_bias_act  # type: ignore[attr-defined]
@@ -180,16 +199,8 @@ def _bind_layer_norm(
     if bound is None:
         return None
     lib, xa, n, (wv, bv) = bound
-    return partial(
-        lib.opstrata_layer_norm_f32,
-        xa.ctypes.data,
-        _ptr(wv),
-        _ptr(bv),
-        out.ctypes.data,
-        xa.size // n,
-        n,
-        float(eps),
-    )
+    args = (xa.ctypes.data, _ptr(wv), _ptr(bv), out.ctypes.data, xa.size // n, n, float(eps))
+    return NativeCall(lib, "opstrata_layer_norm_f32", args, (xa, wv, bv, out))
 
 
 def _norm_args(op: str, x: Any, params: dict[str, Any], axis: int, out: Any) -> Any:
@@ -240,9 +251,8 @@ def _bind_rms_norm(x: Any, weight: Any = None, *, axis: int = -1, eps: float = 1
     if bound is None:
         return None
     lib, xa, n, (wv,) = bound
-    return partial(
-        lib.opstrata_rms_norm_f32, xa.ctypes.data, _ptr(wv), out.ctypes.data, xa.size // n, n, float(eps)
-    )
+    args = (xa.ctypes.data, _ptr(wv), out.ctypes.data, xa.size // n, n, float(eps))
+    return NativeCall(lib, "opstrata_rms_norm_f32", args, (xa, wv, out))
 
 
 rms_norm_native.binder = _bind_rms_norm  # type: ignore[attr-defined]
@@ -302,13 +312,7 @@ def _bind_rope(x: Any, cos: Any, sin: Any, *, out: Any) -> Any:
     if got is None:
         return None
     lib, args, keep = got
-    fn = lib.opstrata_rope_half_f32
-
-    def run() -> None:
-        fn(*args)
-        assert keep  # the arrays the pointers point into live as long as this call
-
-    return run
+    return NativeCall(lib, "opstrata_rope_half_f32", args, keep)
 
 
 rope_rotate_half_native.binder = _bind_rope  # type: ignore[attr-defined]
@@ -441,43 +445,37 @@ def _bind_conv2d_native(
     n, c, h, wd = x.shape
     o, cg, kh, kw_ = weight.shape
     depthwise = g.groups == c == o and c > 1
-    if not depthwise and _plain_1x1(g, kh, kw_):
-        return bind_conv2d(x, weight, bias, out=out, **kw)
     (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
     if out.shape != (n, o, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
         return None
     lib = library()
     if lib is None:
-        return None
+        return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
     if not depthwise:
-        cols = np.empty((n, g.groups, cg * kh * kw_, ho * wo), _F32)
-        args = _im2col_args(x, cols, g, kh, kw_)
-        im2col = lib.opstrata_im2col_f32
+        steps: list[Any] = []
+        if _plain_1x1(g, kh, kw_):
+            cols = x.reshape(n, g.groups, cg, ho * wo)  # the image is its own columns
+        else:
+            cols = np.empty((n, g.groups, cg * kh * kw_, ho * wo), _F32)
+            steps.append(NativeCall(lib, "opstrata_im2col_f32", _im2col_args(x, cols, g, kh, kw_), (x, cols)))
         wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
-        gemm = partial(np.matmul, wm, cols, out=out.reshape(n, g.groups, o // g.groups, ho * wo))
-        add_bias = partial(np.add, out, bias[:, None, None], out=out) if bias is not None else None
-        keep = (x, cols, out)
-
-        def run_gemm() -> None:
-            im2col(*args)
-            gemm()
-            if add_bias is not None:
-                add_bias()
-            assert keep  # the arrays the pointers point into live as long as this call
-
-        return run_gemm
+        out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
+        steps.append(gemm_call(lib, wm, cols, out4) or partial(np.matmul, wm, cols, out=out4))
+        if bias is not None:  # out += bias[:, None, None], one float add per element as numpy does
+            args = (out.ctypes.data, bias.ctypes.data, o, ho * wo, n)
+            steps.append(NativeCall(lib, "row_bias_add", args, (out, bias)))
+        return BoundSteps(steps)
     args = (x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data,
             n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)  # fmt: skip
-    fn, keep = lib.opstrata_depthwise_conv2d_f32, (x, weight, bias, out)
-
-    def run() -> None:
-        if fn(*args) != 0:
-            raise MemoryError(
-                f"conv2d (depthwise, native): cannot allocate a padded {h}x{wd} plane scratch buffer"
-            )
-        assert keep  # the arrays the pointers point into live as long as this call
-
-    return run
+    return NativeCall(
+        lib,
+        "opstrata_depthwise_conv2d_f32",
+        args,
+        (x, weight, bias, out),
+        lambda rc: MemoryError(
+            f"conv2d (depthwise, native): cannot allocate a padded {h}x{wd} plane scratch buffer"
+        ),
+    )
 
 
 conv2d_native.binder = _bind_conv2d_native  # type: ignore[attr-defined]
@@ -532,14 +530,72 @@ def _bind_max_pool2d_native(
     lib = library()
     if lib is None or out.shape != (*x.shape[:2], *g.out_hw):
         return None
-    fn, args, keep = lib.opstrata_max_pool2d_f32, _pool_args(x, out, g), (x, out)
-
-    def run() -> None:
-        if fn(*args) != 0:
-            raise MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats")
-        assert keep  # the arrays the pointers point into live as long as this call
-
-    return run
+    return NativeCall(
+        lib,
+        "opstrata_max_pool2d_f32",
+        _pool_args(x, out, g),
+        (x, out),
+        lambda rc: MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats"),
+    )
 
 
 max_pool2d_native.binder = _bind_max_pool2d_native  # type: ignore[attr-defined]
+
+
+def _bind_matmul_native(a: Any, b: Any, *, out: Any) -> Any:
+    """The numpy matmul binder's BLAS call made from C (numpy's own sgemm with numpy's arguments: the same
+    bits) so that it joins a native batch; the numpy binder's partial where it cannot."""
+    numpy_call = _bind_matmul_numpy(a, b, out=out)
+    lib = library() if numpy_call is not None and a.dtype == _F32 else None
+    if lib is None:
+        return numpy_call
+    a2, out2 = numpy_call.args[0], numpy_call.keywords["out"]
+    return gemm_call(lib, a2, b, out2) or numpy_call
+
+
+def _bind_linear_native(x: Any, weight: Any, bias: Any = None, *, out: Any) -> Any:
+    """The numpy linear binder's GEMM and bias add made from C (same calls, same bits), joining a batch."""
+    numpy_call = _bind_linear_numpy(x, weight, bias, out=out)
+    lib = library() if numpy_call is not None and x.dtype == _F32 else None
+    if lib is None:
+        return numpy_call
+    x2 = x.reshape(-1, x.shape[-1])
+    out2 = out.reshape(-1, weight.shape[0])
+    if weight.flags.c_contiguous:  # (out, in): numpy's sgemm with B transposed
+        gemm = linear_call(lib, x2, weight, out2)
+    else:  # a transposed (in, out) array: numpy's plain sgemm on it
+        gemm = gemm_call(lib, x2, weight.T, out2) if weight.T.flags.c_contiguous else None
+    if gemm is None:
+        return numpy_call
+    if bias is None:
+        return gemm
+    if not bias.flags.c_contiguous:
+        return numpy_call
+    add = NativeCall(lib, "col_bias_add", (out2.ctypes.data, bias.ctypes.data, *out2.shape), (out2, bias))
+    return BoundSteps([gemm, add])
+
+
+def _binary_binder(kernel: Any, code: int) -> Any:
+    """A binder for a cpu binary kernel (add / sub / mul / div): equal-shape C-contiguous float32 operands
+    as one packed C loop (one rounding per element, as numpy's ufunc: the same bits; ``out`` may be an
+    operand itself); anything else the kernel bound with its arguments."""
+
+    def bind(a: Any, b: Any, *, out: Any) -> Any:
+        arrays = (a, b, out)
+        plain = all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in arrays)
+        lib = library() if plain and a.shape == b.shape == out.shape and out.flags.writeable else None
+        exact = lib is not None and all(
+            not np.may_share_memory(out, t) or t.ctypes.data == out.ctypes.data for t in (a, b)
+        )
+        if not exact:
+            return partial(kernel, a, b, out=out)
+        args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size, code)
+        return NativeCall(lib, "binary_f32", args, (a, b, out))
+
+    return bind
+
+
+for _code, _kernel in enumerate((add_cpu, sub_cpu, mul_cpu, div_cpu)):
+    _kernel.binder = _binary_binder(_kernel, _code)  # type: ignore[attr-defined]
+matmul_cpu.binder = _bind_matmul_native  # type: ignore[attr-defined]
+linear_cpu.binder = _bind_linear_native  # type: ignore[attr-defined]

@@ -1,0 +1,171 @@
+"""Packed native calls (two ctypes arguments instead of a dozen) and merged runs of them: the same
+results as the unpacked calls, failures that name the call inside a batch."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import opstrata.ops as ops
+from opstrata.ops import codegen as cg
+from opstrata.ops.native.library import library
+from opstrata.ops.native.packed import pack_args
+
+pytestmark = pytest.mark.skipif(library() is None, reason="no native library on this machine (no C compiler)")
+
+
+def test_pack_args_encodes_pointers_ints_and_floats() -> None:
+    block = pack_args([None, 7, True, 1e-5, np.float32(0.5)])
+    assert block.dtype == np.int64 and block[:3].tolist() == [0, 7, 1]
+    assert struct.unpack("<d", struct.pack("<q", int(block[3])))[0] == 1e-5
+    assert struct.unpack("<d", struct.pack("<q", int(block[4])))[0] == 0.5
+
+
+def _chain(n: int = 64):
+    """Three bound native calls: a VM program, a layer norm and an RMS norm, each reading the last."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, n)).astype(np.float32)
+    a, b, c = (np.empty_like(x) for _ in range(3))
+    w = rng.standard_normal(n).astype(np.float32)
+    vm = cg.compile_expr(cg.apply("mul", cg.apply("sigmoid", cg.var("x")), cg.var("x")), np.float32)
+    calls = [
+        vm.bind(a, {"x": x}),
+        ops.bind("layer_norm", a, w, None, out=b, eps=1e-3),
+        ops.bind("rms_norm", b, w, out=c, eps=1e-6),
+    ]
+    return x, (a, b, c), calls
+
+
+def test_merged_native_calls_give_the_separate_calls_results() -> None:
+    x, outs, calls = _chain()
+    assert all(isinstance(c, ops.NativeCall) for c in calls)
+    for c in calls:
+        c()
+    want = [o.copy() for o in outs]
+    for o in outs:
+        o[...] = np.nan
+    runner, owners = ops.merge_bound_calls(calls)
+    assert len(runner) == 1 and isinstance(runner[0], ops.NativeBatch) and owners == [[0, 1, 2]]
+    runner[0]()
+    for got, w in zip(outs, want, strict=True):
+        np.testing.assert_array_equal(got, w)
+    np.testing.assert_allclose(want[0], x / (1 + np.exp(-x)), rtol=1e-6, atol=1e-6)
+
+
+def test_a_python_step_splits_the_batch_and_bound_steps_open_up() -> None:
+    _x, _outs, calls = _chain()
+    seen = []
+    runner, owners = ops.merge_bound_calls(
+        [ops.BoundSteps([calls[0], lambda: seen.append(1)]), calls[1], calls[2]]
+    )
+    assert owners == [[0], [0], [1, 2]]
+    assert isinstance(runner[0], ops.NativeCall) and isinstance(runner[2], ops.NativeBatch)
+    for r in runner:
+        r()
+    assert seen == [1]
+
+
+def test_a_failing_call_in_a_batch_is_named_by_its_index() -> None:
+    _x, _outs, calls = _chain()
+    calls[1].code = 999  # an id the library does not know: it returns an error code
+    (batch,), _ = ops.merge_bound_calls(calls)
+    with pytest.raises(ops.NativeBatchError) as info:
+        batch()
+    assert info.value.index == 1
+    assert "opstrata_layer_norm_f32: native call failed with code -1000" in str(info.value.__cause__)
+    with pytest.raises(RuntimeError, match="code -1000"):
+        calls[1]()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40), batch=st.integers(1, 3),
+    groups=st.sampled_from([1, 2]), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_gemm_from_c_gives_numpys_bits_or_declines(m, k, n, batch, groups, seed) -> None:
+    """numpy's own sgemm called from C with numpy's arguments: np.matmul's exact bits; a product numpy
+    would not run as plain GEMMs (a dim of 1, a batch of groups beside a batch of images) is declined."""
+    from opstrata.ops.native.blas import gemm_call, linear_call
+
+    lib = library()
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((groups, m, k) if groups > 1 else (m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, groups, k, n)).astype(np.float32)
+    out = np.full((batch, groups, m, n), np.nan, np.float32)
+    call = gemm_call(lib, a, b, out)
+    if min(m, n, k) < 2 or (groups > 1 and batch > 1):
+        assert call is None
+        return
+    if call is None:  # numpy's BLAS is not one C can call here (an MKL / Accelerate build)
+        pytest.skip("numpy's sgemm is not reachable from C on this build")
+    call()
+    np.testing.assert_array_equal(out, np.matmul(a, b))
+    x, w = a.reshape(-1, k)[:m], rng.standard_normal((n, k)).astype(np.float32)
+    y = np.empty((m, n), np.float32)
+    lin = linear_call(lib, np.ascontiguousarray(x), w, y)
+    assert lin is not None
+    lin()
+    np.testing.assert_array_equal(y, np.matmul(np.ascontiguousarray(x), w.T))
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_binary_binders_give_the_ufuncs_bits_in_place_too(name: str) -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((3, 50)).astype(np.float32), rng.standard_normal((3, 50)).astype(np.float32)
+    b[0, :3] = [0.0, np.inf, np.nan]
+    want = getattr(ops, name)(a, b)
+    out = np.empty_like(a)
+    call = ops.bind(name, a, b, out=out)
+    assert isinstance(call, ops.NativeCall)
+    with np.errstate(all="ignore"):
+        call()
+    np.testing.assert_array_equal(out, want)
+    a2 = a.copy()
+    ops.bind(name, a2, b, out=a2)()  # in place
+    np.testing.assert_array_equal(a2, want)
+    broadcast = ops.bind(name, a, b[:1], out=out)  # not equal shapes: the kernel with its arguments
+    assert not isinstance(broadcast, ops.NativeCall)
+    broadcast()
+    np.testing.assert_array_equal(out, getattr(ops, name)(a, b[:1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=5), dtype=st.sampled_from(["float32", "int64", "bool"]),
+       data=st.data())  # fmt: skip
+def test_bind_copy_copies_any_view(shape, dtype, data) -> None:
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal([d * 2 for d in shape]).astype(dtype)
+    view = base[tuple(slice(None, None, 2) for _ in shape)]
+    perm = data.draw(st.permutations(range(len(shape))))
+    view = view.transpose(perm)
+    dst = np.empty(view.shape, view.dtype)
+    call = ops.bind_copy(dst, view)
+    assert isinstance(call, ops.NativeCall)
+    call()
+    np.testing.assert_array_equal(dst, view)
+    base[...] = 0  # the view's current values are read at each call
+    call()
+    np.testing.assert_array_equal(dst, np.zeros_like(dst))
+
+
+def test_bind_take_gathers_rows_and_checks_indices() -> None:
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((10, 4, 3)).astype(np.float32)
+    idx = np.array([[0, 9, -1], [3, 3, -10]], np.int64)
+    for axis in (0, 1):
+        ids = idx % table.shape[axis] if axis else idx
+        out = np.empty(np.take(table, ids, axis=axis).shape, np.float32)
+        call = ops.bind_take(table, ids, axis, out)
+        assert isinstance(call, ops.NativeCall)
+        call()
+        np.testing.assert_array_equal(out, np.take(table, ids, axis=axis))
+    out = np.empty((2, 3, 4, 3), np.float32)
+    call = ops.bind_take(table, idx, 0, out)
+    idx[1, 2] = 10  # out of range now
+    with pytest.raises(IndexError, match="out of bounds for axis 0 with size 10"):
+        call()
+    with pytest.raises(IndexError):
+        np.take(table, idx, axis=0)
