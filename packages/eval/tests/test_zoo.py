@@ -180,8 +180,11 @@ def test_exported_file_runs_the_same_in_opstrata_and_onnxruntime(zoo_deps, tmp_p
 
 
 def test_bench_reports_a_latency_ratio(zoo_deps) -> None:
-    row = run_model("squeezenet1_1", "torchscript", bench=True, threads=1)
+    row = run_model("squeezenet1_1", "torchscript", bench=True, threads=1, memory=True)
     assert row.status == "ok" and row.latency_ratio is not None and row.latency_ratio > 0
+    if os.path.exists("/proc/self/clear_refs"):  # Linux: both sides' session memory measured
+        assert row.peak_mib is not None and row.peak_mib > 0
+        assert row.ort_peak_mib is None or row.ort_peak_mib > 0
 
 
 def test_custom_shapes_are_used(zoo_deps) -> None:

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bench", action="store_true", help="add the median latency ratio opstrata/onnxruntime"
     )
     run_p.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides (default 1)")
+    run_p.add_argument(
+        "--memory", action="store_true",
+        help="add the peak resident MiB each side's session adds (fresh processes; Linux)",
+    )  # fmt: skip
     run_p.add_argument("--out", type=Path, default=None, help="keep the exported .onnx files in DIR")
     run_p.add_argument("--strict", action="store_true", help="exit 1 on a refusal or exporter failure too")
     run_p.add_argument(
@@ -76,7 +80,9 @@ def _run(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         for exporter in exporters:
-            row = run_model(name, exporter, threads=args.threads, bench=args.bench, out_dir=args.out)
+            row = run_model(
+                name, exporter, threads=args.threads, bench=args.bench, out_dir=args.out, memory=args.memory
+            )
             rows.append(row)
             if text:
                 print(text_row(row), flush=True)

@@ -27,6 +27,8 @@ class ZooResult:
     err_vs_torch: float | None = None  # max_rel_error(opstrata, torch), worst over the shapes
     ort_vs_torch: float | None = None  # max_rel_error(onnxruntime, torch): how faithful the export is
     latency_ratio: float | None = None  # median opstrata / median onnxruntime, same threads (--bench)
+    peak_mib: float | None = None  # peak resident MiB an opstrata session adds (--memory)
+    ort_peak_mib: float | None = None  # the same for onnxruntime's session (--memory)
     threads: int = 1
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     fallbacks: int | None = None  # nodes bound to a fallback kernel (runs, but not natively)

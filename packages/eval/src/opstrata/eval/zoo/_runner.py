@@ -20,6 +20,7 @@ from ._bench import interleaved_medians
 from ._builders import build, require_torch
 from ._compare import TOLERANCE_ORT, TOLERANCE_TORCH, max_rel_error
 from ._export import EXPORTERS, ExportError, example_input, export_model, short_reason
+from ._memory import session_peak_mib
 from ._result import ZooResult
 from ._specs import ModelSpec, get_spec
 
@@ -119,12 +120,14 @@ def run_model(
     threads: int = 1,
     bench: bool = False,
     out_dir: str | Path | None = None,
+    memory: bool = False,
 ) -> ZooResult:
     """Export `name` with `exporter`, run it at each shape in opstrata, onnxruntime and torch; one row.
 
     Never silent: an exporter failure, a refusal by opstrata (RuntimeFailure / GraphError / OpError
     naming node and fix) or a crash becomes the row's status and reason. `bench` adds the median
-    latency ratio opstrata/onnxruntime at the first shape, both at `threads` threads. The exported
+    latency ratio opstrata/onnxruntime at the first shape, both at `threads` threads; `memory` the peak
+    resident memory each side's session adds at that shape (measured in fresh processes). The exported
     file is kept in `out_dir` when given, else written to a temporary directory.
     """
     spec = get_spec(name)
@@ -136,14 +139,16 @@ def run_model(
     result = ZooResult(name, exporter, threads=threads)
     result.shapes = [tuple(int(d) for d in s) for s in (shapes or spec.shapes)]
     if out_dir is not None:
-        _export_and_check(result, spec, Path(out_dir), bench)
+        _export_and_check(result, spec, Path(out_dir), bench, memory)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            _export_and_check(result, spec, Path(tmp), bench)
+            _export_and_check(result, spec, Path(tmp), bench, memory)
     return result
 
 
-def _export_and_check(result: ZooResult, spec: ModelSpec, out: Path, bench: bool) -> None:
+def _export_and_check(
+    result: ZooResult, spec: ModelSpec, out: Path, bench: bool, memory: bool = False
+) -> None:
     """Build and export into `out`, then fill `result` from the three runtimes' outputs."""
     torch = require_torch()
     try:
@@ -206,6 +211,9 @@ def _export_and_check(result: ZooResult, spec: ModelSpec, out: Path, bench: bool
         with _thread_cap(result.threads):
             mine, theirs = interleaved_medians(lambda: sess.run(None, feed), lambda: ort_sess.run(None, feed))
         result.latency_ratio = mine / theirs
+    if memory:
+        result.peak_mib = session_peak_mib("opstrata", path, feeds[0], spec.input_name, result.threads)
+        result.ort_peak_mib = session_peak_mib("onnxruntime", path, feeds[0], spec.input_name, result.threads)
 
 
 def _run_ort(
