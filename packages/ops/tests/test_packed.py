@@ -86,8 +86,9 @@ def test_a_failing_call_in_a_batch_is_named_by_its_index() -> None:
     groups=st.sampled_from([1, 2]), seed=st.integers(0, 999),
 )  # fmt: skip
 def test_gemm_from_c_gives_numpys_bits_or_declines(m, k, n, batch, groups, seed) -> None:
-    """numpy's own sgemm called from C with numpy's arguments: np.matmul's exact bits; a product numpy
-    would not run as plain GEMMs (a dim of 1, a batch of groups beside a batch of images) is declined."""
+    """numpy's own sgemm (sgemv for a single column) called from C with numpy's arguments: np.matmul's
+    exact bits; a product numpy special-cases otherwise (one row, an inner dim of 1, a batch of groups
+    beside a batch of images) is declined."""
     from opstrata.ops.native.blas import gemm_call, linear_call
 
     lib = library()
@@ -96,8 +97,8 @@ def test_gemm_from_c_gives_numpys_bits_or_declines(m, k, n, batch, groups, seed)
     b = rng.standard_normal((batch, groups, k, n)).astype(np.float32)
     out = np.full((batch, groups, m, n), np.nan, np.float32)
     call = gemm_call(lib, a, b, out)
-    if min(m, n, k) < 2 or (groups > 1 and batch > 1):
-        assert call is None
+    if min(m, k) < 2 or (groups > 1 and batch > 1):
+        assert call is None  # numpy's vector / outer-product special cases, or a batch it broadcasts
         return
     if call is None:  # numpy's BLAS is not one C can call here (an MKL / Accelerate build)
         pytest.skip("numpy's sgemm is not reachable from C on this build")
@@ -106,6 +107,9 @@ def test_gemm_from_c_gives_numpys_bits_or_declines(m, k, n, batch, groups, seed)
     x, w = a.reshape(-1, k)[:m], rng.standard_normal((n, k)).astype(np.float32)
     y = np.empty((m, n), np.float32)
     lin = linear_call(lib, np.ascontiguousarray(x), w, y)
+    if n < 2:
+        assert lin is None  # numpy's gemv for one output column is not taken for Linear
+        return
     assert lin is not None
     lin()
     np.testing.assert_array_equal(y, np.matmul(np.ascontiguousarray(x), w.T))
@@ -169,3 +173,53 @@ def test_bind_take_gathers_rows_and_checks_indices() -> None:
         call()
     with pytest.raises(IndexError):
         np.take(table, idx, axis=0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=st.lists(st.integers(1, 300), min_size=1, max_size=4), k=st.integers(1, 4), keepdims=st.booleans(),
+       scale=st.floats(0.01, 1e4), seed=st.integers(0, 999))  # fmt: skip
+def test_mean_over_trailing_axes_is_one_native_call_with_numpys_bits(shape, k, keepdims, scale, seed) -> None:
+    """numpy's pairwise summation order reproduced in C: the same bits as ops.mean (np.sum / count)."""
+    if int(np.prod(shape)) > 200_000:
+        return
+    k = min(k, len(shape))
+    axes = tuple(range(len(shape) - k, len(shape)))
+    x = (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+    want = ops.mean(x, axis=axes, keepdims=keepdims)
+    out = np.empty_like(want)
+    call = ops.bind("mean", x, out=out, axis=axes, keepdims=keepdims)
+    assert isinstance(call, ops.NativeCall)
+    call()
+    np.testing.assert_array_equal(out, want)
+
+
+def test_mean_over_leading_axes_stays_on_numpy() -> None:
+    x = np.random.default_rng(0).standard_normal((4, 5, 6)).astype(np.float32)
+    out = np.empty((5, 6), np.float32)
+    call = ops.bind("mean", x, out=out, axis=0)
+    assert call is not None and not isinstance(call, ops.NativeCall)
+    call()
+    np.testing.assert_array_equal(out, ops.mean(x, axis=0))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_bind_concat_copies_each_piece_into_its_slice(axis: int) -> None:
+    rng = np.random.default_rng(3)
+    sizes = (2, 1, 3)
+    pieces = []
+    for s in sizes:
+        shape = [2, 3, 4]
+        shape[axis] = s
+        pieces.append(rng.standard_normal(shape).astype(np.float32))
+    want = np.concatenate(pieces, axis=axis)
+    out = np.full_like(want, np.nan)
+    call = ops.bind_concat(pieces, axis, out)
+    assert isinstance(call, ops.BoundSteps) and all(isinstance(c, ops.NativeCall) for c in call.steps)
+    call()
+    np.testing.assert_array_equal(out, want)
+    pieces[0][...] = 7.0  # the pieces' values at call time
+    call()
+    np.testing.assert_array_equal(out, np.concatenate(pieces, axis=axis))
+    bad = ops.bind_concat(pieces[:2], axis, out)  # shapes that do not add up: numpy's call and its error
+    with pytest.raises(ValueError):
+        bad()

@@ -231,6 +231,9 @@ def _prebound(
                 return None
         except ValueError:
             return None
+        concat = getattr(ops, "bind_concat", None)  # a native copy per piece with ops >= 0.4.20
+        if concat is not None:
+            return concat(static, int(node.attrs["axis"]), dsts[0])
         return partial(np.concatenate, static, axis=int(node.attrs["axis"]), out=dsts[0])
     if key == (OPSTRATA_DOMAIN, "RotaryHalf") and len(static) == 3:
         return ops.bind("rope_rotate_half", *static, out=dsts[0], device=sch.device)

@@ -24,7 +24,7 @@ _state: dict[str, Any] = {}
 
 
 def _candidates() -> list[tuple[str, bool]]:
-    """(symbol, takes 64-bit ints) numpy's build configuration names, most specific first."""
+    """(sgemm symbol, takes 64-bit ints) numpy's build configuration names (sgemv: "gemm" -> "gemv")."""
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[index]
     except Exception:
@@ -46,8 +46,9 @@ def _libraries() -> list[str]:
     return sorted(p for pat in pats for p in glob.glob(os.path.join(root, pat)))
 
 
-def numpy_sgemm() -> tuple[int, bool] | None:
-    """(address, ilp64) of the sgemm numpy's matmul calls, or None when it cannot be found (cached)."""
+def numpy_sgemm() -> tuple[int, int, bool] | None:
+    """(sgemm address, sgemv address, ilp64) of the BLAS numpy's matmul calls, or None when they cannot
+    be found (cached)."""
     with _lock:
         if "sgemm" not in _state:
             _state["sgemm"] = _find()
@@ -61,9 +62,10 @@ def _find() -> tuple[int, bool] | None:
         except OSError:
             continue
         for symbol, ilp64 in _candidates():
-            fn = getattr(lib, symbol, None)
-            if fn is not None:
-                return ctypes.cast(fn, ctypes.c_void_p).value, ilp64  # type: ignore[return-value]
+            gemm, gemv = getattr(lib, symbol, None), getattr(lib, symbol.replace("gemm", "gemv"), None)
+            if gemm is not None and gemv is not None:
+                address = ctypes.cast(gemm, ctypes.c_void_p).value, ctypes.cast(gemv, ctypes.c_void_p).value
+                return address[0], address[1], ilp64  # type: ignore[return-value]
     return None
 
 
@@ -75,7 +77,7 @@ def _verified(lib: Any) -> bool:
     found = numpy_sgemm()
     ok = False
     if found is not None:
-        lib.opstrata_set_sgemm(found[0], int(found[1]))
+        lib.opstrata_set_sgemm(found[0], found[1], int(found[2]))
         rng = np.random.default_rng(0)
         a, b = (
             rng.standard_normal((2, 5, 7)).astype(np.float32),
@@ -93,10 +95,17 @@ def _verified(lib: Any) -> bool:
             NativeCall(lib, "batched_sgemm", (a.ctypes.data, w.ctypes.data, c2.ctypes.data, 5, 6, 7, 7, 7, 6, 1,
                                               0, 0, 0, 1), (a, w, c2))()  # fmt: skip
             ok = ok and bool(np.array_equal(c2, np.matmul(a[0], w.T)))
+            v, y = (
+                rng.standard_normal((7, 1)).astype(np.float32),
+                np.empty((5, 1), np.float32),
+            )  # matrix @ vector
+            NativeCall(lib, "batched_sgemv", (a.ctypes.data, v.ctypes.data, y.ctypes.data, 5, 7, 1, 0, 0, 0),
+                       (a, v, y))()  # fmt: skip
+            ok = ok and bool(np.array_equal(y, np.matmul(a[0], v)))
         except Exception:
             ok = False
         if not ok:
-            lib.opstrata_set_sgemm(None, 0)
+            lib.opstrata_set_sgemm(None, None, 0)
     with _lock:
         _state["ok"] = ok
     return ok
@@ -115,7 +124,7 @@ def gemm_call(lib: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Any:
         return None
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    if b.shape[-2] != k or out.shape[-2:] != (m, n) or min(m, n, k) < 2:
+    if b.shape[-2] != k or out.shape[-2:] != (m, n) or min(m, k) < 2 or n < 1:
         return None
     if out.shape[:-2] != b.shape[:-2] or np.may_share_memory(out, a) or np.may_share_memory(out, b):
         return None
@@ -132,6 +141,9 @@ def gemm_call(lib: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Any:
         return None
     if not _verified(lib):
         return None
+    if n == 1:  # numpy's matrix @ vector: sgemv
+        args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, m, k, batch, sa, k, m)
+        return _native(lib, "batched_sgemv", args, (a, b, out))
     args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, m, n, k, k, n, n, batch, sa, k * n, m * n, 0)
     return _Gemm(lib, args, (a, b, out))
 
@@ -153,8 +165,13 @@ def linear_call(lib: Any, x: np.ndarray, weight: np.ndarray, out: np.ndarray) ->
                  (x, weight, out))  # fmt: skip
 
 
-def _Gemm(lib: Any, args: tuple, keep: tuple) -> Any:
+def _native(lib: Any, name: str, args: tuple, keep: tuple) -> Any:
+    """A NativeCall of a BLAS entry (its error: the library has no routine set)."""
     from .packed import NativeCall
 
-    return NativeCall(lib, "batched_sgemm", args, keep, lambda rc: RuntimeError(
-        f"batched_sgemm: the native library has no BLAS sgemm (code {rc})"))  # fmt: skip
+    return NativeCall(lib, name, args, keep, lambda rc: RuntimeError(
+        f"{name}: the native library has no BLAS routine set (code {rc})"))  # fmt: skip
+
+
+def _Gemm(lib: Any, args: tuple, keep: tuple) -> Any:
+    return _native(lib, "batched_sgemm", args, keep)

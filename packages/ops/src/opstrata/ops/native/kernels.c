@@ -790,12 +790,33 @@ typedef void (*sgemm64_fn)(int64_t order, int64_t ta, int64_t tb, int64_t m, int
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 typedef void (*sgemm32_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                            const float *b, int ldb, float beta, float *c, int ldc);
-static void *sgemm_ptr = 0;
+typedef void (*sgemv64_fn)(int64_t order, int64_t ta, int64_t m, int64_t n, float alpha, const float *a, int64_t lda,
+                           const float *x, int64_t incx, float beta, float *y, int64_t incy);
+typedef void (*sgemv32_fn)(int order, int ta, int m, int n, float alpha, const float *a, int lda, const float *x,
+                           int incx, float beta, float *y, int incy);
+static void *sgemm_ptr = 0, *sgemv_ptr = 0;
 static int sgemm_ilp64 = 0;
 
-void opstrata_set_sgemm(void *fn, int ilp64) {
-    sgemm_ptr = fn;
+void opstrata_set_sgemm(void *gemm, void *gemv, int ilp64) {
+    sgemm_ptr = gemm;
+    sgemv_ptr = gemv;
     sgemm_ilp64 = ilp64;
+}
+
+/* batch y = A x for row-major A (m, k) and contiguous x, y: numpy's matrix @ vector, which calls
+   cblas_sgemv(ColMajor, Trans, k, m, 1, A, k, x, 1, 0, y, 1) for each batch entry. */
+static int batched_sgemv(const float *a, const float *x, float *y, int64_t m, int64_t k, int64_t batch, int64_t sa,
+                         int64_t sx, int64_t sy) {
+    if (!sgemv_ptr) return -2;
+    for (int64_t i = 0; i < batch; ++i) {
+        if (sgemm_ilp64) {
+            ((sgemv64_fn)sgemv_ptr)(102, 112, k, m, 1.0f, a + i * sa, k, x + i * sx, 1, 0.0f, y + i * sy, 1);
+        } else {
+            ((sgemv32_fn)sgemv_ptr)(102, 112, (int)k, (int)m, 1.0f, a + i * sa, (int)k, x + i * sx, 1, 0.0f,
+                                    y + i * sy, 1);
+        }
+    }
+    return 0;
 }
 
 /* batch row-major C = A op(B) (op: transpose when tb, alpha 1, beta 0), A / B / C advancing by sa / sb / sc
@@ -814,6 +835,30 @@ static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, in
         }
     }
     return 0;
+}
+
+/* numpy's pairwise float32 sum of n contiguous values (loops_utils.h's pairwise_sum: under 8 a plain loop,
+   up to 128 eight interleaved partial sums, above that the halves at a multiple of 8), so that a sum over
+   a row gives np.sum's bits; the caller adds it to 0 as numpy's reduce does. */
+static float np_pairwise_sum_f32(const float *a, int64_t n) {
+    if (n < 8) {
+        float res = 0.0f;
+        for (int64_t i = 0; i < n; ++i) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        float r[8];
+        for (int j = 0; j < 8; ++j) r[j] = a[j];
+        int64_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; ++i) res += a[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_pairwise_sum_f32(a, n2) + np_pairwise_sum_f32(a + n2, n - n2);
 }
 
 #define P(i, T) ((T)(intptr_t)a[i])
@@ -877,32 +922,35 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         default: return -1001;
         }
     }
-    case 14: { /* dst (C-contiguous) = src, a strided view of up to 6 dims (bytes): a copy of a fixed view */
+    case 14: { /* dst = src, both strided views of up to 6 dims (strides in bytes; a null dst stride array: dst is
+                  C-contiguous): a copy of fixed views, nothing computed */
         const char *src = P(0, const char *);
         char *dst = P(1, char *);
         const int64_t item = a[2], nd = a[3];
-        const int64_t *shape = P(4, const int64_t *), *st = P(5, const int64_t *);
-        int64_t dims[6] = {1, 1, 1, 1, 1, 1}, str[6] = {0, 0, 0, 0, 0, 0};
-        for (int64_t d = 0; d < nd; ++d) {
+        const int64_t *shape = P(4, const int64_t *), *st = P(5, const int64_t *), *dt = P(6, const int64_t *);
+        int64_t dims[6] = {1, 1, 1, 1, 1, 1}, ss[6] = {0, 0, 0, 0, 0, 0}, ds[6] = {0, 0, 0, 0, 0, 0};
+        int64_t run = item;
+        for (int64_t d = nd - 1; d >= 0; --d) {
             dims[6 - nd + d] = shape[d];
-            str[6 - nd + d] = st[d];
+            ss[6 - nd + d] = st[d];
+            ds[6 - nd + d] = dt ? dt[d] : run;
+            run *= shape[d];
         }
-        const int contiguous_rows = str[5] == item;
+        const int rows_contiguous = ss[5] == item && ds[5] == item;
         const size_t row = (size_t)(dims[5] * item);
         for (int64_t i0 = 0; i0 < dims[0]; ++i0)
             for (int64_t i1 = 0; i1 < dims[1]; ++i1)
                 for (int64_t i2 = 0; i2 < dims[2]; ++i2)
                     for (int64_t i3 = 0; i3 < dims[3]; ++i3)
                         for (int64_t i4 = 0; i4 < dims[4]; ++i4) {
-                            const char *s0 = src + i0 * str[0] + i1 * str[1] + i2 * str[2] + i3 * str[3] + i4 * str[4];
-                            if (contiguous_rows) {
-                                memcpy(dst, s0, row);
-                            } else if (item == 4) {
-                                for (int64_t j = 0; j < dims[5]; ++j) memcpy(dst + 4 * j, s0 + j * str[5], 4);
+                            const char *s0 = src + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3] + i4 * ss[4];
+                            char *d0 = dst + i0 * ds[0] + i1 * ds[1] + i2 * ds[2] + i3 * ds[3] + i4 * ds[4];
+                            if (rows_contiguous) {
+                                memcpy(d0, s0, row);
                             } else {
-                                for (int64_t j = 0; j < dims[5]; ++j) memcpy(dst + item * j, s0 + j * str[5], (size_t)item);
+                                for (int64_t j = 0; j < dims[5]; ++j)
+                                    memcpy(d0 + j * ds[5], s0 + j * ss[5], (size_t)item);
                             }
-                            dst += row;
                         }
         return 0;
     }
@@ -921,6 +969,17 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
             }
         return 0;
     }
+    case 16: { /* out[r] = (0 + sum(x[r, :n])) / n over rows: np.sum then np.divide by the count */
+        const float *x = P(0, const float *);
+        float *o = P(1, float *);
+        const int64_t rows = a[2], n = a[3];
+        const float count = (float)n;
+        for (int64_t r = 0; r < rows; ++r) o[r] = (0.0f + np_pairwise_sum_f32(x + r * n, n)) / count;
+        return 0;
+    }
+    case 17:
+        return batched_sgemv(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], a[5], a[6], a[7],
+                             a[8]);
     case 10:
         return batched_sgemm(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], a[5], a[6], a[7],
                              a[8], a[9], a[10], a[11], a[12], a[13]);

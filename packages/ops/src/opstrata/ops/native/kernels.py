@@ -30,6 +30,7 @@ from ..kernels.matmul import (
 )
 from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
 from ..kernels.pool import _check_pool, max_pool2d_cpu
+from ..kernels.reduce import bind_mean as _bind_mean_numpy, mean_cpu, normalize_axes
 from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
 from . import library as _native
@@ -599,3 +600,33 @@ for _code, _kernel in enumerate((add_cpu, sub_cpu, mul_cpu, div_cpu)):
     _kernel.binder = _binary_binder(_kernel, _code)  # type: ignore[attr-defined]
 matmul_cpu.binder = _bind_matmul_native  # type: ignore[attr-defined]
 linear_cpu.binder = _bind_linear_native  # type: ignore[attr-defined]
+
+
+def _bind_mean_native(x: Any, *, axis: Any = None, keepdims: bool = False, out: Any = None) -> Any:
+    """``mean`` over trailing axes of a C-contiguous float32 array (global average pooling, a last-axis
+    mean) as one packed C loop summing each row in numpy's pairwise order: np.sum's bits, checked on the
+    arrays' current values when bound (a numpy whose order differs keeps the numpy call)."""
+    numpy_call = _bind_mean_numpy(x, axis=axis, keepdims=keepdims, out=out)
+    if numpy_call is None or x.dtype != _F32 or not x.flags.c_contiguous or not out.flags.c_contiguous:
+        return numpy_call
+    try:
+        axes = normalize_axes("mean", x, axis)
+    except Exception:
+        return numpy_call
+    if not axes or axes != tuple(range(x.ndim - len(axes), x.ndim)):
+        return numpy_call  # not a trailing block of axes
+    lib = library()
+    if lib is None:
+        return numpy_call
+    n = int(np.prod([x.shape[a] for a in axes]))
+    call = NativeCall(lib, "mean_rows", (x.ctypes.data, out.ctypes.data, x.size // n, n), (x, out))
+    saved = out.copy()
+    numpy_call()
+    want = out.copy()
+    call()
+    same = np.array_equal(out, want, equal_nan=True)
+    out[...] = saved
+    return call if same else numpy_call
+
+
+mean_cpu.binder = _bind_mean_native  # type: ignore[attr-defined]

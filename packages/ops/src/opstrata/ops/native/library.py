@@ -47,7 +47,7 @@ _SIGNATURES = {
     "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 14], ctypes.c_int),
     "opstrata_attention_f32": ([*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float], ctypes.c_int),
     "opstrata_call_packed": ([_I64, _P], ctypes.c_int),
-    "opstrata_set_sgemm": ([_P, ctypes.c_int], None),
+    "opstrata_set_sgemm": ([_P, _P, ctypes.c_int], None),
     "opstrata_call_batch": ([_P, _I64, _P], ctypes.c_int),
     "opstrata_ew_run_f32": (
         [_P, _I64, _P, _I64, _I64, _P, _P, _P, _I64, _P, _I64, ctypes.c_int, _P, _I64],

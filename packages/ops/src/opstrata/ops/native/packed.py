@@ -43,6 +43,8 @@ PACKED_IDS = {
     "binary_f32": 13,
     "strided_copy": 14,
     "gather_rows": 15,
+    "mean_rows": 16,
+    "batched_sgemv": 17,
 }
 
 
@@ -178,23 +180,51 @@ def merge_bound_calls(
 
 
 def bind_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:
-    """``np.copyto(dst, src)`` for a C-contiguous ``dst`` and a same-shape, same-dtype view ``src`` (up to
-    6 dims) as one packed native call (bytes moved, nothing computed: the same result); else the numpy call."""
+    """``np.copyto(dst, src)`` for same-shape, same-dtype views (up to 6 dims, any strides, not
+    overlapping) as one packed native call (bytes moved, nothing computed: the same result); else the
+    numpy call."""
     from functools import partial
 
     from .library import library
 
     ok = (
         type(dst) is np.ndarray and type(src) is np.ndarray and dst.dtype == src.dtype and dst.shape == src.shape
-        and dst.flags.c_contiguous and dst.flags.writeable and 0 < src.ndim <= 6 and src.size > 0
-        and not np.may_share_memory(dst, src) and dst.dtype.kind in "biuf"
+        and dst.flags.writeable and 0 < src.ndim <= 6 and src.size > 0 and not np.may_share_memory(dst, src)
+        and dst.dtype.kind in "biuf"
     )  # fmt: skip
     lib = library() if ok else None
     if lib is None:
         return partial(np.copyto, dst, src)
-    shape, strides = np.array(src.shape, np.int64), np.array(src.strides, np.int64)
-    args = (src.ctypes.data, dst.ctypes.data, src.itemsize, src.ndim, shape.ctypes.data, strides.ctypes.data)
-    return NativeCall(lib, "strided_copy", args, (src, dst, shape, strides))
+    shape, sst = np.array(src.shape, np.int64), np.array(src.strides, np.int64)
+    dst_strides = None if dst.flags.c_contiguous else np.array(dst.strides, np.int64)
+    args = (src.ctypes.data, dst.ctypes.data, src.itemsize, src.ndim, shape.ctypes.data, sst.ctypes.data,
+            None if dst_strides is None else dst_strides.ctypes.data)  # fmt: skip
+    return NativeCall(lib, "strided_copy", args, (src, dst, shape, sst, dst_strides))
+
+
+def bind_concat(pieces: Sequence[np.ndarray], axis: int, out: np.ndarray) -> Callable[[], Any]:
+    """``np.concatenate(pieces, axis=axis, out=out)`` as one copy per piece into its slice of ``out``
+    (packed native copies where :func:`bind_copy` takes them); the numpy call when the shapes do not
+    line up (its own error then says why)."""
+    from functools import partial
+
+    numpy_call = partial(np.concatenate, list(pieces), axis=axis, out=out)
+    if type(out) is not np.ndarray or not pieces or out.ndim == 0:
+        return numpy_call
+    ax = axis % out.ndim
+    if any(type(p) is not np.ndarray or p.ndim != out.ndim or p.dtype != out.dtype for p in pieces):
+        return numpy_call
+    if sum(p.shape[ax] for p in pieces) != out.shape[ax] or any(
+        p.shape[:ax] + p.shape[ax + 1 :] != out.shape[:ax] + out.shape[ax + 1 :] for p in pieces
+    ):
+        return numpy_call
+    copies, start = [], 0
+    for p in pieces:
+        view = out[(slice(None),) * ax + (slice(start, start + p.shape[ax]),)]
+        start += p.shape[ax]
+        if p.size:
+            copies.append(bind_copy(view, p))
+    return BoundSteps(copies)
 
 
 def bind_take(table: np.ndarray, indices: np.ndarray, axis: int, out: np.ndarray) -> Callable[[], Any]:
