@@ -179,3 +179,20 @@ def test_batchnorm_stays_when_its_statistics_or_the_conv_output_are_not_its_own(
         g2, report = og.optimize(og.from_onnx(model), 2)
         assert report.matched("fold_conv_batchnorm") == 0
         assert g2.op_counts()["BatchNormalization"] == 1
+
+
+@pytest.mark.parametrize("act", ["HardSwish", "HardSigmoid", "LeakyRelu", "Clip"])
+def test_a_lone_attribute_activation_becomes_one_generated_kernel(act: str) -> None:
+    """MobileNetV3's classifier: Gemm -> HardSwish; the activation alone is one FusedElementwise (its
+    expansion is several steps), matching onnxruntime."""
+    b = ModelBuilder("lone", 17, seed=5)
+    x = b.input("x", ["batch", 12])
+    h = b.op("Gemm", [x, b.weight([12, 6]), b.weight([6], "b", 0.1)])
+    extra = [b.scalar(-0.25), b.scalar(0.5)] if act == "Clip" else []
+    b.nodes.append(b.onnx.helper.make_node(act, [h, *extra], ["y"], name="act"))
+    b.output("y")
+    model = b.build()
+    g3, _ = og.optimize(og.from_onnx(model), 3)
+    assert g3.op_counts().get("ai.opstrata::FusedElementwise") == 1 and act not in g3.op_counts()
+    feeds = random_feeds(model, {"batch": 3})
+    np.testing.assert_allclose(og.run_graph(g3, feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-6)

@@ -223,3 +223,23 @@ def test_bind_concat_copies_each_piece_into_its_slice(axis: int) -> None:
     bad = ops.bind_concat(pieces[:2], axis, out)  # shapes that do not add up: numpy's call and its error
     with pytest.raises(ValueError):
         bad()
+
+
+def test_calls_of_different_libraries_are_not_batched_together() -> None:
+    """A batch runs in one library (its ids are that library's): a call into another native library (an
+    upper package's) ends the run."""
+    import types
+
+    _x, _outs, calls = _chain()
+    seen = []
+    other = types.SimpleNamespace(
+        opstrata_call_packed=lambda code, ptr: seen.append(code) or 0,
+        opstrata_call_batch=lambda *a: pytest.fail("a foreign batch was formed"),
+    )
+    foreign = ops.NativeCall(other, "opstrata_ew_run_f32", [0], keep=None)
+    runner, owners = ops.merge_bound_calls([calls[0], calls[1], foreign, calls[2]])
+    assert owners == [[0, 1], [2], [3]]
+    assert isinstance(runner[0], ops.NativeBatch) and runner[1] is foreign and runner[2] is calls[2]
+    for r in runner:
+        r()
+    assert seen == [1]

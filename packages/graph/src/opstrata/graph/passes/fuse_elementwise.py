@@ -78,7 +78,8 @@ def activation_steps(m: Matcher, node: Node) -> list[tuple[str, list[str | float
 
 
 def _groups(g: Graph, m: Matcher) -> list[list[Node]]:
-    """Single-output groups of >= 2 fusible nodes of one dtype, members in schedule order."""
+    """Single-output groups of >= 2 fusible nodes of one dtype (or one attribute activation), members in
+    schedule order."""
     group: dict[int, int] = {}  # id(node) -> id(its group's root)
     dtype: dict[int, object] = {}  # id(root) -> the group's dtype
     for node in reversed(g.nodes):
@@ -96,7 +97,8 @@ def _groups(g: Graph, m: Matcher) -> list[list[Node]]:
     for node in g.nodes:
         if id(node) in group:
             members.setdefault(group[id(node)], []).append(node)
-    return [grp for grp in members.values() if len(grp) > 1]
+    # a lone attribute activation is a chain of several steps itself: one generated kernel beats its op's
+    return [grp for grp in members.values() if len(grp) > 1 or grp[0].op_type in _EXPANDED]
 
 
 def _foldable(m: Matcher, grp: list[Node]) -> set[str]:
@@ -171,7 +173,8 @@ def _expression(m: Matcher, grp: list[Node]) -> tuple[list[str], list[list], lis
 
 
 def fuse_elementwise(graph: Graph) -> Graph:
-    """Replace each single-output group of >= 2 fusible elementwise nodes by one FusedElementwise node."""
+    """Replace each single-output group of >= 2 fusible elementwise nodes (or a lone HardSwish /
+    HardSigmoid / Clip / LeakyRelu, several steps itself) by one FusedElementwise node."""
     g = graph.copy()
     m = Matcher(g)
     for grp in _groups(g, m):

@@ -551,6 +551,8 @@ def _bind_matmul_native(a: Any, b: Any, *, out: Any) -> Any:
     if lib is None:
         return numpy_call
     a2, out2 = numpy_call.args[0], numpy_call.keywords["out"]
+    if b.ndim == 2 and not b.flags.c_contiguous and b.T.flags.c_contiguous:  # a transposed weight (tied)
+        return linear_call(lib, a2, b.T, out2) or numpy_call
     return gemm_call(lib, a2, b, out2) or numpy_call
 
 

@@ -169,6 +169,8 @@ def merge_bound_calls(
     for pos, call in enumerate(calls):
         for part in flatten(call):
             if isinstance(part, NativeCall):
+                if pending and part.lib is not pending[0].lib:
+                    flush()  # a batch runs in one library: its ids are that library's
                 pending.append(part)
                 pending_owner.append(pos)
             else:
