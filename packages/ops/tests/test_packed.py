@@ -14,6 +14,7 @@ from opstrata.ops import codegen as cg
 from opstrata.ops.native.library import library
 from opstrata.ops.native.packed import pack_args
 
+NUMPY_MAJOR = int(np.__version__.split(".")[0])
 pytestmark = pytest.mark.skipif(library() is None, reason="no native library on this machine (no C compiler)")
 
 
@@ -188,7 +189,9 @@ def test_mean_over_trailing_axes_is_one_native_call_with_numpys_bits(shape, k, k
     want = ops.mean(x, axis=axes, keepdims=keepdims)
     out = np.empty_like(want)
     call = ops.bind("mean", x, out=out, axis=axes, keepdims=keepdims)
-    assert isinstance(call, ops.NativeCall)
+    # numpy 2 reduces a C-contiguous trailing block pairwise per row, as the C loop does; an older numpy
+    # that orders some shapes differently keeps its own call (checked when bound)
+    assert isinstance(call, ops.NativeCall) or NUMPY_MAJOR < 2
     call()
     np.testing.assert_array_equal(out, want)
 

@@ -335,8 +335,13 @@ def test_thread_plan_switches_only_where_the_count_changes() -> None:
 
 
 @needs_blas
-@pytest.mark.parametrize("mode", ["bound", "profiled", "allocator"])
+@pytest.mark.parametrize("mode", ["bound", "bound-unmerged", "profiled", "allocator"])
 def test_small_gemms_run_single_threaded(monkeypatch, mode) -> None:
+    """bound-unmerged: an ops without merge_bound_calls (an older floor) still runs the thread switches."""
+    import opstrata.ops as ops
+
+    if mode == "bound-unmerged" and hasattr(ops, "merge_bound_calls"):
+        monkeypatch.delattr(ops, "merge_bound_calls")
     seen = _recording(monkeypatch, "MatMul")
     after = _recording(monkeypatch, "Sigmoid")
     model = _two_gemm_model()

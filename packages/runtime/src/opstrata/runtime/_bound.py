@@ -79,7 +79,8 @@ def merge_native(prog: BoundProgram) -> None:
     ``ops.NativeBatch`` each: one C call for the run instead of one Python call per step (ops >= 0.4.20;
     with an older ops the calls stay as they are)."""
     merge = getattr(ops, "merge_bound_calls", None)
-    if merge is None:
+    if merge is None:  # the calls as they are now (with_switches may have wrapped some since binding)
+        prog.runner, prog.owners = list(prog.calls), [[i] for i in prog.index]
         return
     runner, owners = merge(prog.calls)
     prog.runner = runner

@@ -70,45 +70,48 @@ def _find() -> tuple[int, bool] | None:
 
 
 def _verified(lib: Any) -> bool:
-    """The library's GEMM gives np.matmul's bits on a small product (once per process)."""
+    """The library's GEMM / GEMV give np.matmul's bits on small products (once per loaded library: a
+    rebuilt or reloaded library is set up and checked again)."""
     with _lock:
-        if "ok" in _state:
-            return _state["ok"]
+        done = _state.setdefault("checked", {}).get(id(lib))
+        if done is not None and done[0] is lib:
+            return done[1]
     found = numpy_sgemm()
     ok = False
     if found is not None:
         lib.opstrata_set_sgemm(found[0], found[1], int(found[2]))
-        rng = np.random.default_rng(0)
-        a, b = (
-            rng.standard_normal((2, 5, 7)).astype(np.float32),
-            rng.standard_normal((2, 7, 6)).astype(np.float32),
-        )
-        c = np.empty((2, 5, 6), np.float32)
-        from .packed import NativeCall
-
-        try:
-            NativeCall(lib, "batched_sgemm", (a.ctypes.data, b.ctypes.data, c.ctypes.data, 5, 6, 7, 7, 6, 6, 2,
-                                              35, 42, 30, 0), (a, b, c))()  # fmt: skip
-            ok = bool(np.array_equal(c, np.matmul(a, b)))
-            w = rng.standard_normal((6, 7)).astype(np.float32)  # (out, in): the Linear form, B transposed
-            c2 = np.empty((5, 6), np.float32)
-            NativeCall(lib, "batched_sgemm", (a.ctypes.data, w.ctypes.data, c2.ctypes.data, 5, 6, 7, 7, 7, 6, 1,
-                                              0, 0, 0, 1), (a, w, c2))()  # fmt: skip
-            ok = ok and bool(np.array_equal(c2, np.matmul(a[0], w.T)))
-            v, y = (
-                rng.standard_normal((7, 1)).astype(np.float32),
-                np.empty((5, 1), np.float32),
-            )  # matrix @ vector
-            NativeCall(lib, "batched_sgemv", (a.ctypes.data, v.ctypes.data, y.ctypes.data, 5, 7, 1, 0, 0, 0),
-                       (a, v, y))()  # fmt: skip
-            ok = ok and bool(np.array_equal(y, np.matmul(a[0], v)))
-        except Exception:
-            ok = False
+        ok = _matches_numpy(lib)
         if not ok:
             lib.opstrata_set_sgemm(None, None, 0)
     with _lock:
-        _state["ok"] = ok
+        _state["checked"][id(lib)] = (lib, ok)
     return ok
+
+
+def _matches_numpy(lib: Any) -> bool:
+    from .packed import NativeCall
+
+    rng = np.random.default_rng(0)
+    a, b = (
+        rng.standard_normal((2, 5, 7)).astype(np.float32),
+        rng.standard_normal((2, 7, 6)).astype(np.float32),
+    )
+    c = np.empty((2, 5, 6), np.float32)
+    try:
+        NativeCall(lib, "batched_sgemm", (a.ctypes.data, b.ctypes.data, c.ctypes.data, 5, 6, 7, 7, 6, 6, 2,
+                                          35, 42, 30, 0), (a, b, c))()  # fmt: skip
+        ok = bool(np.array_equal(c, np.matmul(a, b)))
+        w = rng.standard_normal((6, 7)).astype(np.float32)  # (out, in): the Linear form, B transposed
+        c2 = np.empty((5, 6), np.float32)
+        NativeCall(lib, "batched_sgemm", (a.ctypes.data, w.ctypes.data, c2.ctypes.data, 5, 6, 7, 7, 7, 6, 1,
+                                          0, 0, 0, 1), (a, w, c2))()  # fmt: skip
+        ok = ok and bool(np.array_equal(c2, np.matmul(a[0], w.T)))
+        v, y = rng.standard_normal((7, 1)).astype(np.float32), np.empty((5, 1), np.float32)  # matrix @ vector
+        NativeCall(lib, "batched_sgemv", (a.ctypes.data, v.ctypes.data, y.ctypes.data, 5, 7, 1, 0, 0, 0),
+                   (a, v, y))()  # fmt: skip
+        return ok and bool(np.array_equal(y, np.matmul(a[0], v)))
+    except Exception:
+        return False
 
 
 def gemm_call(lib: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Any:
