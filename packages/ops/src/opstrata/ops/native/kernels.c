@@ -786,11 +786,12 @@ static inline float packed_f32(int64_t bits) {
 
 /* The BLAS sgemm numpy itself calls (its bundled OpenBLAS, found by native/blas.py), so a GEMM step can run
    inside a batch with the numpy call's exact arguments -- hence its exact bits. ilp64: 64-bit integers. */
-typedef void (*sgemm64_fn)(int64_t order, int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, float alpha,
-                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* cblas's enums (order, transposes) are ints; with 64-bit integers (ILP64) only the sizes widen */
+typedef void (*sgemm64_fn)(int order, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 typedef void (*sgemm32_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                            const float *b, int ldb, float beta, float *c, int ldc);
-typedef void (*sgemv64_fn)(int64_t order, int64_t ta, int64_t m, int64_t n, float alpha, const float *a, int64_t lda,
+typedef void (*sgemv64_fn)(int order, int ta, int64_t m, int64_t n, float alpha, const float *a, int64_t lda,
                            const float *x, int64_t incx, float beta, float *y, int64_t incy);
 typedef void (*sgemv32_fn)(int order, int ta, int m, int n, float alpha, const float *a, int lda, const float *x,
                            int incx, float beta, float *y, int incy);
@@ -824,13 +825,13 @@ static int batched_sgemv(const float *a, const float *x, float *y, int64_t m, in
 static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
                          int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc, int64_t tb) {
     if (!sgemm_ptr) return -2;
-    const int64_t opb = tb ? 112 : 111; /* CblasTrans : CblasNoTrans */
+    const int opb = tb ? 112 : 111; /* CblasTrans : CblasNoTrans */
     for (int64_t i = 0; i < batch; ++i) {
         if (sgemm_ilp64) {
             ((sgemm64_fn)sgemm_ptr)(101, 111, opb, m, n, k, 1.0f, a + i * sa, lda, b + i * sb, ldb, 0.0f, c + i * sc,
                                     ldc);
         } else {
-            ((sgemm32_fn)sgemm_ptr)(101, 111, (int)opb, (int)m, (int)n, (int)k, 1.0f, a + i * sa, (int)lda,
+            ((sgemm32_fn)sgemm_ptr)(101, 111, opb, (int)m, (int)n, (int)k, 1.0f, a + i * sa, (int)lda,
                                     b + i * sb, (int)ldb, 0.0f, c + i * sc, (int)ldc);
         }
     }
