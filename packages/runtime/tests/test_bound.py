@@ -574,3 +574,32 @@ def test_native_steps_run_merged_and_a_failure_inside_names_its_node() -> None:
     batch._cmds[2 * (len(batch.calls) - 1)] = code
     for w, g in zip(want, sess.run(None, feeds), strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_reshape_of_a_staged_feed_is_a_fixed_view_and_its_reader_binds() -> None:
+    """GPT-2's input_ids -> Reshape -> Gather: the Reshape of the program's copy of the feed is taken once
+    (no step per run), the Gather binds to it, and each run still reads its own feed."""
+    from opstrata.graph.testing import ModelBuilder
+
+    b = ModelBuilder("ids", 17, seed=0)
+    ids = b.input("ids", [2, 5], np.int64)
+    flat = b.op("Reshape", [ids, b.ints([10])])
+    emb = b.op("Gather", [b.weight([50, 8]), flat], axis=0)
+    b.nodes.append(b.onnx.helper.make_node("Reshape", [emb, b.ints([2, 5, 8])], ["y"], name="out"))
+    b.output("y")
+    model = b.build()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=1))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        feeds = {"ids": rng.integers(0, 50, (2, 5)).astype(np.int64)}
+        want = _allocator_outputs(model, feeds, 1)
+        got = sess.run(None, feeds)
+        feeds["ids"][...] = 0  # the caller reuses its array after the run: nothing bound reads it
+        np.testing.assert_array_equal(got[0], want[0])
+    (bound,) = sess._bound.values()
+    ran = [sess._schedule.steps[i].node for i in bound.index]
+    assert any(n.op_type == "Gather" for n in ran)
+    assert not any(n.op_type == "Reshape" and n.inputs[0] == "ids" for n in ran)  # a view taken once
+    bad = {"ids": np.full((2, 5), 50, np.int64)}  # out of range: the bound gather names its node
+    with pytest.raises(ExecutionError, match=r"Gather"):
+        sess.run(None, bad)

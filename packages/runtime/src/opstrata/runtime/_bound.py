@@ -521,6 +521,9 @@ def bind_arena(
     dynamic = frozenset(sch.input_slots) | (alias - set_by_skipped) | unplanned
     stage = _stage_feeds(sch, vals, feeds) if feeds is not None else []
     dynamic = dynamic - {sch.input_slots[k] for k, _ in stage}
+    views = _views_of_staged(sch, vals, {sch.input_slots[k] for k, _ in stage}, skip, constants)
+    skip |= set(views)
+    dynamic = dynamic - {sch.steps[i].outs[0] for i in views}
     calls, index = [], []
     for i, st in enumerate(sch.steps):
         if i not in skip:
@@ -529,6 +532,38 @@ def bind_arena(
     prog = BoundProgram(calls, index, vals, sorted(dynamic), generation)
     prog.stage = stage
     return prog
+
+
+def _views_of_staged(
+    sch: Schedule, vals: list[Any], staged: set[int], skip: set[int], constants: frozenset[str]
+) -> list[int]:
+    """Reshape-likes (Reshape, Squeeze, Flatten, ...) of a staged feed -- or of such a view -- to a
+    constant target: their result is a fixed view of the program's own buffer, taken here once and
+    placed in ``vals`` (the step is left out, its readers bind to the view). GPT-2's ``input_ids`` ->
+    Reshape -> Gather. Returns the steps so replaced."""
+    from ._arena import _RESHAPES
+
+    fixed, out = set(staged), []
+    for i, st in enumerate(sch.steps):
+        n = st.node
+        if i in skip or not (n.domain in ("", "ai.onnx") and n.op_type in _RESHAPES and len(st.outs) == 1):
+            continue
+        if not st.ins or st.ins[0] not in fixed or st.outs[0] < 0:
+            continue
+        if not all(not c or c in sch.graph.initializers or c in constants for c in n.inputs[1:]):
+            continue
+        kernel = KERNELS.get(("", n.op_type))
+        try:
+            (view,) = kernel(n, [vals[s] if s >= 0 else None for s in st.ins])  # type: ignore[misc]
+        except Exception:
+            continue  # the per-run path raises it, naming the node
+        base = vals[st.ins[0]]
+        if type(view) is not np.ndarray or view.size != base.size or not np.shares_memory(view, base):
+            continue  # a copy would freeze this run's values
+        vals[st.outs[0]] = view
+        fixed.add(st.outs[0])
+        out.append(i)
+    return out
 
 
 #: feeds up to this size are copied into a buffer of the bound program each run (a few microseconds)
