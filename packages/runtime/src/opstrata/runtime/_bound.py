@@ -48,7 +48,9 @@ _BINARY_NAMES: dict[Callable[..., np.ndarray], str] = {
 class BoundProgram:
     """One arena's steps as zero-argument calls over its own value list ``vals`` (runs take turns)."""
 
-    __slots__ = ("calls", "generation", "index", "owners", "reset", "runner", "stage", "template", "vals")
+    __slots__ = (
+        "calls", "direct", "generation", "index", "owners", "reset", "runner", "stage", "template", "vals",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -68,6 +70,8 @@ class BoundProgram:
         #: (feed index, buffer): feeds copied into buffers of the program's own, so the steps that read
         #: them are bound like any other (see :data:`STAGE_MAX_BYTES`)
         self.stage: list[tuple[int, np.ndarray]] = []
+        #: (slot, feed index) of the feeds read where the caller keeps them (not staged)
+        self.direct: list[tuple[int, int]] = []
         #: what a run calls: ``calls`` with consecutive native calls merged (:func:`merge_native`), and
         #: per runner entry the step of each call inside it
         self.runner: list[Callable[[], object]] = list(calls)
@@ -531,6 +535,8 @@ def bind_arena(
             index.append(i)
     prog = BoundProgram(calls, index, vals, sorted(dynamic), generation)
     prog.stage = stage
+    staged = {k for k, _ in stage}
+    prog.direct = [(s, k) for k, s in enumerate(sch.input_slots) if k not in staged]
     return prog
 
 
@@ -585,11 +591,10 @@ def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> lis
     """Run ``prog`` on ``feeds`` (in graph input order); returns its value list (read the outputs, then
     call :func:`release`). A failing kernel raises ExecutionError naming its node."""
     vals = prog.vals
-    for s, f in zip(sch.input_slots, feeds, strict=True):
-        vals[s] = f
-    for k, buf in prog.stage:  # same shape (the program's key) and dtype (the session checked it)
-        np.copyto(buf, feeds[k], casting="no")
-        vals[sch.input_slots[k]] = buf
+    for s, i in prog.direct:
+        vals[s] = feeds[i]
+    for i, buf in prog.stage:  # same shape (the program's key) and dtype (the session checked it)
+        np.copyto(buf, feeds[i], casting="no")  # the slot holds buf for good (the template has it)
     k = 0
     try:
         for k, call in enumerate(prog.runner):  # noqa: B007  (k names the failing step)
@@ -599,8 +604,9 @@ def run_bound(sch: Schedule, prog: BoundProgram, feeds: list[np.ndarray]) -> lis
         raise
     except Exception as err:
         exc, j = err, 0
-        if type(err).__name__ == "NativeBatchError":  # a call inside a merged run: its own step and error
-            j, exc = err.index, err.__cause__ or err  # type: ignore[attr-defined]
+        batch_error = getattr(ops, "NativeBatchError", None)  # ops >= 0.4.20 merges native calls
+        if batch_error is not None and isinstance(err, batch_error):  # a call inside a merged run
+            j, exc = err.index, err.__cause__ or err
         st = sch.steps[prog.owners[k][j]]
         ins = list(st.ins)
         while ins and ins[-1] < 0:

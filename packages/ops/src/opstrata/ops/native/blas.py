@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .packed import NativeCall
+
 __all__ = ["gemm_call", "linear_call", "numpy_sgemm"]
 
 _lock = threading.Lock()
@@ -89,8 +91,6 @@ def _verified(lib: Any) -> bool:
 
 
 def _matches_numpy(lib: Any) -> bool:
-    from .packed import NativeCall
-
     rng = np.random.default_rng(0)
     a, b = (
         rng.standard_normal((2, 5, 7)).astype(np.float32),
@@ -170,8 +170,6 @@ def linear_call(lib: Any, x: np.ndarray, weight: np.ndarray, out: np.ndarray) ->
 
 def _native(lib: Any, name: str, args: tuple, keep: tuple) -> Any:
     """A NativeCall of a BLAS entry (its error: the library has no routine set)."""
-    from .packed import NativeCall
-
     return NativeCall(lib, name, args, keep, lambda rc: RuntimeError(
         f"{name}: the native library has no BLAS routine set (code {rc})"))  # fmt: skip
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
+
+from .library import library
 
 __all__ = [
     "PACKED_IDS",
@@ -185,10 +188,6 @@ def bind_copy(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:
     """``np.copyto(dst, src)`` for same-shape, same-dtype views (up to 6 dims, any strides, not
     overlapping) as one packed native call (bytes moved, nothing computed: the same result); else the
     numpy call."""
-    from functools import partial
-
-    from .library import library
-
     ok = (
         type(dst) is np.ndarray and type(src) is np.ndarray and dst.dtype == src.dtype and dst.shape == src.shape
         and dst.flags.writeable and 0 < src.ndim <= 6 and src.size > 0 and not np.may_share_memory(dst, src)
@@ -208,8 +207,6 @@ def bind_concat(pieces: Sequence[np.ndarray], axis: int, out: np.ndarray) -> Cal
     """``np.concatenate(pieces, axis=axis, out=out)`` as one copy per piece into its slice of ``out``
     (packed native copies where :func:`bind_copy` takes them); the numpy call when the shapes do not
     line up (its own error then says why)."""
-    from functools import partial
-
     numpy_call = partial(np.concatenate, list(pieces), axis=axis, out=out)
     if type(out) is not np.ndarray or not pieces or out.ndim == 0:
         return numpy_call
@@ -233,10 +230,6 @@ def bind_take(table: np.ndarray, indices: np.ndarray, axis: int, out: np.ndarray
     """``np.take(table, indices, axis=axis, out=out)`` (an embedding lookup, Gather) as one packed native
     call for a C-contiguous table and out and int64 indices; an index out of range raises IndexError as
     numpy does. Else the numpy call."""
-    from functools import partial
-
-    from .library import library
-
     numpy_call = partial(np.take, table, indices, axis=axis, out=out)
     ok = (
         type(table) is np.ndarray and type(indices) is np.ndarray and type(out) is np.ndarray
