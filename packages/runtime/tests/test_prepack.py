@@ -56,3 +56,44 @@ def _gemm_only():
     x = b.input("x", ["n", 4])
     b.output(b.op("Gemm", [x, b.weight([3, 4]), b.weight([3], "b")], transB=1))
     return b.build()
+
+
+def _matmul_graph(also_reduce: bool):
+    b = ModelBuilder("matmul", 17)
+    x = b.input("x", ["n", 4])
+    w = b.weight([4, 5])
+    y = b.op("MatMul", [x, w])
+    if also_reduce:
+        y = b.op("Add", [b.op("ReduceSum", [y], keepdims=0), b.op("ReduceSum", [w], keepdims=0)])
+    b.output(y)
+    g = og.from_onnx(b.build())
+    (w_name,) = [k for k, v in g.initializers.items() if v.ndim == 2]
+    g.initializers[w_name] = np.asfortranarray(g.initializers[w_name])  # as a folded Transpose leaves it
+    names = list(g.inputs) + list(g.initializers)
+    slot = {k: i for i, k in enumerate(names)}
+    return g, w_name, slot, [g.initializers.get(k) for k in names]
+
+
+def test_a_fortran_ordered_matmul_weight_gets_a_c_ordered_copy() -> None:
+    pytest.importorskip("onnx")
+    g, w_name, slot, template = _matmul_graph(also_reduce=False)
+    assert prepack_weights(g, template, slot) == 1
+    packed = template[slot[w_name]]
+    assert packed.flags.c_contiguous and g.initializers[w_name].flags.f_contiguous
+    np.testing.assert_array_equal(packed, g.initializers[w_name])
+    g2, w2, slot2, template2 = _matmul_graph(also_reduce=True)
+    assert prepack_weights(g2, template2, slot2) == 0  # ReduceSum reads it too: its layout stays
+    assert template2[slot2[w2]].flags.f_contiguous
+
+
+def test_a_session_on_a_fortran_ordered_matmul_weight() -> None:
+    """The session runs the C-ordered copy (the plan keeps its array) and equals x @ w."""
+    pytest.importorskip("onnx")
+    g, w_name, _, _ = _matmul_graph(also_reduce=False)
+    want_w = np.array(g.initializers[w_name])
+    sess = InferenceSession(g, SessionOptions(graph_optimization_level=1))
+    (mm,) = [n for n in sess.graph.nodes if n.op_type == "MatMul"]
+    sch = sess._schedule
+    assert sch.template[sch.slot[mm.inputs[1]]].flags.c_contiguous
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ want_w, rtol=1e-5, atol=1e-6)

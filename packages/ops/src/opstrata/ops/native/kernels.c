@@ -36,7 +36,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 11; }
+int opstrata_native_abi(void) { return 12; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -361,92 +361,348 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
 
 /* im2col of one group of NCHW images: cols (G, Cg * kh * kw, ho * wo) per image, row (c, i, j) holding input
    channel c at tap (i, j) of every output position, zero where the tap falls in the padding -- numpy's
-   sliding-window copy and the separate padded image in one pass (a stride-1 row is a memcpy plus its zero
-   edges). x is (n, c, h, w) C-contiguous; cols is (n, c * kh * kw, ho * wo): the GEMM of group g reads
-   rows g * Cg * kh * kw onwards, as the numpy lowering lays them out. */
+   sliding-window copy and the separate padded image in one pass. x is (n, c, h, w) C-contiguous; cols is
+   (n, c * kh * kw, ho * wo): the GEMM of group g reads rows g * Cg * kh * kw onwards, as the numpy lowering
+   lays them out. A stride-1 "same" row (wo == w) is the image shifted by one offset: one flat copy, then
+   its padding rows and edge columns zeroed; other rows are copied output row by output row with inline
+   loops (a memcpy call costs more than the handful of floats a small image's row holds). */
 void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
                          int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                          int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
     const int64_t l = ho * wo;
+    const int shifted = sh == 1 && sw == 1 && wo == wd;
     for (int64_t p = 0; p < n * c; ++p) {
         const float *plane = x + p * h * wd;
         for (int64_t i = 0; i < kh; ++i) {
+            /* output rows whose tap row i lands inside the image: oh in [r0, r1) */
+            const int64_t roff = i * dh - pt;
+            int64_t r0 = roff < 0 ? (-roff + sh - 1) / sh : 0;
+            int64_t r1 = h - roff > 0 ? (h - roff + sh - 1) / sh : 0;
+            if (r1 > ho) r1 = ho;
+            if (r0 > r1) r0 = r1;
             for (int64_t j = 0; j < kw; ++j) {
-                float *row = cols + ((p * kh + i) * kw + j) * l;
+                float *restrict row = cols + ((p * kh + i) * kw + j) * l;
                 /* output columns whose tap j lands inside the image: ow in [o0, o1) */
                 const int64_t off = j * dw - pl;
                 int64_t o0 = off < 0 ? (-off + sw - 1) / sw : 0;
                 int64_t o1 = wd - off > 0 ? (wd - off + sw - 1) / sw : 0;
                 if (o1 > wo) o1 = wo;
                 if (o0 > o1) o0 = o1;
-                for (int64_t oh = 0; oh < ho; ++oh) {
-                    float *dst = row + oh * wo;
-                    const int64_t ih = oh * sh + i * dh - pt;
-                    if (ih < 0 || ih >= h) {
-                        memset(dst, 0, (size_t)wo * sizeof(float));
-                        continue;
+                for (int64_t t = 0; t < r0 * wo; ++t) row[t] = 0.0f;
+                for (int64_t t = r1 * wo; t < l; ++t) row[t] = 0.0f;
+                if (r0 == r1) continue;
+                if (shifted && o0 < o1) { /* dst[t] = plane[t + roff * wd + off] over the valid rows */
+                    const int64_t t0 = r0 * wo + o0, t1 = (r1 - 1) * wo + o1;
+                    const float *restrict src = plane + roff * wd + off;
+                    for (int64_t t = t0; t < t1; ++t) row[t] = src[t];
+                    for (int64_t oh = r0; oh < r1; ++oh) { /* the edge columns the flat copy filled */
+                        float *restrict d = row + oh * wo;
+                        for (int64_t ow = 0; ow < o0; ++ow) d[ow] = 0.0f;
+                        for (int64_t ow = o1; ow < wo; ++ow) d[ow] = 0.0f;
                     }
-                    const float *src = plane + ih * wd + off;
-                    if (o0) memset(dst, 0, (size_t)o0 * sizeof(float));
+                    if (o0 > 0) /* the first valid row's leading edge lies before t0 */
+                        for (int64_t ow = 0; ow < o0; ++ow) row[r0 * wo + ow] = 0.0f;
+                    continue;
+                }
+                for (int64_t oh = r0; oh < r1; ++oh) {
+                    float *restrict d = row + oh * wo;
+                    const float *restrict src = plane + (oh * sh + roff) * wd + off;
+                    for (int64_t ow = 0; ow < o0; ++ow) d[ow] = 0.0f;
                     if (sw == 1) {
-                        memcpy(dst + o0, src + o0, (size_t)(o1 - o0) * sizeof(float));
+                        for (int64_t ow = o0; ow < o1; ++ow) d[ow] = src[ow];
                     } else {
-                        for (int64_t ow = o0; ow < o1; ++ow) dst[ow] = src[ow * sw];
+                        for (int64_t ow = o0; ow < o1; ++ow) d[ow] = src[ow * sw];
                     }
-                    if (o1 < wo) memset(dst + o1, 0, (size_t)(wo - o1) * sizeof(float));
+                    for (int64_t ow = o1; ow < wo; ++ow) d[ow] = 0.0f;
                 }
             }
         }
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------
+   The convolution GEMM: c = bias[row] + a @ b for row-major a (m, k), b (k, n), c (m, n), over `batch`
+   matrices (element strides sa / sb / sc; sa = 0 shares a). Each output is one chain of fused
+   multiply-adds over k in order, starting from its bias (or 0), so its bits do not depend on the tiling,
+   the vector width or how work is split: the AVX-512 tiles, their remainders and the portable loop all
+   give the same result. The fast path is the AVX-512 register tile (rows of a broadcast, 16- or 32-column
+   strips of b loaded as they lie: the im2col columns need no packing); without AVX-512 the library says
+   so (opstrata_sgemm_fma_fast) and the caller keeps the BLAS.
+   ------------------------------------------------------------------------------------------------- */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* rows [0, MR) x columns [0, 32) (masks m0 / m1 cut the last strip) of c */
+#define SG_TILE2(MR)                                                                                        \
+    static inline __attribute__((always_inline)) void sg_tile2_##MR(                                       \
+        const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int64_t k,         \
+        const float *bias, __mmask16 m0, __mmask16 m1) {                                                    \
+        __m512 x0[MR], x1[MR];                                                                              \
+        for (int i = 0; i < MR; ++i) x0[i] = x1[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                 \
+        for (int64_t p = 0; p < k; ++p) {                                                                   \
+            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);                                        \
+            const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);                                   \
+            for (int i = 0; i < MR; ++i) {                                                                  \
+                const __m512 ai = _mm512_set1_ps(a[i * lda + p]);                                           \
+                x0[i] = _mm512_fmadd_ps(ai, b0, x0[i]);                                                     \
+                x1[i] = _mm512_fmadd_ps(ai, b1, x1[i]);                                                     \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int i = 0; i < MR; ++i) {                                                                      \
+            _mm512_mask_storeu_ps(c + i * ldc, m0, x0[i]);                                                  \
+            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, x1[i]);                                             \
+        }                                                                                                   \
+    }
+/* rows [0, MR) x columns [0, 16) (mask m0) of c: the narrow images of a network's last stages */
+#define SG_TILE1(MR)                                                                                        \
+    static inline __attribute__((always_inline)) void sg_tile1_##MR(                                       \
+        const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int64_t k,         \
+        const float *bias, __mmask16 m0) {                                                                  \
+        __m512 x0[MR];                                                                                      \
+        for (int i = 0; i < MR; ++i) x0[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                         \
+        for (int64_t p = 0; p < k; ++p) {                                                                   \
+            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);                                        \
+            for (int i = 0; i < MR; ++i) x0[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + p]), b0, x0[i]); \
+        }                                                                                                   \
+        for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m0, x0[i]);                         \
+    }
+SG_TILE2(12)
+SG_TILE2(4)
+SG_TILE2(1)
+SG_TILE1(24)
+SG_TILE1(8)
+SG_TILE1(1)
+#undef SG_TILE2
+#undef SG_TILE1
+
+static inline __mmask16 sg_mask(int64_t cols) { return cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u); }
+
+/* Narrow products (n <= SG_DOT_MAX_N: a network's last stages, 4x4 and 2x2 images): dot products along k
+   over rows of a streamed once, in order (the weights are the traffic there), against b transposed into
+   bt (n, k). Lane l of an accumulator chains the terms p = l (mod 16) in order; the 16 lanes are then
+   summed pairwise in a fixed order and the bias added: fixed bits per shape, as the strip tiles. */
+#define SG_DOT_MAX_N 16
+#define SG_DOT_PREFETCH 512 /* floats ahead on each weight row: few rows stream at once, so the hardware
+                                    prefetcher alone leaves memory latency exposed */
+static inline float sg_hsum(__m512 v) { /* fixed pairwise order: halves, quarters, ... */
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+#define SG_DOT_STEP(R, C, M)                                                                                \
+    {                                                                                                       \
+        __m512 av[R], bv[C];                                                                                \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i) {                                               \
+            av[i] = _mm512_maskz_loadu_ps(M, a + i * lda + p);                                              \
+            _mm_prefetch((const char *)(a + i * lda + p + SG_DOT_PREFETCH), _MM_HINT_T0);                   \
+        }                                                                                                   \
+        _Pragma("GCC unroll 8") for (int j = 0; j < C; ++j) bv[j] = _mm512_maskz_loadu_ps(M, bt + j * k + p);  \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)                                                 \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; ++j) acc[i][j] = _mm512_fmadd_ps(av[i], bv[j], acc[i][j]); \
+    }
+#define SG_DOT(R, C)                                                                                        \
+    static inline __attribute__((always_inline)) void sg_dot_##R##x##C(                                    \
+        const float *a, int64_t lda, const float *bt, float *c, int64_t ldc, int64_t k, const float *bias) { \
+        __m512 acc[R][C];                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)                                                 \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; ++j) acc[i][j] = _mm512_setzero_ps();            \
+        int64_t p = 0;                                                                                      \
+        for (; p + 16 <= k; p += 16) SG_DOT_STEP(R, C, (__mmask16)0xFFFF)                                    \
+        if (p < k) {                                                                                        \
+            const __mmask16 tail = (__mmask16)((1u << (k - p)) - 1u);                                       \
+            SG_DOT_STEP(R, C, tail)                                                                         \
+        }                                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; ++i)                                                 \
+            _Pragma("GCC unroll 8") for (int j = 0; j < C; ++j)                                             \
+                c[i * ldc + j] = sg_hsum(acc[i][j]) + (bias ? bias[i] : 0.0f);                             \
+    }
+SG_DOT(2, 8)
+SG_DOT(4, 4)
+SG_DOT(4, 2)
+SG_DOT(4, 1)
+SG_DOT(1, 8)
+SG_DOT(1, 4)
+SG_DOT(1, 2)
+SG_DOT(1, 1)
+#undef SG_DOT
+#undef SG_DOT_STEP
+
+/* rows [i0, i1) (at most 4, resident in cache while every column block reads them) x column blocks of
+   C = 8, 4, 2, 1, rows in blocks of R then one by one */
+#define SG_DOT_COLS(R, C)                                                                                   \
+    for (; j + C <= n; j += C) {                                                                            \
+        int64_t i = i0;                                                                                     \
+        for (; i + R <= i1; i += R)                                                                         \
+            sg_dot_##R##x##C(a + i * lda, lda, bt + j * k, c + i * ldc + j, ldc, k, bias ? bias + i : NULL);  \
+        for (; i < i1; ++i)                                                                                 \
+            sg_dot_1x##C(a + i * lda, lda, bt + j * k, c + i * ldc + j, ldc, k, bias ? bias + i : NULL);      \
+    }
+static int sgemm_dot(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                     int64_t ldb, int64_t ldc, const float *bias) {
+    float *bt = (float *)malloc((size_t)(n * k) * sizeof(float));
+    if (!bt) return -1;
+    for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j) bt[j * k + p] = b[p * ldb + j];
+    for (int64_t i0 = 0; i0 < m; i0 += 4) { /* the weights stream from memory once */
+        const int64_t i1 = i0 + 4 < m ? i0 + 4 : m;
+        int64_t j = 0;
+        SG_DOT_COLS(2, 8)
+        SG_DOT_COLS(4, 4)
+        SG_DOT_COLS(4, 2)
+        SG_DOT_COLS(4, 1)
+    }
+    free(bt);
+    return 0;
+}
+#undef SG_DOT_COLS
+
+static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, const float *bias) {
+    if (n <= SG_DOT_MAX_N) return sgemm_dot(a, b, c, m, n, k, lda, ldb, ldc, bias);
+    for (int64_t j = 0; j < n; j += 32) {
+        const int64_t w = n - j < 32 ? n - j : 32;
+        const float *bj = b + j;
+        float *cj = c + j;
+        int64_t i = 0;
+        if (w > 16) {
+            const __mmask16 m0 = 0xFFFF, m1 = sg_mask(w - 16);
+            for (; i + 12 <= m; i += 12)
+                sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            for (; i + 4 <= m; i += 4)
+                sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            for (; i < m; ++i)
+                sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+        } else {
+            const __mmask16 m0 = sg_mask(w);
+            for (; i + 24 <= m; i += 24)
+                sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+            for (; i + 8 <= m; i += 8)
+                sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+            for (; i < m; ++i)
+                sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+        }
+    }
+    return 0;
+}
+int opstrata_sgemm_fma_fast(void) { return 1; }
+#else
+static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, const float *bias) {
+    for (int64_t i = 0; i < m; ++i) {
+        float *ci = c + i * ldc;
+        const float init = bias ? bias[i] : 0.0f;
+        for (int64_t j = 0; j < n; ++j) ci[j] = init;
+        for (int64_t p = 0; p < k; ++p) {
+            const float av = a[i * lda + p];
+            const float *bp = b + p * ldb;
+            for (int64_t j = 0; j < n; ++j) ci[j] = fmaf(av, bp[j], ci[j]);
+        }
+    }
+    return 0;
+}
+int opstrata_sgemm_fma_fast(void) { return 0; }
+#endif
+
+int opstrata_sgemm_fma_f32(const float *a, const float *b, float *c, const float *bias, int64_t m, int64_t n,
+                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
+                           int64_t sc, int64_t sbias) {
+    for (int64_t t = 0; t < batch; ++t)
+        if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL))
+            return -1;
+    return 0;
+}
+
 /* 2-D max pooling of NCHW float32 planes, padding never chosen (the max over the window's in-image taps,
    as ONNX MaxPool and torch): out (n, c, ho, wo); a NaN tap wins, as np.maximum. ho / wo come from the
-   caller (floor or ceil mode). Separable: the max over the window's rows is one vectorized pass over whole
-   input rows, then each output takes the max of kw entries of that row; a window with no in-image tap
-   gives -inf. Returns 0, or -1 when the row buffer cannot be allocated. */
+   caller (floor or ceil mode). Separable, in long vectorized passes over each plane: a plane with padding
+   (or ceil mode's overhang) is first copied into a -inf border, so every window lies inside it; q holds,
+   for every start row, the max over the window's kh rows (the plane read as one flat array), and r, for
+   every flat start position of q, the max over kw taps to its right; each output picks its value from r
+   (a window with no in-image tap gives -inf). NaN-free input (checked in one pass) takes the plain max, one
+   vector instruction. Returns 0, or -1 when the buffers cannot be allocated. */
 static inline float max_nan_f32(float a, float b) { return a != a ? a : (a >= b ? a : b); }
+/* the same choice (a NaN in either wins), written without branches so that the compiler vectorizes it */
+static inline float max_nan_sel_f32(float a, float b) { return ((b > a) | (b != b)) ? b : a; }
+static inline float plain_max_f32(float a, float b) { return b > a ? b : a; }
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 14
+#define NO_VECTORIZE _Pragma("GCC novector")
+#else
+#define NO_VECTORIZE
+#endif
+
+/* dst[t] = max over k taps src[t + i * step] (k >= 1), at most three taps per pass over dst; one tight
+   loop per pass (out of line: inlined into the plane loop, its pointers spill) */
+#define POOL_TAPS(NAME, MAX2)                                                                                 \
+    static __attribute__((noinline)) void NAME(float *restrict dst, const float *restrict src, int64_t len,  \
+                                               int64_t k, int64_t step) {                                     \
+        if (k == 1) {                                                                                         \
+            memcpy(dst, src, (size_t)len * sizeof(float));                                                    \
+            return;                                                                                           \
+        }                                                                                                     \
+        const float *restrict s1 = src + step;                                                                \
+        if (k == 2) {                                                                                         \
+            for (int64_t t = 0; t < len; ++t) dst[t] = MAX2(src[t], s1[t]);                                   \
+            return;                                                                                           \
+        }                                                                                                     \
+        const float *restrict s2 = src + 2 * step;                                                            \
+        for (int64_t t = 0; t < len; ++t) dst[t] = MAX2(MAX2(src[t], s1[t]), s2[t]);                          \
+        for (int64_t i = 3; i < k; ++i) {                                                                     \
+            const float *restrict si = src + i * step;                                                        \
+            for (int64_t t = 0; t < len; ++t) dst[t] = MAX2(dst[t], si[t]);                                   \
+        }                                                                                                     \
+    }
+POOL_TAPS(pool_taps_plain, plain_max_f32)
+POOL_TAPS(pool_taps_nan, max_nan_sel_f32)
+#undef POOL_TAPS
+
+static int any_nan_f32(const float *x, int64_t n) {
+    int any = 0;
+    for (int64_t t = 0; t < n; ++t) any |= x[t] != x[t];
+    return any;
+}
 
 int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_t n, int64_t c, int64_t h,
                             int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                             int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
-    float *row = (float *)malloc((size_t)wd * sizeof(float));
-    if (!row) return -1;
+    if (ho <= 0 || wo <= 0 || n * c <= 0) return 0;
+    /* the padded plane: every window of every output inside it */
+    const int64_t span_h = (ho - 1) * sh + (kh - 1) * dh + 1, span_w = (wo - 1) * sw + (kw - 1) * dw + 1;
+    const int64_t hp = span_h > h + pt ? span_h : h + pt, wp = span_w > wd + pl ? span_w : wd + pl;
+    const int pad = hp != h || wp != wd;
+    const int64_t rows = hp - (kh - 1) * dh; /* start rows: every output row's window starts at one */
+    const int64_t qlen = rows * wp, rlen = qlen - (kw - 1) * dw;
+    float *buf = (float *)malloc((size_t)(qlen + rlen + (pad ? hp * wp : 0)) * sizeof(float));
+    if (!buf) return -1;
+    float *q = buf, *r = buf + qlen, *padded = pad ? r + rlen : NULL;
+    if (pad)
+        for (int64_t t = 0; t < hp * wp; ++t) padded[t] = -INFINITY;
+    void (*taps)(float *restrict, const float *restrict, int64_t, int64_t, int64_t) =
+        any_nan_f32(x, n * c * h * wd) ? pool_taps_nan : pool_taps_plain;
     for (int64_t p = 0; p < n * c; ++p) {
         const float *plane = x + p * h * wd;
+        if (pad) { /* the image into the -inf border (the border stays from plane to plane) */
+            for (int64_t i = 0; i < h; ++i)
+                memcpy(padded + (i + pt) * wp + pl, plane + i * wd, (size_t)wd * sizeof(float));
+            plane = padded;
+        }
+        taps(q, plane, qlen, kh, dh * wp); /* the max over kh rows, the plane read as one flat row */
+        taps(r, q, rlen, kw, dw);          /* then over kw columns */
         float *op = out + p * ho * wo;
         for (int64_t oh = 0; oh < ho; ++oh) {
-            int rows = 0;
-            for (int64_t i = 0; i < kh; ++i) {
-                const int64_t ih = oh * sh + i * dh - pt;
-                if (ih < 0 || ih >= h) continue;
-                const float *r = plane + ih * wd;
-                if (rows++ == 0) {
-                    memcpy(row, r, (size_t)wd * sizeof(float));
-                } else {
-                    for (int64_t t = 0; t < wd; ++t) row[t] = max_nan_f32(row[t], r[t]);
-                }
-            }
+            const float *rrow = r + oh * sh * wp;
             float *orow = op + oh * wo;
-            for (int64_t ow = 0; ow < wo; ++ow) {
-                const int64_t w0 = ow * sw - pl;
-                float m = -INFINITY;
-                if (!rows) {
-                } else if (w0 >= 0 && w0 + (kw - 1) * dw < wd) { /* the window inside the row: no checks */
-                    const float *r = row + w0;
-                    m = r[0];
-                    for (int64_t j = 1; j < kw; ++j) m = max_nan_f32(m, r[j * dw]);
-                } else {
-                    for (int64_t j = 0; j < kw; ++j) {
-                        const int64_t iw = w0 + j * dw;
-                        if (iw >= 0 && iw < wd) m = max_nan_f32(m, row[iw]);
-                    }
-                }
-                orow[ow] = m;
+            if (sw == 1) {
+                memcpy(orow, rrow, (size_t)wo * sizeof(float));
+            } else {
+                NO_VECTORIZE /* a strided pick: gcc's 2-lane gathers of it are slower than the scalar loop */
+                for (int64_t ow = 0; ow < wo; ++ow) orow[ow] = rrow[ow * sw];
             }
         }
     }
-    free(row);
+    free(buf);
     return 0;
 }
 
@@ -898,6 +1154,9 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
                                       P(7, const int64_t *), P(8, const int64_t *), P(9, const int64_t *),
                                       P(10, const int64_t *), P(11, const int64_t *), (int)a[12], (int)a[13],
                                       packed_f32(a[14]));
+    case 18:
+        return opstrata_sgemm_fma_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
+                                      a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]);
     case 9:
         return opstrata_bias_act_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], (int)a[5]);
     case 11: { /* out (rows, cols) += bias[row]: numpy's out += b[:, None] (one float add each, same bits) */

@@ -375,6 +375,39 @@ def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
     return (kh, kw) == (1, 1) and g.stride == (1, 1) and not any(g.pads)
 
 
+def _fma_conv(lib: Any, columns: int) -> bool:
+    """The convolution GEMM runs on the library's FMA kernels (AVX-512 builds) rather than the BLAS."""
+    return columns >= 1 and fma_gemm_available(lib)
+
+
+def fma_gemm_available(lib: Any) -> bool:
+    """The library was built with the AVX-512 tiles of ``opstrata_sgemm_fma_f32`` (else only its
+    portable loop, slower than the BLAS: the callers keep the BLAS)."""
+    fast = getattr(lib, "_opstrata_fma_fast", None)
+    if fast is None:
+        fast = bool(lib.opstrata_sgemm_fma_fast())
+        lib._opstrata_fma_fast = fast
+    return fast
+
+
+def _fma_conv_args(
+    wm: np.ndarray, cols: np.ndarray, out4: np.ndarray, bias: np.ndarray | None, img: int
+) -> tuple[Any, ...]:
+    """``opstrata_sgemm_fma_f32`` arguments for image ``img``: per group, out = bias + w @ cols."""
+    groups, og, k = wm.shape
+    cols_n = cols.shape[-1]
+    return (
+        wm.ctypes.data, cols[img].ctypes.data, out4[img].ctypes.data, _ptr(bias),
+        og, cols_n, k, k, cols_n, cols_n, groups, og * k, k * cols_n, og * cols_n, og,
+    )  # fmt: skip
+
+
+def _conv_columns(x: np.ndarray, g: Any, kh: int, kw: int, cg: int) -> np.ndarray | None:
+    """``x`` as its own columns ``(n, G, Cg, h * w)`` for a plain 1x1 convolution, else None."""
+    n = x.shape[0]
+    return x.reshape(n, g.groups, cg, -1) if _plain_1x1(g, kh, kw) else None
+
+
 @register("conv2d", device="cpu", dtypes=[np.float32], priority=1)
 def conv2d_native(
     x: Any,
@@ -387,26 +420,41 @@ def conv2d_native(
     groups: int = 1,
 ) -> np.ndarray:
     """Depthwise convolution (groups == C_in == C_out: MobileNet, EfficientNet, ConvNeXt) in one C loop per
-    channel plane; every other convolution as the numpy kernel's GEMM over columns made by one C pass
-    (padding included, no padded copy of the image); a 1x1 stride-1 unpadded one on the numpy kernel."""
+    channel plane; every other convolution as a GEMM over columns made by one C pass (padding included,
+    no padded copy of the image; a plain 1x1 reads the image itself): on the library's FMA tiles with the
+    bias folded in where they are built and the image is wide enough, else the numpy kernel's GEMM (a
+    plain 1x1 on the numpy kernel itself)."""
     x, weight, b = nd(x), nd(weight), _arr(bias)
     g = _check_conv(x, weight, b, stride, padding, dilation, groups)
     n, c, h, wd = x.shape
     kh, kw = weight.shape[2:]
     depthwise = g.groups == c == weight.shape[0] and c > 1
     plain = all(a is None or (a.dtype == _F32 and a.flags.c_contiguous) for a in (x, weight, b))
-    lib = library() if plain and x.size and (depthwise or not _plain_1x1(g, kh, kw)) else None
+    lib = library() if plain and x.size else None
+    (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
+    fma = lib is not None and not depthwise and _fma_conv(lib, ho * wo)
+    if lib is not None and not (depthwise or fma) and _plain_1x1(g, kh, kw):
+        lib = None  # numpy's own GEMM on the image, uncounted as before
     kw_args = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     if lib is None:
         if depthwise or not _plain_1x1(g, kh, kw):
             count("conv2d", "numpy")
         return conv2d_cpu(x, weight, bias, **kw_args)
-    (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
     if not depthwise:
         o, cg = weight.shape[:2]
-        cols = np.empty((n, g.groups, cg * kh * kw, ho * wo), _F32)
-        lib.opstrata_im2col_f32(*_im2col_args(x, cols, g, kh, kw))
-        out = np.matmul(weight.reshape(g.groups, o // g.groups, cg * kh * kw), cols)  # as conv2d_cpu
+        cols = _conv_columns(x, g, kh, kw, cg)
+        if cols is None:
+            cols = np.empty((n, g.groups, cg * kh * kw, ho * wo), _F32)
+            lib.opstrata_im2col_f32(*_im2col_args(x, cols, g, kh, kw))
+        wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw)
+        if fma:
+            out = np.empty((n, o, ho, wo), _F32)
+            out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
+            for img in range(n):
+                lib.opstrata_sgemm_fma_f32(*_fma_conv_args(wm, cols, out4, b, img))
+            count("conv2d", "native")
+            return out
+        out = np.matmul(wm, cols)  # as conv2d_cpu
         out = out.reshape(n, o, ho, wo)
         if b is not None:
             out += b[:, None, None]
@@ -454,13 +502,17 @@ def _bind_conv2d_native(
         return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
     if not depthwise:
         steps: list[Any] = []
-        if _plain_1x1(g, kh, kw_):
-            cols = x.reshape(n, g.groups, cg, ho * wo)  # the image is its own columns
-        else:
+        cols = _conv_columns(x, g, kh, kw_, cg)  # a plain 1x1: the image is its own columns
+        if cols is None:
             cols = np.empty((n, g.groups, cg * kh * kw_, ho * wo), _F32)
             steps.append(NativeCall(lib, "opstrata_im2col_f32", _im2col_args(x, cols, g, kh, kw_), (x, cols)))
         wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
         out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
+        if _fma_conv(lib, ho * wo):  # as conv2d_native: the FMA tiles with the bias folded in
+            for img in range(n):
+                args = _fma_conv_args(wm, cols, out4, bias, img)
+                steps.append(NativeCall(lib, "opstrata_sgemm_fma_f32", args, (wm, cols, out4, bias)))
+            return BoundSteps(steps)
         steps.append(gemm_call(lib, wm, cols, out4) or partial(np.matmul, wm, cols, out=out4))
         if bias is not None:  # out += bias[:, None, None], one float add per element as numpy does
             args = (out.ctypes.data, bias.ctypes.data, o, ho * wo, n)
@@ -504,7 +556,9 @@ def max_pool2d_native(
     g = _check_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
     out = np.empty((*x.shape[:2], *g.out_hw), _F32)
     if lib.opstrata_max_pool2d_f32(*_pool_args(x, out, g)) != 0:
-        raise MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats")
+        raise MemoryError(
+            f"max_pool2d (native): cannot allocate the pass buffers for a {x.shape[2]}x{x.shape[3]} plane"
+        )
     count("max_pool2d", "native")
     return out
 
@@ -536,7 +590,9 @@ def _bind_max_pool2d_native(
         "opstrata_max_pool2d_f32",
         _pool_args(x, out, g),
         (x, out),
-        lambda rc: MemoryError(f"max_pool2d (native): cannot allocate a row buffer of {x.shape[3]} floats"),
+        lambda rc: MemoryError(
+            f"max_pool2d (native): cannot allocate the pass buffers for a {x.shape[2]}x{x.shape[3]} plane"
+        ),
     )
 
 

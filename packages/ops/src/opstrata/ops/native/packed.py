@@ -48,6 +48,7 @@ PACKED_IDS = {
     "gather_rows": 15,
     "mean_rows": 16,
     "batched_sgemv": 17,
+    "opstrata_sgemm_fma_f32": 18,
 }
 
 
