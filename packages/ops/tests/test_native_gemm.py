@@ -1,5 +1,6 @@
 """The native library's convolution GEMM (``opstrata_sgemm_fma_f32``): values against a float64
-reference, bits fixed per shape (not by the tiling), the portable loop, and the conv path choosing it."""
+reference, bits fixed per shape (not by the tiling or the thread count), the portable loop, the conv path
+choosing it; and the worker pool the GEMM, im2col, depthwise and max pooling split their work over."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def lib() -> ctypes.CDLL:
     return built
 
 
-def _gemm(lib: ctypes.CDLL, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def _gemm(
+    lib: ctypes.CDLL, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, threads: int = 1
+) -> np.ndarray:
     """bias + a @ b through the C entry point; a (G, M, K) or (M, K) shared, b (G, K, N)."""
     groups, k, n = b.shape
     m = a.shape[-2]
@@ -33,7 +36,7 @@ def _gemm(lib: ctypes.CDLL, a: np.ndarray, b: np.ndarray, bias: np.ndarray | Non
     sa = m * k if a.ndim == 3 else 0
     rc = lib.opstrata_sgemm_fma_f32(
         a.ctypes.data, b.ctypes.data, c.ctypes.data, None if bias is None else bias.ctypes.data,
-        m, n, k, k, n, n, groups, sa, k * n, m * n, m if bias is not None and bias.ndim == 2 else 0,
+        m, n, k, k, n, n, groups, sa, k * n, m * n, m if bias is not None and bias.ndim == 2 else 0, threads,
     )  # fmt: skip
     assert rc == 0
     return c
@@ -81,6 +84,34 @@ def test_bits_depend_on_the_shape_not_on_the_row_tiling(lib, n: int) -> None:
     np.testing.assert_array_equal(full, _gemm(lib, a, b))
     for start in (1, 3, 13, 25, 36):
         np.testing.assert_array_equal(_gemm(lib, np.ascontiguousarray(a[:, start:]), b), full[:, start:])
+
+
+@pytest.mark.parametrize("m, k, n", [(256, 300, 16), (70, 400, 100), (24, 2000, 40), (512, 1024, 4)])
+def test_bits_do_not_depend_on_the_thread_count(lib, m: int, k: int, n: int) -> None:
+    """Threads split rows and column strips, never a sum: 1, 2, 3 and 8 threads give the same bits (the
+    shapes are large enough to be split: >= 1M multiply-adds per thread)."""
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    b = rng.standard_normal((1, k, n)).astype(np.float32)
+    bias = rng.standard_normal((1, m)).astype(np.float32)
+    one = _gemm(lib, a, b, bias, threads=1)
+    for threads in (2, 3, 8):
+        np.testing.assert_array_equal(_gemm(lib, a, b, bias, threads=threads), one)
+
+
+def test_threaded_calls_from_many_python_threads(lib) -> None:
+    """Several Python threads calling threaded products at once: one runs on the pool, the others alone;
+    every result is right and nothing waits forever."""
+    import concurrent.futures as cf
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((1, 128, 512)).astype(np.float32)
+    b = rng.standard_normal((1, 512, 96)).astype(np.float32)
+    want = _gemm(lib, a, b)
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: _gemm(lib, a, b, threads=4), range(16)))
+    for got in results:
+        np.testing.assert_array_equal(got, want)
 
 
 def test_special_values_propagate(lib) -> None:
@@ -138,3 +169,47 @@ def test_conv2d_without_the_fma_tiles_keeps_numpys_gemm(
     assert call is not None
     call()
     np.testing.assert_array_equal(out, with_tiles)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["conv3x3", "conv1x1", "depthwise_planes", "depthwise_channels", "max_pool", "max_pool_nan"],
+)
+def test_native_conv_and_pool_bits_do_not_depend_on_intra_op_threads(lib, case: str) -> None:
+    """im2col, the GEMM, depthwise (both layouts) and max pooling split planes, channel blocks, rows and
+    strips over the session's threads (ops.intra_op_threads); 1, 2 and 5 threads give the same bits, and
+    bound calls (threads fixed when bound) the eager bits."""
+    rng = np.random.default_rng(len(case))
+    if case.startswith("max_pool"):
+        x = rng.standard_normal((2, 48, 33, 33)).astype(np.float32)
+        if case == "max_pool_nan":
+            x[1, 7, 3, 4] = np.nan
+        kw = {"kernel_size": 3, "stride": 2, "padding": 1}
+        fn = lambda: ops.max_pool2d(x, **kw)  # noqa: E731
+        bind = lambda out: ops.bind("max_pool2d", x, out=out, **kw)  # noqa: E731
+    else:
+        if case == "depthwise_planes":
+            x, w, groups = rng.standard_normal((1, 64, 24, 24)), rng.standard_normal((64, 1, 3, 3)), 64
+        elif case == "depthwise_channels":
+            x, w, groups = rng.standard_normal((2, 600, 4, 4)), rng.standard_normal((600, 1, 5, 5)), 600
+        elif case == "conv1x1":
+            x, w, groups = rng.standard_normal((1, 96, 20, 20)), rng.standard_normal((160, 96, 1, 1)), 1
+        else:
+            x, w, groups = rng.standard_normal((1, 64, 20, 20)), rng.standard_normal((96, 64, 3, 3)), 1
+        x, w = x.astype(np.float32), w.astype(np.float32)
+        b = rng.standard_normal(w.shape[0]).astype(np.float32)
+        kw = {"stride": 1, "padding": w.shape[-1] // 2, "groups": groups}
+        fn = lambda: ops.conv2d(x, w, b, **kw)  # noqa: E731
+        bind = lambda out: ops.bind("conv2d", x, w, b, out=out, **kw)  # noqa: E731
+    with ops.intra_op_threads(1):
+        one = fn()
+    for threads in (2, 5):
+        with ops.intra_op_threads(threads):
+            np.testing.assert_array_equal(fn(), one)
+            out = np.empty_like(one)
+            call = bind(out)
+        assert call is not None
+        call()
+        np.testing.assert_array_equal(out, one)
+    if case == "max_pool_nan":
+        assert np.isnan(one[1, 7]).any() and not np.isnan(one[0]).any()

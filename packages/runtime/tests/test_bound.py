@@ -306,6 +306,43 @@ def test_reshape_to_a_shape_derived_target_is_a_view() -> None:
         assert ran == ["MatMul", "Relu"], ran
 
 
+def test_shape_of_a_view_alias_is_folded_too() -> None:
+    """nn.TransformerEncoder's K path: Shape reads a view alias (a Reshape of an arena value), and the
+    target it feeds makes a second Reshape; the alias has its planned shape, so the Shape chain folds and
+    both Reshapes are views: no call per run but the MatMul and the Relu."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),  # (B, S, 4): an arena value
+        helper.make_node("Reshape", ["h", "split"], ["h4"]),  # (B, S, 2, 2): a view alias
+        helper.make_node("Shape", ["h4"], ["shp"], start=0, end=2),
+        helper.make_node("Concat", ["shp", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h4", "target"], ["flat"]),  # (B, S, 4) again
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "alias_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("split", [0, 0, 2, 2]), ints("minus1", [-1]),
+         numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 5), (3, 7), (2, 5)):
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 0)
+        (got,) = sess.run(None, feeds)
+        assert got.shape == (b, s, 4)
+        np.testing.assert_array_equal(got, want)
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        ran = [sch.steps[i].node.op_type for i in bound.index]
+        assert ran == ["MatMul", "Relu"], ran
+
+
 def test_bound_gemms_and_small_attention_match_onnxruntime() -> None:
     """Arena runs bind MatMul / Linear to their BLAS call and a small attention (GQA, causal, (B, S, H, D)
     layout after the graph passes) to one native call: results still match onnxruntime, run after run."""

@@ -460,7 +460,7 @@ def shape_static_steps(sch: Schedule, vals: list[Any], unplanned: frozenset[int]
         ins = [s for s in st.ins if s >= 0]
         if not ins or n.op_type in _NOT_PURE or not all(s >= 0 for s in st.outs):
             continue
-        if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_ONLY:
+        if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_ONLY:  # a view alias has its planned shape too
             ok = ins[0] not in unplanned
         else:
             ok = all(s in static for s in ins)
@@ -515,9 +515,7 @@ def bind_arena(
     unplanned = frozenset(
         s for st in sch.steps for s in st.outs if s >= 0 and vals[s] is None
     )  # dynamic shapes
-    folded = (
-        _fold(sch, shape_static_steps(sch, vals, unplanned | alias), vals, feeds) if feeds is not None else []
-    )
+    folded = _fold(sch, shape_static_steps(sch, vals, unplanned), vals, feeds) if feeds is not None else []
     constants = frozenset(o for i in folded for o in sch.steps[i].node.outputs if o)
     skip = set(folded) | sch.view_steps(arena, constants)  # reshapes to a folded target are views too
     # per-run values: feeds, and aliases a running step sets (a skipped step's alias stays its arena view)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..native.library import count, library
+from ..native.library import count, library, native_threads
 from ..native.packed import NativeCall
 from .ir import Expr, kind
 
@@ -225,7 +225,7 @@ def vm_args(
     args = (
         prog.code.ctypes.data, len(prog.code), prog.consts.ctypes.data, len(prog.consts), prog.n_regs,
         ptrs.ctypes.data, rstr.ctypes.data, cstr.ctypes.data, len(operands), out.ctypes.data, cols,
-        int(prog.bool_out), rd.ctypes.data, cols,
+        int(prog.bool_out), rd.ctypes.data, cols, native_threads(),
     )  # fmt: skip
     return args, keep, copied
 

@@ -7,9 +7,13 @@
    row reductions (sum, max) run on explicit vector accumulators, since without -ffast-math the
    compiler may not reorder a scalar reduction -- and -ffast-math would drop NaN / inf semantics. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef float vf __attribute__((vector_size(32))); /* 8 floats: AVX, or two SSE / NEON registers */
 typedef int32_t vi __attribute__((vector_size(32)));
@@ -36,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 12; }
+int opstrata_native_abi(void) { return 13; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -279,6 +283,163 @@ void opstrata_rms_norm_f32(const float *x, const float *w, float *out, int64_t r
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------
+   A persistent worker pool for the kernels that split their work (the convolution GEMM). pool_run(fn,
+   ctx, ntasks, nthreads) runs tasks 0 .. ntasks-1 on the calling thread and up to nthreads - 1 workers,
+   each taking the next task from an atomic counter, and returns when all are done. One run at a time: a
+   caller finding the pool busy (another Python thread's session) runs its tasks alone, so nothing
+   oversubscribes and nothing waits on another run. Workers start on first use, sleep on a condition
+   variable between runs, and are never joined (they end with the process); a forked child starts with
+   none. What a task computes does not depend on which thread runs it.
+   ------------------------------------------------------------------------------------------------- */
+#define POOL_MAX_THREADS 64
+typedef void (*pool_fn)(void *ctx, int64_t task);
+static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER; /* held by the caller of the current run */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;   /* guards the fields below */
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER, pool_done = PTHREAD_COND_INITIALIZER;
+static int pool_started, pool_want, pool_joined;
+static _Atomic int pool_left;      /* workers still on the current run (changed under pool_mu) */
+static _Atomic uint64_t pool_gen;  /* the run's number (changed under pool_mu) */
+/* how long a worker keeps polling for the next run, and the caller for the workers' end, before sleeping
+   on a condition variable: a sleeping thread on a virtual machine can take tens of microseconds to
+   wake, longer than a kernel's share of work; a session's kernels follow each other within that */
+#define POOL_SPIN_NS 100000
+static pool_fn pool_job;
+static void *pool_ctx;
+static int64_t pool_ntasks;
+static _Atomic int64_t pool_next;
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void pool_after_fork_child(void) { /* the workers did not come along */
+    pthread_mutex_init(&pool_busy, NULL);
+    pthread_mutex_init(&pool_mu, NULL);
+    pthread_cond_init(&pool_wake, NULL);
+    pthread_cond_init(&pool_done, NULL);
+    pool_started = pool_want = pool_joined = 0;
+    atomic_store(&pool_left, 0);
+}
+static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
+
+static void pool_work(void) {
+    int64_t t;
+    while ((t = atomic_fetch_add(&pool_next, 1)) < pool_ntasks) pool_job(pool_ctx, t);
+}
+
+static int64_t pool_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void pool_relax(void) { sched_yield(); } /* a thread sharing this core gets it first */
+
+/* 1 once `cond` holds, polling for up to POOL_SPIN_NS; 0 when the time ran out first */
+#define POOL_SPIN_UNTIL(cond)                                                                               \
+    ({                                                                                                      \
+        int ok_ = 0;                                                                                        \
+        const int64_t t0_ = pool_now_ns();                                                                  \
+        for (int64_t i_ = 0;; ++i_) {                                                                       \
+            if (cond) {                                                                                     \
+                ok_ = 1;                                                                                    \
+                break;                                                                                      \
+            }                                                                                               \
+            pool_relax();                                                                                   \
+            if ((i_ & 15) == 15 && pool_now_ns() - t0_ > POOL_SPIN_NS) break;                              \
+        }                                                                                                   \
+        ok_;                                                                                                \
+    })
+
+static void *pool_main(void *arg) {
+    uint64_t seen = (uint64_t)(uintptr_t)arg; /* the run before the one it was started for */
+    for (;;) {
+        POOL_SPIN_UNTIL(atomic_load(&pool_gen) != seen); /* then take the lock either way */
+        pthread_mutex_lock(&pool_mu);
+        while (atomic_load(&pool_gen) == seen || pool_joined >= pool_want) {
+            if (atomic_load(&pool_gen) != seen) seen = atomic_load(&pool_gen); /* it has its workers */
+            pthread_cond_wait(&pool_wake, &pool_mu);
+        }
+        seen = atomic_load(&pool_gen);
+        ++pool_joined;
+        atomic_fetch_add(&pool_left, 1);
+        pthread_mutex_unlock(&pool_mu);
+        pool_work();
+        pthread_mutex_lock(&pool_mu);
+        if (atomic_fetch_sub(&pool_left, 1) == 1) pthread_cond_signal(&pool_done);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    return NULL;
+}
+
+static void pool_run(pool_fn fn, void *ctx, int64_t ntasks, int nthreads) {
+    if (nthreads > POOL_MAX_THREADS) nthreads = POOL_MAX_THREADS;
+    if (nthreads > ntasks) nthreads = (int)ntasks;
+    if (nthreads <= 1 || pthread_mutex_trylock(&pool_busy) != 0) {
+        for (int64_t t = 0; t < ntasks; ++t) fn(ctx, t);
+        return;
+    }
+    pthread_once(&pool_once, pool_init);
+    pthread_mutex_lock(&pool_mu);
+    while (pool_started < nthreads - 1) { /* started before the run's number changes: it joins this run */
+        pthread_t tid;
+        if (pthread_create(&tid, NULL, pool_main, (void *)(uintptr_t)pool_gen) != 0) break;
+        pthread_detach(tid);
+        ++pool_started;
+    }
+    pool_job = fn;
+    pool_ctx = ctx;
+    pool_ntasks = ntasks;
+    atomic_store(&pool_next, 0);
+    pool_want = nthreads - 1 < pool_started ? nthreads - 1 : pool_started;
+    pool_joined = 0;
+    atomic_fetch_add(&pool_gen, 1);
+    pthread_cond_broadcast(&pool_wake);
+    pthread_mutex_unlock(&pool_mu);
+    pool_work();
+    /* the tasks are all taken: the workers that joined finish theirs; none joins late */
+    pthread_mutex_lock(&pool_mu);
+    pool_want = 0;
+    pthread_mutex_unlock(&pool_mu);
+    if (!POOL_SPIN_UNTIL(atomic_load(&pool_left) == 0)) {
+        pthread_mutex_lock(&pool_mu);
+        while (atomic_load(&pool_left) > 0) pthread_cond_wait(&pool_done, &pool_mu);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    pthread_mutex_lock(&pool_mu); /* the workers' writes happen before this returns */
+    pthread_mutex_unlock(&pool_mu);
+    pthread_mutex_unlock(&pool_busy);
+}
+
+/* Independent items (image planes, channel blocks) split into chunks over the pool: fn(args, i0, i1) does
+   items [i0, i1) with its own scratch; `work` is an item's cost in element operations, so that a small
+   call stays on its thread (each thread >= RANGE_MIN_WORK). Returns 0, or the first failing chunk's code. */
+#define RANGE_MIN_WORK (32 * 1024)
+typedef int (*range_fn)(const void *args, int64_t i0, int64_t i1);
+typedef struct {
+    range_fn fn;
+    const void *args;
+    int64_t total, chunk;
+    _Atomic int rc;
+} range_job;
+
+static void range_task(void *ctx, int64_t t) {
+    range_job *j = (range_job *)ctx;
+    const int64_t i0 = t * j->chunk, i1 = i0 + j->chunk < j->total ? i0 + j->chunk : j->total;
+    const int rc = j->fn(j->args, i0, i1);
+    if (rc) atomic_store(&j->rc, rc);
+}
+
+static int run_ranges(range_fn fn, const void *args, int64_t total, int64_t work, int64_t nthreads) {
+    int64_t nt = nthreads < 1 ? 1 : nthreads;
+    const int64_t fit = total * work / RANGE_MIN_WORK;
+    if (nt > fit) nt = fit;
+    if (nt <= 1 || total <= 1) return fn(args, 0, total);
+    range_job j = {fn, args, total, 0, 0};
+    const int64_t tasks = nt * 4 < total ? nt * 4 : total; /* a few chunks per thread: uneven cores even out */
+    j.chunk = (total + tasks - 1) / tasks;
+    pool_run(range_task, &j, (total + j.chunk - 1) / j.chunk, (int)nt);
+    return atomic_load(&j.rc);
+}
+
 /* Depthwise 2-D convolution (groups == C_in == C_out, one kh x kw filter per channel), NCHW float32, zero
    padding (top pt, left pl; bottom/right implied by ho, wo), stride and dilation. Each channel plane is
    first copied into a zero-padded scratch plane split into sw column phases (phase q holds the padded
@@ -304,14 +465,67 @@ static inline __attribute__((always_inline)) void dw_plane(const float *pad, con
     }
 }
 
-int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict w, const float *restrict bias,
-                                  float *restrict out, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t kh,
-                                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
-                                  int64_t pl, int64_t ho, int64_t wo) {
-    const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1;  /* padded rows the taps read */
-    const int64_t wp = (wo - 1) * sw + (kw - 1) * dw + 1;  /* padded columns the taps read */
-    const int64_t cols = (wp + sw - 1) / sw;               /* columns of a phase row */
-    const int64_t wq = cols + VW;                          /* + a vector of slack for the last partial vector */
+/* Planes narrower than a vector (wo < VW: a network's last stages, 7x7 down to 2x2) run VW channels at a
+   time instead: the channels' pixels and taps transposed into lanes, each output the bias plus its
+   in-image taps in row-major order (one vector multiply-add each), then scattered back. A row of such a
+   plane would fill a fraction of one vector, and its scratch plane cost more than its arithmetic. */
+typedef struct {
+    const float *x, *w, *bias;
+    float *out;
+    int64_t n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
+} dw_args;
+
+/* items [i0, i1) of (image, block of VW channels) */
+static int depthwise_by_channels(const void *args, int64_t i0, int64_t i1) {
+    const dw_args *g = (const dw_args *)args;
+    const int64_t c = g->c, h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, ho = g->ho, wo = g->wo;
+    const int64_t pix = h * wd, taps = kh * kw, opix = ho * wo, blocks = (c + VW - 1) / VW;
+    float *xt = (float *)malloc((size_t)((pix + taps + opix) * VW) * sizeof(float));
+    if (!xt) return -1;
+    float *wt = xt + pix * VW, *ot = wt + taps * VW;
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t img = item / blocks, c0 = (item % blocks) * VW;
+        const int64_t cn = c - c0 < VW ? c - c0 : VW;
+        const float *xc = g->x + (img * c + c0) * pix;
+        for (int64_t q = 0; q < pix; ++q)
+            for (int64_t l = 0; l < VW; ++l) xt[q * VW + l] = l < cn ? xc[l * pix + q] : 0.0f;
+        for (int64_t t = 0; t < taps; ++t)
+            for (int64_t l = 0; l < VW; ++l) wt[t * VW + l] = l < cn ? g->w[(c0 + l) * taps + t] : 0.0f;
+        vf b0 = vsplat(0.0f);
+        if (g->bias)
+            for (int64_t l = 0; l < cn; ++l) b0[l] = g->bias[c0 + l];
+        for (int64_t oh = 0; oh < ho; ++oh) {
+            for (int64_t ow = 0; ow < wo; ++ow) {
+                vf acc = b0;
+                for (int64_t i = 0; i < kh; ++i) {
+                    const int64_t ih = oh * g->sh + i * g->dh - g->pt;
+                    if (ih < 0 || ih >= h) continue;
+                    for (int64_t j = 0; j < kw; ++j) {
+                        const int64_t iw = ow * g->sw + j * g->dw - g->pl;
+                        if (iw < 0 || iw >= wd) continue;
+                        acc += vload(wt + (i * kw + j) * VW) * vload(xt + (ih * wd + iw) * VW);
+                    }
+                }
+                memcpy(ot + (oh * wo + ow) * VW, &acc, sizeof acc);
+            }
+        }
+        float *oc = g->out + (img * c + c0) * opix;
+        for (int64_t l = 0; l < cn; ++l)
+            for (int64_t q = 0; q < opix; ++q) oc[l * opix + q] = ot[q * VW + l];
+    }
+    free(xt);
+    return 0;
+}
+
+/* planes [p0, p1) through the phase-split scratch */
+static int depthwise_by_planes(const void *args, int64_t p0, int64_t p1) {
+    const dw_args *g = (const dw_args *)args;
+    const int64_t c = g->c, h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw;
+    const int64_t dh = g->dh, dw = g->dw, pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
+    const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1; /* padded rows the taps read */
+    const int64_t wp = (wo - 1) * sw + (kw - 1) * dw + 1; /* padded columns the taps read */
+    const int64_t cols = (wp + sw - 1) / sw;              /* columns of a phase row */
+    const int64_t wq = cols + VW;                         /* + a vector of slack for the last partial vector */
     const int64_t taps = kh * kw;
     float *pad = (float *)malloc((size_t)(sw * hp * wq) * sizeof(float));
     int64_t *tap = (int64_t *)malloc((size_t)taps * sizeof(int64_t));
@@ -323,11 +537,11 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
     for (int64_t i = 0; i < kh; ++i) { /* where tap (i, j) of output (0, 0) sits in the phase-split scratch */
         for (int64_t j = 0; j < kw; ++j) tap[i * kw + j] = (((j * dw) % sw) * hp + i * dh) * wq + (j * dw) / sw;
     }
-    for (int64_t p = 0; p < n * c; ++p) {
-        const float *xp = x + p * h * wd;
-        const float *wk = w + (p % c) * taps;
-        float *op = out + p * ho * wo;
-        const float b0 = bias ? bias[p % c] : 0.0f;
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *xp = g->x + p * h * wd;
+        const float *wk = g->w + (p % c) * taps;
+        float *op = g->out + p * ho * wo;
+        const float b0 = g->bias ? g->bias[p % c] : 0.0f;
         memset(pad, 0, (size_t)(sw * hp * wq) * sizeof(float));
         for (int64_t q = 0; q < sw; ++q) {
             /* phase column t holds padded column t * sw + q, i.e. input column t * sw + q - pl */
@@ -359,6 +573,17 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
     return 0;
 }
 
+/* planes (or, narrower than a vector, channel blocks) split over up to nthreads threads */
+int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict w, const float *restrict bias,
+                                  float *restrict out, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t kh,
+                                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                                  int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
+    const dw_args g = {x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
+    if (wo < VW && c >= VW)
+        return run_ranges(depthwise_by_channels, &g, n * ((c + VW - 1) / VW), VW * kh * kw * ho * wo, nthreads);
+    return run_ranges(depthwise_by_planes, &g, n * c, kh * kw * ho * wo, nthreads);
+}
+
 /* im2col of one group of NCHW images: cols (G, Cg * kh * kw, ho * wo) per image, row (c, i, j) holding input
    channel c at tap (i, j) of every output position, zero where the tap falls in the padding -- numpy's
    sliding-window copy and the separate padded image in one pass. x is (n, c, h, w) C-contiguous; cols is
@@ -366,12 +591,22 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
    lays them out. A stride-1 "same" row (wo == w) is the image shifted by one offset: one flat copy, then
    its padding rows and edge columns zeroed; other rows are copied output row by output row with inline
    loops (a memcpy call costs more than the handful of floats a small image's row holds). */
-void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
-                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                         int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
+typedef struct {
+    const float *x;
+    float *cols;
+    int64_t h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
+} im2col_args;
+
+/* planes [p0, p1) */
+static int im2col_planes(const void *args, int64_t p0, int64_t p1) {
+    const im2col_args *g = (const im2col_args *)args;
+    const float *restrict x = g->x;
+    float *restrict cols = g->cols;
+    const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw;
+    const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
     const int64_t l = ho * wo;
     const int shifted = sh == 1 && sw == 1 && wo == wd;
-    for (int64_t p = 0; p < n * c; ++p) {
+    for (int64_t p = p0; p < p1; ++p) {
         const float *plane = x + p * h * wd;
         for (int64_t i = 0; i < kh; ++i) {
             /* output rows whose tap row i lands inside the image: oh in [r0, r1) */
@@ -418,6 +653,14 @@ void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t 
             }
         }
     }
+    return 0;
+}
+
+void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
+                         int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                         int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
+    const im2col_args g = {x, cols, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
+    run_ranges(im2col_planes, &g, n * c, kh * kw * ho * wo, nthreads);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -539,57 +782,95 @@ SG_DOT(1, 1)
         for (; i < i1; ++i)                                                                                 \
             sg_dot_1x##C(a + i * lda, lda, bt + j * k, c + i * ldc + j, ldc, k, bias ? bias + i : NULL);      \
     }
-static int sgemm_dot(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                     int64_t ldb, int64_t ldc, const float *bias) {
-    float *bt = (float *)malloc((size_t)(n * k) * sizeof(float));
-    if (!bt) return -1;
-    for (int64_t p = 0; p < k; ++p)
-        for (int64_t j = 0; j < n; ++j) bt[j * k + p] = b[p * ldb + j];
-    for (int64_t i0 = 0; i0 < m; i0 += 4) { /* the weights stream from memory once */
-        const int64_t i1 = i0 + 4 < m ? i0 + 4 : m;
-        int64_t j = 0;
-        SG_DOT_COLS(2, 8)
-        SG_DOT_COLS(4, 4)
-        SG_DOT_COLS(4, 2)
-        SG_DOT_COLS(4, 1)
-    }
-    free(bt);
-    return 0;
+/* rows [i0, i1) of the narrow product against bt (n, k) */
+static void sg_dot_rows(const float *a, const float *bt, float *c, int64_t i0, int64_t i1, int64_t n, int64_t k,
+                        int64_t lda, int64_t ldc, const float *bias) {
+    int64_t j = 0;
+    SG_DOT_COLS(2, 8)
+    SG_DOT_COLS(4, 4)
+    SG_DOT_COLS(4, 2)
+    SG_DOT_COLS(4, 1)
 }
 #undef SG_DOT_COLS
 
-static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                         int64_t ldb, int64_t ldc, const float *bias) {
-    if (n <= SG_DOT_MAX_N) return sgemm_dot(a, b, c, m, n, k, lda, ldb, ldc, bias);
-    for (int64_t j = 0; j < n; j += 32) {
-        const int64_t w = n - j < 32 ? n - j : 32;
-        const float *bj = b + j;
-        float *cj = c + j;
-        int64_t i = 0;
-        if (w > 16) {
-            const __mmask16 m0 = 0xFFFF, m1 = sg_mask(w - 16);
-            for (; i + 12 <= m; i += 12)
-                sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
-            for (; i + 4 <= m; i += 4)
-                sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
-            for (; i < m; ++i)
-                sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
-        } else {
-            const __mmask16 m0 = sg_mask(w);
-            for (; i + 24 <= m; i += 24)
-                sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
-            for (; i + 8 <= m; i += 8)
-                sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
-            for (; i < m; ++i)
-                sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
-        }
+/* rows [i0, i1) of the 32-column strip at column j */
+static void sg_strip_rows(const float *a, const float *b, float *c, int64_t i0, int64_t i1, int64_t j, int64_t n,
+                          int64_t k, int64_t lda, int64_t ldb, int64_t ldc, const float *bias) {
+    const int64_t w = n - j < 32 ? n - j : 32;
+    const float *bj = b + j;
+    float *cj = c + j;
+    int64_t i = i0;
+    if (w > 16) {
+        const __mmask16 m0 = 0xFFFF, m1 = sg_mask(w - 16);
+        for (; i + 12 <= i1; i += 12)
+            sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+        for (; i + 4 <= i1; i += 4)
+            sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+        for (; i < i1; ++i)
+            sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+    } else {
+        const __mmask16 m0 = sg_mask(w);
+        for (; i + 24 <= i1; i += 24)
+            sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+        for (; i + 8 <= i1; i += 8)
+            sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+        for (; i < i1; ++i)
+            sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
     }
+}
+
+/* one product split into tasks: row blocks of the narrow form, or (strip, row block) pairs of the wide one */
+typedef struct {
+    const float *a, *b, *bt, *bias;
+    float *c;
+    int64_t m, n, k, lda, ldb, ldc, rows, blocks; /* rows per task; row blocks per strip */
+} sg_job;
+
+static void sg_task(void *ctx, int64_t t) {
+    const sg_job *g = (const sg_job *)ctx;
+    const int64_t blk = g->bt ? t : t % g->blocks;
+    const int64_t i0 = blk * g->rows, i1 = i0 + g->rows < g->m ? i0 + g->rows : g->m;
+    if (g->bt)
+        sg_dot_rows(g->a, g->bt, g->c, i0, i1, g->n, g->k, g->lda, g->ldc, g->bias);
+    else
+        sg_strip_rows(g->a, g->b, g->c, i0, i1, (t / g->blocks) * 32, g->n, g->k, g->lda, g->ldb, g->ldc, g->bias);
+}
+
+/* multiply-adds one more thread must get before the product is split (a pool run costs a few us) */
+#define SG_MIN_MACS_PER_THREAD (1 << 18)
+
+static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, const float *bias, int nthreads) {
+    const int64_t macs = m * n * k;
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
+        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
+        nt = fit > 1 ? (int)fit : 1;
+    }
+    sg_job g = {a, b, NULL, bias, c, m, n, k, lda, ldb, ldc, 0, 0};
+    if (n <= SG_DOT_MAX_N) {
+        float *bt = (float *)malloc((size_t)(n * k) * sizeof(float));
+        if (!bt) return -1;
+        for (int64_t p = 0; p < k; ++p)
+            for (int64_t j = 0; j < n; ++j) bt[j * k + p] = b[p * ldb + j];
+        g.bt = bt;
+        g.rows = 4; /* the weights stream from memory once: four rows stay cached while every column reads them */
+        pool_run(sg_task, &g, (m + 3) / 4, nt);
+        free(bt);
+        return 0;
+    }
+    const int64_t strips = (n + 31) / 32;
+    /* whole strips per task when there are enough of them, else strips cut into row blocks of 24 */
+    g.rows = nt > 1 && strips < 4 * nt ? 24 : m;
+    g.blocks = (m + g.rows - 1) / g.rows;
+    pool_run(sg_task, &g, strips * g.blocks, nt);
     return 0;
 }
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
 static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                         int64_t ldb, int64_t ldc, const float *bias) {
+                         int64_t ldb, int64_t ldc, const float *bias, int nthreads) {
+    (void)nthreads;
     for (int64_t i = 0; i < m; ++i) {
         float *ci = c + i * ldc;
         const float init = bias ? bias[i] : 0.0f;
@@ -607,9 +888,10 @@ int opstrata_sgemm_fma_fast(void) { return 0; }
 
 int opstrata_sgemm_fma_f32(const float *a, const float *b, float *c, const float *bias, int64_t m, int64_t n,
                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
-                           int64_t sc, int64_t sbias) {
+                           int64_t sc, int64_t sbias, int64_t nthreads) {
     for (int64_t t = 0; t < batch; ++t)
-        if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL))
+        if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL,
+                          (int)nthreads))
             return -1;
     return 0;
 }
@@ -664,10 +946,17 @@ static int any_nan_f32(const float *x, int64_t n) {
     return any;
 }
 
-int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_t n, int64_t c, int64_t h,
-                            int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                            int64_t pt, int64_t pl, int64_t ho, int64_t wo) {
-    if (ho <= 0 || wo <= 0 || n * c <= 0) return 0;
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
+} pool_args;
+
+/* planes [p0, p1) */
+static int max_pool_planes(const void *args, int64_t p0, int64_t p1) {
+    const pool_args *g = (const pool_args *)args;
+    const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw;
+    const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
     /* the padded plane: every window of every output inside it */
     const int64_t span_h = (ho - 1) * sh + (kh - 1) * dh + 1, span_w = (wo - 1) * sw + (kw - 1) * dw + 1;
     const int64_t hp = span_h > h + pt ? span_h : h + pt, wp = span_w > wd + pl ? span_w : wd + pl;
@@ -680,9 +969,9 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
     if (pad)
         for (int64_t t = 0; t < hp * wp; ++t) padded[t] = -INFINITY;
     void (*taps)(float *restrict, const float *restrict, int64_t, int64_t, int64_t) =
-        any_nan_f32(x, n * c * h * wd) ? pool_taps_nan : pool_taps_plain;
-    for (int64_t p = 0; p < n * c; ++p) {
-        const float *plane = x + p * h * wd;
+        any_nan_f32(g->x + p0 * h * wd, (p1 - p0) * h * wd) ? pool_taps_nan : pool_taps_plain;
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *plane = g->x + p * h * wd;
         if (pad) { /* the image into the -inf border (the border stays from plane to plane) */
             for (int64_t i = 0; i < h; ++i)
                 memcpy(padded + (i + pt) * wp + pl, plane + i * wd, (size_t)wd * sizeof(float));
@@ -690,7 +979,7 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
         }
         taps(q, plane, qlen, kh, dh * wp); /* the max over kh rows, the plane read as one flat row */
         taps(r, q, rlen, kw, dw);          /* then over kw columns */
-        float *op = out + p * ho * wo;
+        float *op = g->out + p * ho * wo;
         for (int64_t oh = 0; oh < ho; ++oh) {
             const float *rrow = r + oh * sh * wp;
             float *orow = op + oh * wo;
@@ -704,6 +993,14 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
     }
     free(buf);
     return 0;
+}
+
+int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_t n, int64_t c, int64_t h,
+                            int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                            int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
+    if (ho <= 0 || wo <= 0 || n * c <= 0) return 0;
+    const pool_args g = {x, out, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
+    return run_ranges(max_pool_planes, &g, n * c, (kh + kw) * h * wd, nthreads);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -816,10 +1113,128 @@ static void ew_step(int op, float *o, const float *a, const float *b, const floa
    The last instruction's register is written to out + row * out_rs + col as float32, or as bool bytes
    when out_bool. Returns 0, -1 for a bad program (unknown op, operand out of range), -2 out of memory. */
 #define EW_MAX_RDIMS 4
+/* every full input and the output lie densely across rows: row r starts r * cols after row 0 */
+static int ew_dense_rows(const int64_t *in_rs, const int64_t *in_cs, int64_t n_in, int64_t out_rs,
+                         const int64_t *rdims, int64_t cols) {
+    if (out_rs != cols) return 0;
+    for (int64_t k = 0; k < n_in; ++k) {
+        if (!in_cs[k]) continue;
+        int64_t step = cols; /* the stride a dense row-major layout gives dimension d */
+        for (int d = EW_MAX_RDIMS - 1; d >= 0; --d) {
+            if (rdims[d] > 1 && in_rs[k * EW_MAX_RDIMS + d] != step) return 0;
+            step *= rdims[d];
+        }
+    }
+    return 1;
+}
+
+typedef struct {
+    const int32_t *prog;
+    const float *consts;
+    const float *const *ins;
+    const int64_t *in_rs, *in_cs, *rdims;
+    void *out;
+    int64_t n_instr, n_const, n_regs, n_in, out_rs, cols;
+    int out_bool, dense;
+    int32_t last;
+} ew_args;
+
+/* the program over tile t's n values (inputs at ptr), written to the output at element offset `at` */
+static inline void ew_tile(const ew_args *g, float *regs, const float *const *ptr, int64_t n, int64_t at) {
+    for (int64_t s = 0; s < g->n_instr; ++s) {
+        const int32_t *p = g->prog + 5 * s;
+        const float *opd[3];
+        for (int j = 0; j < 3; ++j) {
+            const int32_t v = p[2 + j];
+            opd[j] = v >= 0 ? regs + (int64_t)v * EW_TILE : ptr[-1 - v];
+        }
+        ew_step(p[0], regs + (int64_t)p[1] * EW_TILE, opd[0], opd[1], opd[2], n);
+    }
+    const float *res = regs + (int64_t)g->last * EW_TILE;
+    if (g->out_bool) {
+        uint8_t *ob = (uint8_t *)g->out + at;
+        for (int64_t i = 0; i < n; ++i) ob[i] = res[i] != 0.0f;
+    } else {
+        memcpy((float *)g->out + at, res, (size_t)n * sizeof(float));
+    }
+}
+
+static inline void ew_next_row(int64_t *idx, const int64_t *rdims) { /* odometer order */
+    for (int d = EW_MAX_RDIMS - 1; d >= 0; --d) {
+        if (++idx[d] < rdims[d]) break;
+        idx[d] = 0;
+    }
+}
+
+/* rows [r0, r1) of the program, with registers of its own (a thread's share) */
+static int ew_rows(const void *args, int64_t r0, int64_t r1) {
+    const ew_args *g = (const ew_args *)args;
+    const int64_t cols = g->cols, n_in = g->n_in;
+    float *regs = (float *)aligned_alloc(64, (size_t)(g->n_regs + n_in) * EW_TILE * sizeof(float));
+    if (!regs) return -2;
+    float *bcast = regs + g->n_regs * EW_TILE; /* per-row broadcast inputs, splatted */
+    for (int64_t r = 0; r < g->n_const; ++r)
+        for (int64_t i = 0; i < EW_TILE; ++i) regs[r * EW_TILE + i] = g->consts[r];
+    int64_t idx[EW_MAX_RDIMS] = {0, 0, 0, 0};
+    for (int64_t d = EW_MAX_RDIMS - 1, r = r0; d >= 0; --d) { /* row r0's index */
+        idx[d] = r % g->rdims[d];
+        r /= g->rdims[d];
+    }
+    const float *ptr[EW_MAX_INPUTS];
+    if (g->dense) {
+        /* Short rows (an SE block's (C, 1, 1) scale on (C, h, w), a 2x2 image's channels): every full input
+           and the output lie densely across rows (row r starts r * cols after row 0), so a tile holds whole
+           rows and one pass of the program covers EW_TILE / cols of them; a per-row broadcast input is
+           splatted row by row into its tile. The same operations on the same values: the same bits. */
+        const int64_t per_tile = EW_TILE / cols;
+        for (int64_t row0 = r0; row0 < r1; row0 += per_tile) {
+            const int64_t nr = r1 - row0 < per_tile ? r1 - row0 : per_tile;
+            for (int64_t r = 0; r < nr; ++r) {
+                for (int64_t k = 0; k < n_in; ++k) {
+                    if (g->in_cs[k]) continue;
+                    const int64_t *rs = g->in_rs + k * EW_MAX_RDIMS;
+                    const float v = g->ins[k][idx[0] * rs[0] + idx[1] * rs[1] + idx[2] * rs[2] + idx[3] * rs[3]];
+                    float *dst = bcast + k * EW_TILE + r * cols;
+                    for (int64_t i = 0; i < cols; ++i) dst[i] = v;
+                }
+                ew_next_row(idx, g->rdims);
+            }
+            for (int64_t k = 0; k < n_in; ++k)
+                ptr[k] = g->in_cs[k] ? g->ins[k] + row0 * cols : bcast + k * EW_TILE;
+            ew_tile(g, regs, ptr, nr * cols, row0 * cols);
+        }
+        free(regs);
+        return 0;
+    }
+    const int64_t tile = cols < EW_TILE ? cols : EW_TILE;
+    const float *row_ptr[EW_MAX_INPUTS], *prev[EW_MAX_INPUTS];
+    for (int64_t k = 0; k < n_in; ++k) prev[k] = NULL;
+    for (int64_t row = r0; row < r1; ++row) {
+        for (int64_t k = 0; k < n_in; ++k) {
+            const int64_t *rs = g->in_rs + k * EW_MAX_RDIMS;
+            row_ptr[k] = g->ins[k] + idx[0] * rs[0] + idx[1] * rs[1] + idx[2] * rs[2] + idx[3] * rs[3];
+            if (g->in_cs[k] == 0 && row_ptr[k] != prev[k]) {
+                const float v = *row_ptr[k];
+                for (int64_t i = 0; i < tile; ++i) bcast[k * EW_TILE + i] = v;
+                prev[k] = row_ptr[k];
+            }
+        }
+        for (int64_t c0 = 0; c0 < cols; c0 += EW_TILE) {
+            const int64_t n = cols - c0 < EW_TILE ? cols - c0 : EW_TILE;
+            for (int64_t k = 0; k < n_in; ++k) ptr[k] = g->in_cs[k] ? row_ptr[k] + c0 : bcast + k * EW_TILE;
+            ew_tile(g, regs, ptr, n, row * g->out_rs + c0);
+        }
+        ew_next_row(idx, g->rdims);
+    }
+    free(regs);
+    return 0;
+}
+
+/* the program over rows x cols, rows split over up to nthreads threads (elementwise: the same bits) */
 int opstrata_ew_run_f32(const int32_t *prog, int64_t n_instr, const float *consts, int64_t n_const,
                         int64_t n_regs, const float *const *ins, const int64_t *in_rs, const int64_t *in_cs,
                         int64_t n_in, void *out, int64_t out_rs, int out_bool, const int64_t *rdims,
-                        int64_t cols) {
+                        int64_t cols, int64_t nthreads) {
     if (n_regs > EW_MAX_REGS || n_in > EW_MAX_INPUTS || n_const > n_regs || n_instr < 1) return -1;
     for (int64_t k = 0; k < n_instr; ++k) {
         const int32_t *ins5 = prog + 5 * k;
@@ -835,53 +1250,10 @@ int opstrata_ew_run_f32(const int32_t *prog, int64_t n_instr, const float *const
     for (int64_t k = 0; k < n_in; ++k)
         if (in_cs[k] != 0 && in_cs[k] != 1) return -1;
     if (rows == 0 || cols == 0) return 0;
-    const int64_t tile = cols < EW_TILE ? cols : EW_TILE;
-    float *regs = (float *)aligned_alloc(64, (size_t)(n_regs + n_in) * EW_TILE * sizeof(float));
-    if (!regs) return -2;
-    float *bcast = regs + n_regs * EW_TILE; /* per-row broadcast inputs, splatted */
-    for (int64_t r = 0; r < n_const; ++r)
-        for (int64_t i = 0; i < EW_TILE; ++i) regs[r * EW_TILE + i] = consts[r];
-    const int32_t last = prog[5 * (n_instr - 1) + 1];
-    const float *row_ptr[EW_MAX_INPUTS], *prev[EW_MAX_INPUTS], *ptr[EW_MAX_INPUTS];
-    int64_t idx[EW_MAX_RDIMS] = {0, 0, 0, 0};
-    for (int64_t k = 0; k < n_in; ++k) prev[k] = NULL;
-    for (int64_t row = 0; row < rows; ++row) {
-        for (int64_t k = 0; k < n_in; ++k) {
-            const int64_t *rs = in_rs + k * EW_MAX_RDIMS;
-            row_ptr[k] = ins[k] + idx[0] * rs[0] + idx[1] * rs[1] + idx[2] * rs[2] + idx[3] * rs[3];
-            if (in_cs[k] == 0 && row_ptr[k] != prev[k]) {
-                const float v = *row_ptr[k];
-                for (int64_t i = 0; i < tile; ++i) bcast[k * EW_TILE + i] = v;
-                prev[k] = row_ptr[k];
-            }
-        }
-        for (int64_t c0 = 0; c0 < cols; c0 += EW_TILE) {
-            const int64_t n = cols - c0 < EW_TILE ? cols - c0 : EW_TILE;
-            for (int64_t k = 0; k < n_in; ++k) ptr[k] = in_cs[k] ? row_ptr[k] + c0 : bcast + k * EW_TILE;
-            for (int64_t s = 0; s < n_instr; ++s) {
-                const int32_t *p = prog + 5 * s;
-                const float *opd[3];
-                for (int j = 0; j < 3; ++j) {
-                    const int32_t v = p[2 + j];
-                    opd[j] = v >= 0 ? regs + (int64_t)v * EW_TILE : ptr[-1 - v];
-                }
-                ew_step(p[0], regs + (int64_t)p[1] * EW_TILE, opd[0], opd[1], opd[2], n);
-            }
-            const float *res = regs + (int64_t)last * EW_TILE;
-            if (out_bool) {
-                uint8_t *ob = (uint8_t *)out + row * out_rs + c0;
-                for (int64_t i = 0; i < n; ++i) ob[i] = res[i] != 0.0f;
-            } else {
-                memcpy((float *)out + row * out_rs + c0, res, (size_t)n * sizeof(float));
-            }
-        }
-        for (int d = EW_MAX_RDIMS - 1; d >= 0; --d) { /* next row index, odometer order */
-            if (++idx[d] < rdims[d]) break;
-            idx[d] = 0;
-        }
-    }
-    free(regs);
-    return 0;
+    ew_args g = {prog, consts, ins, in_rs, in_cs, rdims, out, n_instr, n_const, n_regs, n_in, out_rs, cols,
+                 out_bool, 0, prog[5 * (n_instr - 1) + 1]};
+    g.dense = cols <= EW_TILE / 4 && ew_dense_rows(in_rs, in_cs, n_in, out_rs, rdims, cols);
+    return run_ranges(ew_rows, &g, rows, cols * n_instr, nthreads);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -1125,18 +1497,18 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
     case 1:
         return opstrata_ew_run_f32(P(0, const int32_t *), a[1], P(2, const float *), a[3], a[4],
                                    P(5, const float *const *), P(6, const int64_t *), P(7, const int64_t *), a[8],
-                                   P(9, void *), a[10], (int)a[11], P(12, const int64_t *), a[13]);
+                                   P(9, void *), a[10], (int)a[11], P(12, const int64_t *), a[13], a[14]);
     case 2:
         return opstrata_depthwise_conv2d_f32(P(0, const float *), P(1, const float *), P(2, const float *),
                                              P(3, float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
-                                             a[12], a[13], a[14], a[15], a[16], a[17]);
+                                             a[12], a[13], a[14], a[15], a[16], a[17], a[18]);
     case 3:
         opstrata_im2col_f32(P(0, const float *), P(1, float *), a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
-                            a[10], a[11], a[12], a[13], a[14], a[15]);
+                            a[10], a[11], a[12], a[13], a[14], a[15], a[16]);
         return 0;
     case 4:
         return opstrata_max_pool2d_f32(P(0, const float *), P(1, float *), a[2], a[3], a[4], a[5], a[6], a[7],
-                                       a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+                                       a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]);
     case 5:
         opstrata_layer_norm_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *), a[4],
                                 a[5], packed_f32(a[6]));
@@ -1156,7 +1528,7 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
                                       packed_f32(a[14]));
     case 18:
         return opstrata_sgemm_fma_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
-                                      a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]);
+                                      a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
     case 9:
         return opstrata_bias_act_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], (int)a[5]);
     case 11: { /* out (rows, cols) += bias[row]: numpy's out += b[:, None] (one float add each, same bits) */

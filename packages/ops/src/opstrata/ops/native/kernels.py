@@ -35,7 +35,7 @@ from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
 from . import library as _native
 from .blas import gemm_call, linear_call
-from .library import count, library
+from .library import count, library, native_threads
 from .packed import BoundSteps, NativeCall
 
 _F32 = np.dtype(np.float32)
@@ -351,23 +351,9 @@ def _im2col_args(x: np.ndarray, cols: np.ndarray, g: Any, kh: int, kw: int) -> t
     n, c, h, wd = x.shape
     (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
     return (
-        x.ctypes.data,
-        cols.ctypes.data,
-        n,
-        c,
-        h,
-        wd,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        g.pads[0],
-        g.pads[1],
-        ho,
-        wo,
-    )
+        x.ctypes.data, cols.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo,
+        native_threads(),
+    )  # fmt: skip
 
 
 def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
@@ -393,12 +379,13 @@ def fma_gemm_available(lib: Any) -> bool:
 def _fma_conv_args(
     wm: np.ndarray, cols: np.ndarray, out4: np.ndarray, bias: np.ndarray | None, img: int
 ) -> tuple[Any, ...]:
-    """``opstrata_sgemm_fma_f32`` arguments for image ``img``: per group, out = bias + w @ cols."""
+    """``opstrata_sgemm_fma_f32`` arguments for image ``img``: per group, out = bias + w @ cols, on up to
+    :func:`native_threads` threads."""
     groups, og, k = wm.shape
     cols_n = cols.shape[-1]
     return (
         wm.ctypes.data, cols[img].ctypes.data, out4[img].ctypes.data, _ptr(bias),
-        og, cols_n, k, k, cols_n, cols_n, groups, og * k, k * cols_n, og * cols_n, og,
+        og, cols_n, k, k, cols_n, cols_n, groups, og * k, k * cols_n, og * cols_n, og, native_threads(),
     )  # fmt: skip
 
 
@@ -463,7 +450,7 @@ def conv2d_native(
     out = np.empty((n, c, ho, wo), _F32)
     rc = lib.opstrata_depthwise_conv2d_f32(
         x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data,
-        n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo,
+        n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo, native_threads(),
     )  # fmt: skip
     if rc != 0:
         raise MemoryError(
@@ -519,7 +506,7 @@ def _bind_conv2d_native(
             steps.append(NativeCall(lib, "row_bias_add", args, (out, bias)))
         return BoundSteps(steps)
     args = (x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data,
-            n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)  # fmt: skip
+            n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo, native_threads())  # fmt: skip
     return NativeCall(
         lib,
         "opstrata_depthwise_conv2d_f32",
@@ -566,7 +553,10 @@ def max_pool2d_native(
 def _pool_args(x: np.ndarray, out: np.ndarray, g: Any) -> tuple[int, ...]:
     n, c, h, wd = x.shape
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = g.kernel, g.stride, g.dilation, g.out_hw
-    return (x.ctypes.data, out.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo)
+    return (
+        x.ctypes.data, out.ctypes.data, n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo,
+        native_threads(),
+    )  # fmt: skip
 
 
 def _bind_max_pool2d_native(

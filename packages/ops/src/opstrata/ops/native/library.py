@@ -14,10 +14,12 @@ compiler's message and run the numpy kernels), ``on`` (a failed build is an erro
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..kernels.parallel import intra_op_thread_limit
 from .build import (
     ENV_MODE as ENV_MODE,
     MODES as MODES,
@@ -30,7 +32,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 12  # opstrata_native_abi() of a library these bindings understand
+ABI = 13  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 
@@ -42,17 +44,17 @@ _SIGNATURES = {
     "opstrata_layer_norm_f32": ([_P, _P, _P, _P, _I64, _I64, ctypes.c_float], None),
     "opstrata_rms_norm_f32": ([_P, _P, _P, _I64, _I64, ctypes.c_float], None),
     "opstrata_rope_half_f32": ([_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64], None),
-    "opstrata_depthwise_conv2d_f32": ([_P, _P, _P, _P, *[_I64] * 14], ctypes.c_int),
-    "opstrata_im2col_f32": ([_P, _P, *[_I64] * 14], None),
-    "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 14], ctypes.c_int),
+    "opstrata_depthwise_conv2d_f32": ([_P, _P, _P, _P, *[_I64] * 15], ctypes.c_int),
+    "opstrata_im2col_f32": ([_P, _P, *[_I64] * 15], None),
+    "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 15], ctypes.c_int),
     "opstrata_attention_f32": ([*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float], ctypes.c_int),
-    "opstrata_sgemm_fma_f32": ([_P, _P, _P, _P, *[_I64] * 11], ctypes.c_int),
+    "opstrata_sgemm_fma_f32": ([_P, _P, _P, _P, *[_I64] * 12], ctypes.c_int),
     "opstrata_sgemm_fma_fast": ([], ctypes.c_int),
     "opstrata_call_packed": ([_I64, _P], ctypes.c_int),
     "opstrata_set_sgemm": ([_P, _P, ctypes.c_int], None),
     "opstrata_call_batch": ([_P, _I64, _P], ctypes.c_int),
     "opstrata_ew_run_f32": (
-        [_P, _I64, _P, _I64, _I64, _P, _P, _P, _I64, _P, _I64, ctypes.c_int, _P, _I64],
+        [_P, _I64, _P, _I64, _I64, _P, _P, _P, _I64, _P, _I64, ctypes.c_int, _P, _I64, _I64],
         ctypes.c_int,
     ),
 }
@@ -122,3 +124,16 @@ def reset_native_stats() -> None:
     """Zero the per-op call counts of :func:`native_status`."""
     with _count_lock:
         _calls.clear()
+
+
+def native_threads() -> int:
+    """Threads a native kernel may split its work over: the enclosing ``intra_op_threads`` limit (an
+    InferenceSession's intra-op count during its runs and bindings), else ``OPSTRATA_NUM_THREADS``, else
+    the usable cores. Results do not depend on it (the kernels split work, not sums)."""
+    limit = intra_op_thread_limit()
+    if limit is not None:
+        return int(limit)
+    env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
