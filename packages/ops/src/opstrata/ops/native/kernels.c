@@ -710,6 +710,7 @@ void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t 
         for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m0, x0[i]);                         \
     }
 SG_TILE2(12)
+SG_TILE2(8)
 SG_TILE2(4)
 SG_TILE2(1)
 SG_TILE1(24)
@@ -802,8 +803,14 @@ static void sg_strip_rows(const float *a, const float *b, float *c, int64_t i0, 
     int64_t i = i0;
     if (w > 16) {
         const __mmask16 m0 = 0xFFFF, m1 = sg_mask(w - 16);
-        for (; i + 12 <= i1; i += 12)
+        /* 12-row tiles, the rest in 8s, 4s and 1s; 12 + 4 rows go as 8 + 8 (a 4-row tile has too few
+           accumulators to hide the multiply-add latency) */
+        int64_t twelves = (i1 - i) / 12;
+        if ((i1 - i) % 12 == 4 && twelves > 0) --twelves;
+        for (; twelves > 0; --twelves, i += 12)
             sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+        for (; i + 8 <= i1; i += 8)
+            sg_tile2_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
         for (; i + 4 <= i1; i += 4)
             sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
         for (; i < i1; ++i)
