@@ -699,3 +699,15 @@ def test_max_pool_outside_the_c_loop_runs_on_numpy() -> None:
             ops.max_pool2d(arr, kernel_size=2), ops.max_pool2d(arr, kernel_size=2, device="ref")
         )
     assert ops.native_status().calls["max_pool2d"] == {"native": 0, "numpy": 1}
+
+
+def test_tanh_gelu_keeps_relative_accuracy_in_the_left_tail() -> None:
+    """The native tanh GELU is h * sigmoid(2u): no cancellation in 1 + tanh(u) where h < 0, so the small
+    outputs of the left tail keep their relative accuracy (the float32 cubic in u bounds it)."""
+    x = np.linspace(-9.0, -2.0, 20001).astype(np.float32)
+    got = ops.gelu(x, approximate="tanh").astype(np.float64)
+    x64 = x.astype(np.float64)
+    want = x64 / (1.0 + np.exp(-2.0 * np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3)))
+    ulps = np.abs(got - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    assert ulps.max() < 512, ulps.max()
+    assert np.all(np.sign(got) == -1.0)

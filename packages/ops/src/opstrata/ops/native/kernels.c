@@ -99,10 +99,12 @@ static inline float tanh_f32(float y) {
     return y < 0.0f ? -t : t;
 }
 
-/* the tanh form of GELU: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))) */
+/* the tanh form of GELU, 0.5 h (1 + tanh(u)) with u = sqrt(2/pi) (h + 0.044715 h^3), computed as
+   h sigmoid(2u) = h / (1 + exp(-2u)): the same function, one exp and one division, and no cancellation
+   in 1 + tanh(u) for negative h (far left exp overflows and h / inf gives -0, the limit) */
 static inline float gelu_tanh_f32(float h) {
-    float inner = 0.7978845608028654f * (h + 0.044715f * h * h * h);
-    return 0.5f * h * (1.0f + tanh_f32(inner));
+    float u2 = 1.5957691216057308f * (h + 0.044715f * h * h * h);
+    return h / (1.0f + exp_f32(-u2));
 }
 
 static inline float relu_f32(float h) { return h < 0.0f ? 0.0f : h; } /* NaN stays NaN, as np.maximum */
