@@ -156,6 +156,28 @@ def test_bind_copy_copies_any_view(shape, dtype, data) -> None:
     np.testing.assert_array_equal(dst, np.zeros_like(dst))
 
 
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=6), data=st.data())
+def test_bind_copy_of_slices_merges_contiguous_dims(shape, data) -> None:
+    """Slices of contiguous arrays along one axis on both sides (Concat's pieces into their part of the
+    output): dims contiguous on both sides are merged into one block, size-1 dims dropped; the copy is
+    the same as numpy's."""
+    rng = np.random.default_rng(1)
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    pad_src, pad_dst = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 3))
+    big_src = rng.standard_normal([d + (pad_src if i == axis else 0) for i, d in enumerate(shape)])
+    big_dst = np.zeros([d + (pad_dst if i == axis else 0) for i, d in enumerate(shape)])
+    lo_s, lo_d = data.draw(st.integers(0, pad_src)), data.draw(st.integers(0, pad_dst))
+    sl = lambda lo: tuple(slice(lo, lo + d) if i == axis else slice(None) for i, d in enumerate(shape))  # noqa: E731
+    src, dst = big_src[sl(lo_s)], big_dst[sl(lo_d)]
+    call = ops.bind_copy(dst, src)
+    assert isinstance(call, ops.NativeCall)
+    call()
+    want = np.zeros_like(big_dst)
+    want[sl(lo_d)] = src
+    np.testing.assert_array_equal(big_dst, want)  # the slice written, nothing around it
+
+
 def test_bind_take_gathers_rows_and_checks_indices() -> None:
     rng = np.random.default_rng(2)
     table = rng.standard_normal((10, 4, 3)).astype(np.float32)

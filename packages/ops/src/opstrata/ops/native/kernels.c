@@ -1570,12 +1570,25 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         const int64_t item = a[2], nd = a[3];
         const int64_t *shape = P(4, const int64_t *), *st = P(5, const int64_t *), *dt = P(6, const int64_t *);
         int64_t dims[6] = {1, 1, 1, 1, 1, 1}, ss[6] = {0, 0, 0, 0, 0, 0}, ds[6] = {0, 0, 0, 0, 0, 0};
-        int64_t run = item;
+        int64_t run = item, k = 6; /* dims from the innermost, size-1 dims dropped, and a dim merged into the
+                                      one inside it where both views are contiguous across them (a channel
+                                      slice of a batch-1 image is one block: one memcpy, not one per row) */
         for (int64_t d = nd - 1; d >= 0; --d) {
-            dims[6 - nd + d] = shape[d];
-            ss[6 - nd + d] = st[d];
-            ds[6 - nd + d] = dt ? dt[d] : run;
+            const int64_t sd = st[d], dd = dt ? dt[d] : run;
             run *= shape[d];
+            if (shape[d] == 1) continue;
+            if (k < 6 && sd == ss[k] * dims[k] && dd == ds[k] * dims[k]) {
+                dims[k] *= shape[d];
+                continue;
+            }
+            --k;
+            dims[k] = shape[d];
+            ss[k] = sd;
+            ds[k] = dd;
+        }
+        if (k == 6) { /* every dim of size 1: one item */
+            dims[5] = 1;
+            ss[5] = ds[5] = item;
         }
         const int rows_contiguous = ss[5] == item && ds[5] == item;
         const size_t row = (size_t)(dims[5] * item);
