@@ -269,6 +269,23 @@ def test_random_ops_are_never_folded() -> None:
     assert not np.array_equal(a, b)
 
 
+def _assert_only_matmul_and_relu_run(model, out_shape) -> None:
+    """At three input shapes (one repeated) the session equals the allocator path, its output has
+    ``out_shape(b, s)``, and each shape's bound program calls only the MatMul and the Relu."""
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 5), (3, 7), (2, 5)):
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 0)
+        (got,) = sess.run(None, feeds)
+        assert got.shape == out_shape(b, s)
+        np.testing.assert_array_equal(got, want)
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        ran = [sch.steps[i].node.op_type for i in bound.index]
+        assert ran == ["MatMul", "Relu"], ran
+
+
 def test_reshape_to_a_shape_derived_target_is_a_view() -> None:
     """A Reshape whose target an exporter computes from shapes (Shape -> Gather -> Concat) is folded to a
     constant per input shape, so the Reshape of an arena value is its arena view: no call per run."""
@@ -291,19 +308,9 @@ def test_reshape_to_a_shape_derived_target_is_a_view() -> None:
         [ints("i0", 0), ints("ax0", [0]), ints("minus1", [-1]),
          numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), "w")],
     )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
-    rng = np.random.default_rng(0)
-    for b, s in ((2, 5), (3, 7), (2, 5)):
-        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
-        (want,) = _allocator_outputs(model, feeds, 0)
-        (got,) = sess.run(None, feeds)
-        assert got.shape == (b, s * 4)
-        np.testing.assert_array_equal(got, want)
-    sch = sess._schedule
-    for bound in sess._bound.values():
-        ran = [sch.steps[i].node.op_type for i in bound.index]
-        assert ran == ["MatMul", "Relu"], ran
+    _assert_only_matmul_and_relu_run(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), lambda b, s: (b, s * 4)
+    )
 
 
 def test_shape_of_a_view_alias_is_folded_too() -> None:
@@ -328,19 +335,9 @@ def test_shape_of_a_view_alias_is_folded_too() -> None:
         [ints("split", [0, 0, 2, 2]), ints("minus1", [-1]),
          numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), "w")],
     )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
-    rng = np.random.default_rng(0)
-    for b, s in ((2, 5), (3, 7), (2, 5)):
-        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
-        (want,) = _allocator_outputs(model, feeds, 0)
-        (got,) = sess.run(None, feeds)
-        assert got.shape == (b, s, 4)
-        np.testing.assert_array_equal(got, want)
-    sch = sess._schedule
-    for bound in sess._bound.values():
-        ran = [sch.steps[i].node.op_type for i in bound.index]
-        assert ran == ["MatMul", "Relu"], ran
+    _assert_only_matmul_and_relu_run(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), lambda b, s: (b, s, 4)
+    )
 
 
 def test_bound_gemms_and_small_attention_match_onnxruntime() -> None:

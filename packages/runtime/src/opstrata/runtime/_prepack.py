@@ -15,6 +15,7 @@ of fingerprinting its bytes on every call. A kernel writing into one fails loudl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,42 +28,34 @@ __all__ = ["prepack_weights"]
 _INT_WEIGHTS = ("int8", "uint8", "int4", "uint4")
 
 
-def _transposed_operand(graph: Graph) -> set[str]:
-    """Initializers every kernel reads only as the transposed right operand of a GEMM."""
+def _only_read_as(graph: Graph, use: Callable[[Any, int], bool]) -> set[str]:
+    """Initializers that every node reading them reads as ``use(node, input index)``."""
     uses: dict[str, set[bool]] = {}
     for n in graph.nodes:
         for i, x in enumerate(n.inputs):
             if x in graph.initializers:
-                linear_w = n.domain == OPSTRATA_DOMAIN and n.op_type == "Linear" and i == 1
-                gemm_bt = (
-                    n.domain in ("", "ai.onnx")
-                    and n.op_type == "Gemm"
-                    and i == 1
-                    and n.attrs.get("transB", 0)
-                )
-                uses.setdefault(x, set()).add(bool(linear_w or gemm_bt))
+                uses.setdefault(x, set()).add(bool(use(n, i)))
     return {x for x, u in uses.items() if u == {True}}
 
 
-def _plain_operand(graph: Graph) -> set[str]:
-    """Initializers every kernel reads only as the plain (not transposed) right operand of a GEMM."""
-    uses: dict[str, set[bool]] = {}
-    for n in graph.nodes:
-        for i, x in enumerate(n.inputs):
-            if x in graph.initializers:
-                onnx = n.domain in ("", "ai.onnx")
-                plain = (
-                    onnx
-                    and i == 1
-                    and (n.op_type == "MatMul" or (n.op_type == "Gemm" and not n.attrs.get("transB", 0)))
-                )
-                uses.setdefault(x, set()).add(bool(plain))
-    return {x for x, u in uses.items() if u == {True}}
+def _transposed_b(n: Any, i: int) -> bool:
+    """The transposed right operand of a GEMM: Linear's weight, or Gemm's B with transB."""
+    linear_w = n.domain == OPSTRATA_DOMAIN and n.op_type == "Linear" and i == 1
+    return linear_w or (
+        n.domain in ("", "ai.onnx") and n.op_type == "Gemm" and i == 1 and bool(n.attrs.get("transB", 0))
+    )
+
+
+def _plain_b(n: Any, i: int) -> bool:
+    """The plain right operand of a GEMM: MatMul's B, or Gemm's B without transB."""
+    if n.domain not in ("", "ai.onnx") or i != 1:
+        return False
+    return n.op_type == "MatMul" or (n.op_type == "Gemm" and not n.attrs.get("transB", 0))
 
 
 def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> int:
-    """Put Fortran-ordered copies of the transposed GEMM weights, C-ordered copies of the plain ones, and read-only copies of int8 weights
-    into ``template``; returns how many."""
+    """Put Fortran-ordered copies of the transposed GEMM weights, C-ordered copies of the plain ones and
+    read-only copies of int8 weights into ``template``; returns how many."""
     count = 0
     for name, w in graph.initializers.items():
         if w.dtype.name in _INT_WEIGHTS and w.ndim >= 2 and w.size > 1:
@@ -70,12 +63,14 @@ def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> 
             frozen.flags.writeable = False
             template[slot[name]] = frozen
             count += 1
-    for name in sorted(_transposed_operand(graph)):
+    for name in sorted(_only_read_as(graph, _transposed_b)):
         w = graph.initializers[name]
         if w.ndim == 2 and w.size > 1 and not w.flags.f_contiguous:
             template[slot[name]] = np.asfortranarray(w)
             count += 1
-    for name in sorted(_plain_operand(graph)):  # a folded Transpose leaves GPT-2's tied LM head F-ordered
+    for name in sorted(
+        _only_read_as(graph, _plain_b)
+    ):  # a folded Transpose leaves GPT-2's tied LM head F-ordered
         w = graph.initializers[name]
         if w.ndim == 2 and w.size > 1 and not w.flags.c_contiguous:
             template[slot[name]] = np.ascontiguousarray(w)

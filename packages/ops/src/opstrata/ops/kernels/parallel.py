@@ -26,7 +26,7 @@ from typing import Any
 
 from .._errors import OpError
 
-__all__ = ["default_workers", "intra_op_thread_limit", "intra_op_threads", "run_tasks"]
+__all__ = ["configured_threads", "default_workers", "intra_op_thread_limit", "intra_op_threads", "run_tasks"]
 
 _INTRA_OP: ContextVar[int | None] = ContextVar("opstrata_intra_op_threads", default=None)
 
@@ -64,23 +64,37 @@ def _controller() -> Any:
     return _CONTROLLER[0]
 
 
-def default_workers() -> int:
-    """The :func:`intra_op_threads` limit, else ``OPSTRATA_NUM_THREADS``, else the usable cores; 1 when
-    BLAS cannot be pinned (threads would oversubscribe it)."""
+def _env_threads() -> int | None:
+    """``OPSTRATA_NUM_THREADS`` as an int >= 1, None when unset or empty; ValueError otherwise."""
+    env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
+    if not env:
+        return None
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(
+            f"OPSTRATA_NUM_THREADS: expected an int >= 1, got {env!r}. Fix: unset it or set e.g. 2"
+        )
+    return int(env)
+
+
+def configured_threads() -> int:
+    """The :func:`intra_op_threads` limit, else ``OPSTRATA_NUM_THREADS``, else the usable cores: the
+    threads a kernel that splits its own work may use (the native library's pool takes this count)."""
     limit = _INTRA_OP.get()
     if limit is not None:
-        return limit if _controller() is not None else 1
-    env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(
-                f"OPSTRATA_NUM_THREADS: expected an int >= 1, got {env!r}. Fix: unset it or set e.g. 2"
-            )
-        return int(env)
-    if _controller() is None:
-        return 1
+        return limit
+    env = _env_threads()
+    if env is not None:
+        return env
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, cores or 1)
+
+
+def default_workers() -> int:
+    """:func:`configured_threads`, but 1 when BLAS cannot be pinned (Python worker threads would
+    oversubscribe it) unless ``OPSTRATA_NUM_THREADS`` asks for a count outside any limit."""
+    if _INTRA_OP.get() is None and _env_threads() is not None:
+        return configured_threads()
+    return configured_threads() if _controller() is not None else 1
 
 
 def check_workers(op: str, workers: int | None) -> int:

@@ -290,8 +290,8 @@ void opstrata_rms_norm_f32(const float *x, const float *w, float *out, int64_t r
    ctx, ntasks, nthreads) runs tasks 0 .. ntasks-1 on the calling thread and up to nthreads - 1 workers,
    each taking the next task from an atomic counter, and returns when all are done. One run at a time: a
    caller finding the pool busy (another Python thread's session) runs its tasks alone, so nothing
-   oversubscribes and nothing waits on another run. Workers start on first use, sleep on a condition
-   variable between runs, and are never joined (they end with the process); a forked child starts with
+   oversubscribes and nothing waits on another run. Workers start on first use, poll for the next run
+   briefly (POOL_SPIN_NS) and then sleep on a condition variable, and are never joined (they end with the process); a forked child starts with
    none. What a task computes does not depend on which thread runs it.
    ------------------------------------------------------------------------------------------------- */
 #define POOL_MAX_THREADS 64
@@ -406,9 +406,7 @@ static void pool_run(pool_fn fn, void *ctx, int64_t ntasks, int nthreads) {
         while (atomic_load(&pool_left) > 0) pthread_cond_wait(&pool_done, &pool_mu);
         pthread_mutex_unlock(&pool_mu);
     }
-    pthread_mutex_lock(&pool_mu); /* the workers' writes happen before this returns */
-    pthread_mutex_unlock(&pool_mu);
-    pthread_mutex_unlock(&pool_busy);
+    pthread_mutex_unlock(&pool_busy); /* the workers' writes came before their (seq_cst) pool_left update */
 }
 
 /* Independent items (image planes, channel blocks) split into chunks over the pool: fn(args, i0, i1) does
@@ -593,17 +591,18 @@ int opstrata_depthwise_conv2d_f32(const float *restrict x, const float *restrict
    lays them out. A stride-1 "same" row (wo == w) is the image shifted by one offset: one flat copy, then
    its padding rows and edge columns zeroed; other rows are copied output row by output row with inline
    loops (a memcpy call costs more than the handful of floats a small image's row holds). */
+/* a windowed pass over planes (im2col, max pooling): input, output and the window's geometry */
 typedef struct {
     const float *x;
-    float *cols;
+    float *out;
     int64_t h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
-} im2col_args;
+} window_args;
 
 /* planes [p0, p1) */
 static int im2col_planes(const void *args, int64_t p0, int64_t p1) {
-    const im2col_args *g = (const im2col_args *)args;
+    const window_args *g = (const window_args *)args;
     const float *restrict x = g->x;
-    float *restrict cols = g->cols;
+    float *restrict cols = g->out;
     const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw;
     const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
     const int64_t l = ho * wo;
@@ -661,7 +660,7 @@ static int im2col_planes(const void *args, int64_t p0, int64_t p1) {
 void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
                          int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                          int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
-    const im2col_args g = {x, cols, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
+    const window_args g = {x, cols, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
     run_ranges(im2col_planes, &g, n * c, kh * kw * ho * wo, nthreads);
 }
 
@@ -955,15 +954,9 @@ static int any_nan_f32(const float *x, int64_t n) {
     return any;
 }
 
-typedef struct {
-    const float *x;
-    float *out;
-    int64_t h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
-} pool_args;
-
 /* planes [p0, p1) */
 static int max_pool_planes(const void *args, int64_t p0, int64_t p1) {
-    const pool_args *g = (const pool_args *)args;
+    const window_args *g = (const window_args *)args;
     const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw;
     const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
     /* the padded plane: every window of every output inside it */
@@ -1008,7 +1001,7 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
                             int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                             int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
     if (ho <= 0 || wo <= 0 || n * c <= 0) return 0;
-    const pool_args g = {x, out, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
+    const window_args g = {x, out, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
     return run_ranges(max_pool_planes, &g, n * c, (kh + kw) * h * wd, nthreads);
 }
 

@@ -361,11 +361,6 @@ def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
     return (kh, kw) == (1, 1) and g.stride == (1, 1) and not any(g.pads)
 
 
-def _fma_conv(lib: Any, columns: int) -> bool:
-    """The convolution GEMM runs on the library's FMA kernels (AVX-512 builds) rather than the BLAS."""
-    return columns >= 1 and fma_gemm_available(lib)
-
-
 def fma_gemm_available(lib: Any) -> bool:
     """The library was built with the AVX-512 tiles of ``opstrata_sgemm_fma_f32`` (else only its
     portable loop, slower than the BLAS: the callers keep the BLAS)."""
@@ -409,8 +404,8 @@ def conv2d_native(
     """Depthwise convolution (groups == C_in == C_out: MobileNet, EfficientNet, ConvNeXt) in one C loop per
     channel plane; every other convolution as a GEMM over columns made by one C pass (padding included,
     no padded copy of the image; a plain 1x1 reads the image itself): on the library's FMA tiles with the
-    bias folded in where they are built and the image is wide enough, else the numpy kernel's GEMM (a
-    plain 1x1 on the numpy kernel itself)."""
+    bias folded in where they are built (AVX-512), else the numpy kernel's GEMM (a plain 1x1 on the
+    numpy kernel itself)."""
     x, weight, b = nd(x), nd(weight), _arr(bias)
     g = _check_conv(x, weight, b, stride, padding, dilation, groups)
     n, c, h, wd = x.shape
@@ -419,7 +414,7 @@ def conv2d_native(
     plain = all(a is None or (a.dtype == _F32 and a.flags.c_contiguous) for a in (x, weight, b))
     lib = library() if plain and x.size else None
     (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
-    fma = lib is not None and not depthwise and _fma_conv(lib, ho * wo)
+    fma = lib is not None and not depthwise and fma_gemm_available(lib)
     if lib is not None and not (depthwise or fma) and _plain_1x1(g, kh, kw):
         lib = None  # numpy's own GEMM on the image, uncounted as before
     kw_args = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
@@ -495,7 +490,7 @@ def _bind_conv2d_native(
             steps.append(NativeCall(lib, "opstrata_im2col_f32", _im2col_args(x, cols, g, kh, kw_), (x, cols)))
         wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
         out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
-        if _fma_conv(lib, ho * wo):  # as conv2d_native: the FMA tiles with the bias folded in
+        if fma_gemm_available(lib):  # as conv2d_native: the FMA tiles with the bias folded in
             for img in range(n):
                 args = _fma_conv_args(wm, cols, out4, bias, img)
                 steps.append(NativeCall(lib, "opstrata_sgemm_fma_f32", args, (wm, cols, out4, bias)))

@@ -14,12 +14,11 @@ compiler's message and run the numpy kernels), ``on`` (a failed build is an erro
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kernels.parallel import intra_op_thread_limit
+from ..kernels.parallel import configured_threads
 from .build import (
     ENV_MODE as ENV_MODE,
     MODES as MODES,
@@ -127,13 +126,8 @@ def reset_native_stats() -> None:
 
 
 def native_threads() -> int:
-    """Threads a native kernel may split its work over: the enclosing ``intra_op_threads`` limit (an
-    InferenceSession's intra-op count during its runs and bindings), else ``OPSTRATA_NUM_THREADS``, else
-    the usable cores. Results do not depend on it (the kernels split work, not sums)."""
-    limit = intra_op_thread_limit()
-    if limit is not None:
-        return int(limit)
-    env = os.environ.get("OPSTRATA_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) >= 1:
-        return int(env)
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    """Threads a native kernel may split its work over: ``kernels.parallel.configured_threads`` (the
+    enclosing ``intra_op_threads`` limit -- an InferenceSession's intra-op count during its runs and
+    bindings -- else ``OPSTRATA_NUM_THREADS``, else the usable cores). Results do not depend on it (the
+    kernels split work, not sums)."""
+    return configured_threads()
