@@ -355,6 +355,75 @@ def test_cli_json_rows(zoo_deps, capsys) -> None:
     assert "1 rows: 1 ok" in captured.err
 
 
+# ---------------------------------------------------------------- decode on the paged KV cache
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decode_bench_agrees_with_torch_and_times_both_sides(zoo_deps, name: str) -> None:
+    from opstrata.eval.zoo._decode import decode_bench
+
+    row = decode_bench(name, prompt=8, new_tokens=5, rounds=1)
+    assert row.err_vs_torch is not None and row.err_vs_torch < 1e-5 and not row.wrong, row
+    assert row.same_tokens is True
+    assert row.ms_per_token > 0 and row.torch_ms_per_token > 0
+    assert row.ratio == pytest.approx(row.ms_per_token / row.torch_ms_per_token)
+
+
+def test_decoder_weights_from_the_zoo_models_give_torch_logits(zoo_deps) -> None:
+    import torch
+
+    from opstrata.eval.zoo._builders import build
+    from opstrata.runtime import DecoderWeights, InferenceSession
+
+    ids = np.random.default_rng(1).integers(0, 1000, (2, 11))
+    for name in ("gpt2", "llama"):
+        hf = build(name).inner
+        w = DecoderWeights.from_transformers(hf)
+        with torch.no_grad():
+            want = hf(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+        (got,) = InferenceSession(w.to_onnx()).run(None, {"ids": ids})
+        assert max_rel_error(got, want) < 1e-5, name
+
+
+def test_decode_bench_bad_arguments_are_named(zoo_deps) -> None:
+    from opstrata.eval.zoo._decode import decode_bench
+
+    with pytest.raises(ValueError, match="decoders"):
+        decode_bench("bert")
+    with pytest.raises(ValueError, match="threads"):
+        decode_bench("gpt2", threads=0)
+    with pytest.raises(ValueError, match="exceeds gpt2's 128 positions"):
+        decode_bench("gpt2", prompt=100, new_tokens=40)
+
+
+def test_cli_bench_prints_the_decode_table(zoo_deps, monkeypatch, capsys) -> None:
+    from opstrata.eval.zoo import _decode
+
+    real = _decode.decode_bench
+    monkeypatch.setattr(_decode, "decode_bench", lambda name, threads: real(name, threads, 8, 4, 1))
+    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b: (1.0, 1.0))
+    assert _cli.main(["zoo", "run", "gpt2", "--exporter", "dynamo", "--bench"]) == 0
+    out = capsys.readouterr().out
+    assert "decode, per token on the paged KV cache vs torch eager" in out
+    row = next(line for line in out.splitlines() if line.startswith("gpt2 ") and " 8 " in line)
+    assert row.split()[:4] == ["gpt2", "1", "8", "4"] and row.split()[8] == "yes"
+
+
+def test_cli_decode_failure_is_a_row_and_exits_1(zoo_deps, monkeypatch, capsys) -> None:
+    from opstrata.eval.zoo import _decode
+
+    def broken(name: str, threads: int) -> None:
+        raise RuntimeError("cache exploded")
+
+    monkeypatch.setattr(_decode, "decode_bench", broken)
+    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b: (1.0, 1.0))
+    assert _cli.main(["zoo", "run", "llama", "--exporter", "dynamo", "--bench", "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)
+    assert row["decode"]["notes"] == ["decode bench failed: RuntimeError: cache exploded"]
+    assert "decode logits disagree with torch (or were not compared): llama" in captured.err
+
+
 # ---------------------------------------------------------------- the whole zoo
 
 

@@ -8,9 +8,11 @@ is refused or its export fails; 2 for bad usage (unknown model, torch not instal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,8 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch.onnx exporter: dynamo (torch.export) or torchscript (opset 17); default both",
     )  # fmt: skip
     run_p.add_argument(
-        "--bench", action="store_true", help="add the median latency ratio opstrata/onnxruntime"
-    )
+        "--bench", action="store_true",
+        help="add the median latency ratio opstrata/onnxruntime, and for the decoders (gpt2, llama) a table "
+        "of per-token decode latency on the paged KV cache against torch eager with its KV cache",
+    )  # fmt: skip
     run_p.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides (default 1)")
     run_p.add_argument(
         "--memory", action="store_true",
@@ -86,17 +90,50 @@ def _run(args: argparse.Namespace) -> int:
             rows.append(row)
             if text:
                 print(text_row(row), flush=True)
+    decode = _decode_rows(names, args.threads) if args.bench else []
     if args.format == "markdown":
         print(markdown_table(rows))
     elif args.format == "json":
+        by_model = {d.model: d for d in decode}
+        for r in rows:
+            if r.model in by_model:
+                r.decode = {**dataclasses.asdict(by_model[r.model]), "ratio": by_model[r.model].ratio}
         print(json.dumps([r.as_dict() for r in rows], indent=2))
+    if decode and args.format != "json":
+        from .zoo._decode import decode_markdown, decode_text
+
+        title = f"decode, per token on the paged KV cache vs torch eager with its KV cache ({args.threads} thread(s))"
+        print(
+            f"\n{title}:\n" + (decode_markdown(decode) if args.format == "markdown" else decode_text(decode))
+        )
     bad = {"wrong", "crashed"} | ({"refused", "export-failed"} if args.strict else set())
     stream = sys.stdout if text else sys.stderr
     print(summary_line(rows), file=stream)
     ops_line = missing_ops_line(rows)
     if ops_line:
         print(ops_line, file=stream)
-    return EXIT_FAILED if any(r.status in bad for r in rows) else EXIT_OK
+    wrong_decode = [d.model for d in decode if d.wrong]
+    if wrong_decode:
+        print(
+            f"decode logits disagree with torch (or were not compared): {', '.join(wrong_decode)}",
+            file=stream,
+        )
+    return EXIT_FAILED if any(r.status in bad for r in rows) or wrong_decode else EXIT_OK
+
+
+def _decode_rows(names: list[str], threads: int) -> list[Any]:
+    """The decode benchmark of each decoder among `names`; a failure is a row with the reason, not a crash."""
+    from .zoo._decode import DECODERS, DecodeResult, decode_bench
+
+    rows = []
+    for name in (n for n in names if n in DECODERS):
+        try:
+            rows.append(decode_bench(name, threads=threads))
+        except Exception as exc:
+            rows.append(
+                DecodeResult(name, threads, 0, 0, notes=[f"decode bench failed: {type(exc).__name__}: {exc}"])
+            )
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:

@@ -67,11 +67,32 @@ class DecoderRunner:
         self.attention_seconds = (
             0.0  # gather + attention kernel (by ``clock``), the part that grows with length
         )
+        self._rope = w.rotary_tables() if w.rope_theta is not None else None
 
-    def _linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    def _linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         y = ops.matmul(x, weight, device=self.device)
-        y += bias
+        if bias is not None:
+            y += bias
         return y
+
+    def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        if self.w.norm == "rms":
+            return ops.rms_norm(x, weight, eps=self.w.eps, device=self.device)
+        return ops.layer_norm(x, weight, bias, eps=self.w.eps, device=self.device)
+
+    def _act(self, x: np.ndarray) -> np.ndarray:
+        kind = self.w.activation
+        if kind == "silu":
+            return ops.silu(x, device=self.device)
+        if kind == "relu":
+            return ops.relu(x, device=self.device)
+        return ops.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none", device=self.device)
+
+    def _mlp(self, x: np.ndarray, layer: Any) -> np.ndarray:
+        t = self._norm(x, layer.ln2_weight, layer.ln2_bias)
+        up = self._linear(t, layer.w_fc, layer.b_fc)
+        hid = self._act(up) if layer.w_gate is None else self._act(self._linear(t, layer.w_gate, None)) * up
+        return self._linear(hid, layer.w_proj, layer.b_proj)
 
     def forward(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         """Feed ``tokens`` ``(B, n)`` to sequences ``seqs``; returns the last position's logits ``(B, V)``."""
@@ -93,27 +114,29 @@ class DecoderRunner:
             mask = (np.arange(m)[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, n, M)
             causal = False
         h, hkv, dh = w.num_heads, w.num_kv_heads, w.head_dim
-        x = w.wte[tokens] + w.wpe[positions]  # (B, n, D)
+        x = w.wte[tokens]  # (B, n, D)
+        if w.wpe is not None:
+            x = x + w.wpe[positions]
+        else:  # rotary: (B, 1, n, Dh) for q's (B, H, n, Dh), (B n, 1, Dh) for the cached k rows
+            cos, sin = self._rope[0][positions], self._rope[1][positions]
         for li, layer in enumerate(w.layers):
-            qkv = self._linear(
-                ops.layer_norm(x, layer.ln1_weight, layer.ln1_bias, eps=w.eps), layer.w_qkv, layer.b_qkv
-            )
+            qkv = self._linear(self._norm(x, layer.ln1_weight, layer.ln1_bias), layer.w_qkv, layer.b_qkv)
             q = qkv[..., : h * dh].reshape(b, n, h, dh).transpose(0, 2, 1, 3)
             kv = qkv[..., h * dh :].reshape(b * n, 2, hkv, dh)  # slot i * n + t is token t of row i
-            cache.write(li, slots, kv[:, 0], kv[:, 1])
+            k_new = kv[:, 0]
+            if w.wpe is None:
+                q = ops.rope_rotate_half(q, cos[:, None], sin[:, None], device=self.device)
+                k_new = ops.rope_rotate_half(
+                    k_new, cos.reshape(b * n, 1, dh), sin.reshape(b * n, 1, dh), device=self.device
+                )
+            cache.write(li, slots, k_new, kv[:, 1])
             start = self.clock()
             k, v, _ = cache.gather(li, tables=tables)
             attn = ops.attention(q, k, v, causal=causal, mask=mask, device=self.device)  # (B, H, n, Dh)
             self.attention_seconds += self.clock() - start
             x = x + self._linear(attn.transpose(0, 2, 1, 3).reshape(b, n, h * dh), layer.w_out, layer.b_out)
-            hid = ops.gelu(
-                self._linear(
-                    ops.layer_norm(x, layer.ln2_weight, layer.ln2_bias, eps=w.eps), layer.w_fc, layer.b_fc
-                ),
-                approximate="tanh",
-            )
-            x = x + self._linear(hid, layer.w_proj, layer.b_proj)
-        last = ops.layer_norm(x[:, -1], w.lnf_weight, w.lnf_bias, eps=w.eps)
+            x = x + self._mlp(x, layer)
+        last = self._norm(x[:, -1], w.lnf_weight, w.lnf_bias)
         return ops.matmul(last, w.lm_head, device=self.device)
 
 

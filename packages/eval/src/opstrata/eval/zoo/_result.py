@@ -36,6 +36,7 @@ class ZooResult:
     reason: str | None = None  # why the row is not ok: refusal, exporter failure, crash or the wrong output
     detail: str | None = None  # the full error text behind `reason`
     notes: list[str] = field(default_factory=list)  # e.g. onnxruntime could not run the model
+    decode: dict[str, object] | None = None  # decoders with --bench: the decode row (KV cache vs torch eager)
 
     @property
     def refused(self) -> bool:
