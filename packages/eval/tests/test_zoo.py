@@ -68,6 +68,7 @@ def _check_contract(row: ZooResult) -> None:
             assert row.notes, row
         else:
             assert row.err_vs_ort <= TOLERANCE_ORT, row
+            assert row.ort_create_s is not None and row.ort_create_s > 0, row  # setup time side by side
         assert row.import_s is not None and row.compile_s is not None
     elif row.status == "refused":
         assert row.reason and "node" in row.reason, f"a refusal must name its node: {row}"

@@ -403,6 +403,32 @@ def test_fuse_elementwise_chain_expression():
     assert node.inputs == ["x", "z"] and node.attrs["expr"][-1][0] == "Tanh"
 
 
+@pytest.mark.parametrize(("hw", "split"), [(8, True), (4, True), (2, False)])
+def test_fuse_elementwise_keeps_a_broadcast_gate_out_of_the_bigger_kernel(hw: int, split: bool):
+    """Squeeze-excitation: Sigmoid(s) on (1, C, 1, 1) times x on (1, C, H, W). Fused, the sigmoid would run
+    once per pixel; from 8 repeats it stays a node of its own (4 x 4), below that it joins the Mul (2 x 2)."""
+    b = ModelBuilder("se")
+    x = b.input("x", [1, 4, hw, hw])
+    s = b.input("s", [1, 4, 1, 1])
+    g = b.op("Sigmoid", [b.op("Add", [s, b.scalar(1.0)])])
+    b.nodes.append(b.onnx.helper.make_node("Mul", [b.op("Relu", [x]), g], ["y"]))
+    b.output("y")
+
+    def shaped_fuse(g: og.Graph) -> og.Graph:  # the pipeline infers shapes before fusing
+        og.infer_shapes(g)
+        return og.fuse_elementwise(g)
+
+    _, h = _check(b.build(), shaped_fuse, {"x": _x(1, 4, hw, hw), "s": _x(1, 4, 1, 1)})
+    fused = [n for n in h.nodes if n.op_type == "FusedElementwise"]
+    together = any({"Sigmoid", "Mul"} <= {op for op, _ in n.attrs["expr"]} for n in fused)
+    assert together != split
+    if split:  # the gate's chain is a kernel over (1, 4, 1, 1); the product's over the image
+        assert len(fused) == 2 and {tuple(h.values[n.outputs[0]].shape) for n in fused} == {
+            (1, 4, 1, 1),
+            (1, 4, hw, hw),
+        }
+
+
 def test_fuse_elementwise_stops_at_shared_values():
     b = ModelBuilder("ew_shared")
     x = b.input("x", [4])

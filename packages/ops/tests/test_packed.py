@@ -137,6 +137,32 @@ def test_binary_binders_give_the_ufuncs_bits_in_place_too(name: str) -> None:
     np.testing.assert_array_equal(out, getattr(ops, name)(a, b[:1]))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["add", "sub", "mul", "div"]), lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+    tail=st.lists(st.integers(1, 6), min_size=1, max_size=2), small_first=st.booleans(), in_place=st.booleans(),
+    seed=st.integers(0, 99),
+)  # fmt: skip
+def test_a_per_row_operand_runs_natively_with_the_ufuncs_bits(
+    name: str, lead: list[int], tail: list[int], small_first: bool, in_place: bool, seed: int
+) -> None:
+    """(N, C, 1, 1) against (N, C, H, W) (squeeze-excitation's gate): one C loop, numpy's broadcast bits."""
+    if not ops.native_status().available or all(t == 1 for t in tail):
+        return
+    rng = np.random.default_rng(seed)
+    full = rng.standard_normal((*lead, *tail)).astype(np.float32)
+    small = rng.standard_normal((*lead, *[1] * len(tail))).astype(np.float32)
+    small.flat[0] = [0.0, np.inf, np.nan][seed % 3]
+    a, b = (small, full) if small_first else (full, small)
+    with np.errstate(all="ignore"):
+        want = getattr(np, {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide"}[name])(a, b)
+        out = full if in_place else np.empty_like(full)
+        call = ops.bind(name, a, b, out=out)
+        assert isinstance(call, ops.NativeCall) and call.name == "row_binary_f32"
+        call()
+    np.testing.assert_array_equal(out, want)
+
+
 @settings(max_examples=40, deadline=None)
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=5), dtype=st.sampled_from(["float32", "int64", "bool"]),
        data=st.data())  # fmt: skip

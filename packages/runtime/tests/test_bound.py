@@ -550,7 +550,9 @@ def test_conv_net_bound_runs_are_bit_identical_and_bind_every_conv_step() -> Non
             if "_generic" in getattr(c, "__qualname__", "") or "_dyn" in getattr(c, "__qualname__", "")
         ]  # fmt: skip
         conv_like = {"Conv", "FusedConv", "MaxPool", "ReduceMean"}
-        if ops.native_status().available:
+        if ops.native_status().available and hasattr(
+            ops, "merge_bound_calls"
+        ):  # native binders: ops >= 0.4.20
             assert not conv_like & set(per_run), per_run
 
 

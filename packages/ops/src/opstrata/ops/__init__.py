@@ -292,7 +292,10 @@ from .kernels.signal import (
 )
 from .kernels.softmax import log_softmax as log_softmax, softmax as softmax
 from .native.build import NativeLibrary as NativeLibrary, build_library as build_library
-from .native.kernels import layer_norm_native as _layer_norm_native  # noqa: F401  (registers the native kernels)
+from .native.kernels import (
+    CONV_EPILOGUES as CONV_EPILOGUES,
+    layer_norm_native as _layer_norm_native,  # noqa: F401  (registers the native kernels)
+)
 from .native.library import (
     NativeBuildError as NativeBuildError,
     NativeBuildWarning as NativeBuildWarning,
@@ -329,6 +332,7 @@ from .tune.autotune import (
 
 __all__ = [
     "ALL_DTYPES",
+    "CONV_EPILOGUES",
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "LOW_PRECISION_DTYPES",

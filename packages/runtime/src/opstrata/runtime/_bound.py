@@ -210,6 +210,11 @@ def _prebound(
         k = int(a.get("conv_inputs", 0))
         if k not in (2, 3) or not hasattr(og, "bind_fused"):
             return None
+        epilogue = _gemm_epilogue(node, static[k:], dsts[0])
+        if epilogue is not None:  # the conv's GEMM applies it as it stores each output (ops >= 0.4.32)
+            fused = _bind_conv(sch, node, static[:k], dsts[0], epilogue)
+            if fused is not None:
+                return fused
         conv = _bind_conv(sch, node, static[:k], dsts[0])
         if conv is None or any(np.may_share_memory(t, dsts[0]) for t in static):
             return None
@@ -267,9 +272,37 @@ def _chain(*calls: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
-def _bind_conv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
+#: FusedConv epilogue programs (the graph's ``expr``, constants as ``c<i>``) the conv GEMM applies itself
+#: (``ops.CONV_EPILOGUES``): the VM's instructions in the VM's order, so the bits are the same
+_GEMM_EPILOGUES: dict[str, str] = {
+    "[['Relu', ['x0']]]": "relu",
+    "[['Max', ['x0', 'c0']], ['Min', ['t0', 'c1']]]": "clip",
+    "[['Mul', ['x0', 'c0']], ['Add', ['t0', 'c1']], ['Max', ['t1', 'c2']], ['Min', ['t2', 'c3']], "
+    "['Mul', ['t3', 'x0']]]": "hardswish",
+    "[['Add', ['x0', 'x1']]]": "add",
+    "[['Add', ['x0', 'x1']], ['Relu', ['t0']]]": "add_relu",
+}
+
+
+def _gemm_epilogue(node: Any, extra: list[Any], dst: np.ndarray) -> tuple[Any, ...] | None:
+    """The ``ops.CONV_EPILOGUES`` form of a FusedConv's epilogue, or None (the VM pass runs it)."""
+    supported = getattr(ops, "CONV_EPILOGUES", None)
+    name = _GEMM_EPILOGUES.get(str(node.attrs.get("expr")))
+    if not supported or name not in supported:
+        return None
+    consts = list(node.attrs.get("consts") or ())
+    if name in ("add", "add_relu"):
+        if len(extra) != 1 or consts or extra[0].shape != dst.shape or extra[0].dtype != dst.dtype:
+            return None  # a broadcast residual stays with the VM
+        return (name, extra[0])
+    return (name, *consts) if not extra else None
+
+
+def _bind_conv(
+    sch: Schedule, node: Any, static: list[Any], dst: np.ndarray, epilogue: tuple[Any, ...] | None = None
+) -> Callable[[], object] | None:
     """A 2-D Conv: ``ops.bind("conv2d")`` with the window the graph's kernel derives from the attributes
-    (its ``_geom``; a graph without it keeps the per-run path)."""
+    (its ``_geom``; a graph without it keeps the per-run path), and ``epilogue`` when given."""
     try:
         from opstrata.graph.opdefs.conv import _geom
     except ImportError:
@@ -278,10 +311,16 @@ def _bind_conv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> 
     kernel = node.attrs.get("kernel_shape") or w.shape[2:]
     s, d, pads = _geom(node, static[0], kernel)
     b = static[2] if len(static) > 2 else None
-    return ops.bind(
-        "conv2d", static[0], w, b, out=dst, stride=tuple(s), padding=tuple(pads), dilation=tuple(d),
-        groups=node.attrs.get("group", 1), device=sch.device,
-    )  # fmt: skip
+    more = {} if epilogue is None else {"epilogue": epilogue}
+    try:
+        return ops.bind(
+            "conv2d", static[0], w, b, out=dst, stride=tuple(s), padding=tuple(pads), dilation=tuple(d),
+            groups=node.attrs.get("group", 1), device=sch.device, **more,
+        )  # fmt: skip
+    except TypeError:  # a conv2d kernel (another device's) whose binder takes no epilogue
+        if epilogue is None:
+            raise
+        return None
 
 
 def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:

@@ -23,6 +23,7 @@ class ZooResult:
     opset: int | None = None  # default-domain opset of the exported model
     import_s: float | None = None  # opstrata.graph.from_onnx
     compile_s: float | None = None  # opstrata.graph.compile + InferenceSession
+    ort_create_s: float | None = None  # onnxruntime.InferenceSession(path) on the same file: its whole setup
     err_vs_ort: float | None = None  # max_rel_error(opstrata, onnxruntime), worst over the shapes
     err_vs_torch: float | None = None  # max_rel_error(opstrata, torch), worst over the shapes
     ort_vs_torch: float | None = None  # max_rel_error(onnxruntime, torch): how faithful the export is

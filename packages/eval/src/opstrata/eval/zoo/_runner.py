@@ -225,7 +225,9 @@ def _run_ort(
     of the shapes.
     """
     try:
+        t0 = time.perf_counter()
         sess = _ort_session(path, result.threads)
+        result.ort_create_s = time.perf_counter() - t0
     except ImportError:
         result.notes.append("onnxruntime not installed: compared against torch only")
         return None, None

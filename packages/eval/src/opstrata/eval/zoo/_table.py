@@ -12,7 +12,7 @@ __all__ = ["COLUMNS", "markdown_table", "missing_ops_line", "summary_line", "tex
 #: (header, width) of the text table; the reason column takes the rest of the line.
 COLUMNS = (
     ("model", 20), ("exporter", 11), ("status", 13), ("nodes", 6), ("import s", 9), ("compile s", 9),
-    ("err vs ORT", 10), ("err vs torch", 12), ("ratio", 6), ("MiB", 6), ("ORT MiB", 7), ("reason", 0),
+    ("ORT s", 6), ("err vs ORT", 10), ("err vs torch", 12), ("ratio", 6), ("MiB", 6), ("ORT MiB", 7), ("reason", 0),
 )  # fmt: skip
 
 
@@ -23,7 +23,7 @@ def _num(value: float | None, fmt: str) -> str:
 def _cells(r: ZooResult) -> list[str]:
     return [
         r.model, r.exporter, r.status, _num(r.nodes, "d"), _num(r.import_s, ".3f"), _num(r.compile_s, ".3f"),
-        _num(r.err_vs_ort, ".1e"), _num(r.err_vs_torch, ".1e"), _num(r.latency_ratio, ".2f"),
+        _num(r.ort_create_s, ".3f"), _num(r.err_vs_ort, ".1e"), _num(r.err_vs_torch, ".1e"), _num(r.latency_ratio, ".2f"),
         _num(r.peak_mib, ".1f"), _num(r.ort_peak_mib, ".1f"), "; ".join([r.reason, *r.notes] if r.reason else r.notes),
     ]  # fmt: skip
 

@@ -11,7 +11,8 @@ compiles the expression into one kernel (loop fusion as in XLA/TVM, see ``_fused
 Groups are single-output DAGs: walking the schedule backwards, a fusible node joins the group of
 its consumers when all of them are in one group and its value is no graph output, so a value read
 by several members (``x`` in ``x * x * x``) is admitted; a value read outside becomes a group's
-output (its root) instead.
+output (its root) instead. A node whose result is broadcast up by a consumer (a per-channel or
+per-row value) does not join: inside the kernel it would be recomputed for every element.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def _groups(g: Graph, m: Matcher) -> list[list[Node]]:
         out = node.outputs[0]
         roots = {group.get(id(u)) for u in m.uses(out)}
         root = roots.pop() if len(roots) == 1 else None
+        if root is not None and any(_broadcasts_up(m, out, u.outputs[0]) for u in m.uses(out)):
+            root = None  # computed once per element of the bigger result it would be repeated for
         if root is not None and out not in m.outputs and dtype[root] == m.dtype(out):
             group[id(node)] = root
         else:
@@ -99,6 +102,27 @@ def _groups(g: Graph, m: Matcher) -> list[list[Node]]:
             members.setdefault(group[id(node)], []).append(node)
     # a lone attribute activation is a chain of several steps itself: one generated kernel beats its op's
     return [grp for grp in members.values() if len(grp) > 1 or grp[0].op_type in _EXPANDED]
+
+
+#: a node is kept out of a group that would repeat its work at least this many times per element
+REPEAT_LIMIT = 8
+
+
+def _broadcasts_up(m: Matcher, small: str, big: str) -> bool:
+    """Whether ``small`` is broadcast up to ``big``'s shape by at least :data:`REPEAT_LIMIT` times (the
+    product of ``big``'s known dims where ``small`` has 1 or none): fused into ``big``'s kernel its work
+    would be redone for every element it is broadcast to (EfficientNet's squeeze-excitation Sigmoid on
+    (N, C, 1, 1) feeding a Mul over (N, C, H, W)), so it stays a node of its own on its own elements.
+    A symbolic dim counts as 1; unknown shapes: False."""
+    a, b = m.shape(small), m.shape(big)
+    if a is None or b is None or len(a) > len(b):
+        return False
+    padded = (1,) * (len(b) - len(a)) + tuple(a)
+    repeat = 1
+    for x, y in zip(padded, b, strict=True):
+        if x == 1 and isinstance(y, (int, np.integer)) and y > 1:
+            repeat *= int(y)
+    return repeat >= REPEAT_LIMIT
 
 
 def _foldable(m: Matcher, grp: list[Node]) -> set[str]:

@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 13; }
+int opstrata_native_abi(void) { return 14; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -657,9 +657,47 @@ static int im2col_planes(const void *args, int64_t p0, int64_t p1) {
     return 0;
 }
 
+/* Narrow images (output rows shorter than a vector: a network's last stages) spend im2col's time on loop
+   bounds, not copies: each plane's kh * kw * ho * wo column entries are gathered instead through one table
+   of in-plane offsets (-1: padding), built once per call. */
+#define IM2COL_GATHER_MAX_WO 8
+#define IM2COL_GATHER_MAX_TAPS 4096
+typedef struct {
+    const float *x;
+    float *out;
+    const int32_t *idx;
+    int64_t plane, taps; /* floats per input plane; table entries (one plane's columns) */
+} gather_args;
+
+static int im2col_gather_planes(const void *args, int64_t p0, int64_t p1) {
+    const gather_args *g = (const gather_args *)args;
+    const int32_t *restrict idx = g->idx;
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *restrict plane = g->x + p * g->plane;
+        float *restrict dst = g->out + p * g->taps;
+        for (int64_t t = 0; t < g->taps; ++t) dst[t] = idx[t] >= 0 ? plane[idx[t]] : 0.0f;
+    }
+    return 0;
+}
+
 void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t n, int64_t c, int64_t h,
                          int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                          int64_t pt, int64_t pl, int64_t ho, int64_t wo, int64_t nthreads) {
+    const int64_t taps = kh * kw * ho * wo;
+    if (wo < IM2COL_GATHER_MAX_WO && taps <= IM2COL_GATHER_MAX_TAPS && h * wd < INT32_MAX) {
+        int32_t idx[IM2COL_GATHER_MAX_TAPS];
+        int64_t t = 0;
+        for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j)
+                for (int64_t oh = 0; oh < ho; ++oh)
+                    for (int64_t ow = 0; ow < wo; ++ow, ++t) {
+                        const int64_t r = oh * sh + i * dh - pt, q = ow * sw + j * dw - pl;
+                        idx[t] = r >= 0 && r < h && q >= 0 && q < wd ? (int32_t)(r * wd + q) : -1;
+                    }
+        const gather_args g = {x, cols, idx, h * wd, taps};
+        run_ranges(im2col_gather_planes, &g, n * c, taps, nthreads);
+        return;
+    }
     const window_args g = {x, cols, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo};
     run_ranges(im2col_planes, &g, n * c, kh * kw * ho * wo, nthreads);
 }
@@ -673,14 +711,64 @@ void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t 
    strips of b loaded as they lie: the im2col columns need no packing); without AVX-512 the library says
    so (opstrata_sgemm_fma_fast) and the caller keeps the BLAS.
    ------------------------------------------------------------------------------------------------- */
+/* An activation applied to each output as it is stored (FusedConv's epilogue run in the GEMM instead of a
+   pass of its own): the elementwise VM's instructions, the same IEEE operations in the same order, so the
+   bits are those of the unfused conv + epilogue. kind 0 none; 1 ReLU (h < 0 ? 0 : h, NaN kept); 2 clip:
+   min(max(h, c0), c1) with the VM's NaN-propagating Max / Min; 3 the hard-swish form exporters write,
+   h * min(max(h * c0 + c1, c2), c3), the product and the sum each rounded (no FMA contraction); 4 a
+   residual added, h + r (r: a tensor laid out as c, at c's address + rdelta); 5 the residual added, then
+   ReLU (ResNet's Add + Relu). */
+typedef struct {
+    int64_t kind;
+    float c0, c1, c2, c3;
+    int64_t rdelta;
+} sg_epi;
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+/* the epilogue on 16 lanes: max_ps(c, h) is "c > h ? c : h", i.e. the VM's max_nan(h, c) (a NaN h, or h
+   equal to c, gives h), min_ps(c, h) likewise its min_nan(h, c); the *_round_ps forms are builtins the
+   compiler never contracts into an FMA */
+static inline __attribute__((always_inline)) __m512 sg_epi_apply(__m512 h, int kind, const sg_epi *e,
+                                                                 const float *at, __mmask16 m) {
+    switch (kind) {
+    case 1:
+        return _mm512_max_ps(_mm512_setzero_ps(), h);
+    case 4:
+        return _mm512_add_ps(h, _mm512_maskz_loadu_ps(m, at + e->rdelta));
+    case 5:
+        return _mm512_max_ps(_mm512_setzero_ps(), _mm512_add_ps(h, _mm512_maskz_loadu_ps(m, at + e->rdelta)));
+    case 2:
+        return _mm512_min_ps(_mm512_set1_ps(e->c1), _mm512_max_ps(_mm512_set1_ps(e->c0), h));
+    case 3: {
+        __m512 t = _mm512_mul_round_ps(h, _mm512_set1_ps(e->c0), _MM_FROUND_CUR_DIRECTION);
+        t = _mm512_add_round_ps(t, _mm512_set1_ps(e->c1), _MM_FROUND_CUR_DIRECTION);
+        t = _mm512_min_ps(_mm512_set1_ps(e->c3), _mm512_max_ps(_mm512_set1_ps(e->c2), t));
+        return _mm512_mul_round_ps(t, h, _MM_FROUND_CUR_DIRECTION);
+    }
+    default:
+        return h;
+    }
+}
+
+/* the epilogue of kind EK (a compile-time constant in each instantiation of a tile) on accumulator H */
+#define SG_EPI(H, AT, M) sg_epi_kind(H, EK, e, AT, M)
+static inline __attribute__((always_inline)) __m512 sg_epi_kind(__m512 h, int kind, const sg_epi *e, const float *at,
+                                                                __mmask16 m) {
+    switch (kind) {
+    case 0:
+        return h;
+    default:
+        return sg_epi_apply(h, kind, e, at, m);
+    }
+}
 
 /* rows [0, MR) x columns [0, 32) (masks m0 / m1 cut the last strip) of c */
 #define SG_TILE2(MR)                                                                                        \
     static inline __attribute__((always_inline)) void sg_tile2_##MR(                                       \
         const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int64_t k,         \
-        const float *bias, __mmask16 m0, __mmask16 m1) {                                                    \
+        const float *bias, __mmask16 m0, __mmask16 m1, const sg_epi *e, const int EK) {                     \
         __m512 x0[MR], x1[MR];                                                                              \
         for (int i = 0; i < MR; ++i) x0[i] = x1[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                 \
         for (int64_t p = 0; p < k; ++p) {                                                                   \
@@ -693,22 +781,22 @@ void opstrata_im2col_f32(const float *restrict x, float *restrict cols, int64_t 
             }                                                                                               \
         }                                                                                                   \
         for (int i = 0; i < MR; ++i) {                                                                      \
-            _mm512_mask_storeu_ps(c + i * ldc, m0, x0[i]);                                                  \
-            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, x1[i]);                                             \
+            _mm512_mask_storeu_ps(c + i * ldc, m0, SG_EPI(x0[i], c + i * ldc, m0));                         \
+            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, SG_EPI(x1[i], c + i * ldc + 16, m1));               \
         }                                                                                                   \
     }
 /* rows [0, MR) x columns [0, 16) (mask m0) of c: the narrow images of a network's last stages */
 #define SG_TILE1(MR)                                                                                        \
     static inline __attribute__((always_inline)) void sg_tile1_##MR(                                       \
         const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int64_t k,         \
-        const float *bias, __mmask16 m0) {                                                                  \
+        const float *bias, __mmask16 m0, const sg_epi *e, const int EK) {                                   \
         __m512 x0[MR];                                                                                      \
         for (int i = 0; i < MR; ++i) x0[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                         \
         for (int64_t p = 0; p < k; ++p) {                                                                   \
             const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);                                        \
             for (int i = 0; i < MR; ++i) x0[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + p]), b0, x0[i]); \
         }                                                                                                   \
-        for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m0, x0[i]);                         \
+        for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m0, SG_EPI(x0[i], c + i * ldc, m0));  \
     }
 SG_TILE2(12)
 SG_TILE2(8)
@@ -786,18 +874,27 @@ SG_DOT(1, 1)
     }
 /* rows [i0, i1) of the narrow product against bt (n, k) */
 static void sg_dot_rows(const float *a, const float *bt, float *c, int64_t i0, int64_t i1, int64_t n, int64_t k,
-                        int64_t lda, int64_t ldc, const float *bias) {
+                        int64_t lda, int64_t ldc, const float *bias, const sg_epi *e) {
     int64_t j = 0;
     SG_DOT_COLS(2, 8)
     SG_DOT_COLS(4, 4)
     SG_DOT_COLS(4, 2)
     SG_DOT_COLS(4, 1)
+    if (e && e->kind) { /* the rows are complete and cache-hot: n <= 16 columns, one masked vector each */
+        const __mmask16 m = sg_mask(n);
+        for (int64_t i = i0; i < i1; ++i) {
+            float *ci = c + i * ldc;
+            _mm512_mask_storeu_ps(ci, m, sg_epi_apply(_mm512_maskz_loadu_ps(m, ci), (int)e->kind, e, ci, m));
+        }
+    }
 }
 #undef SG_DOT_COLS
 
 /* rows [i0, i1) of the 32-column strip at column j */
-static void sg_strip_rows(const float *a, const float *b, float *c, int64_t i0, int64_t i1, int64_t j, int64_t n,
-                          int64_t k, int64_t lda, int64_t ldb, int64_t ldc, const float *bias) {
+static inline __attribute__((always_inline)) void sg_strip_rows_k(const float *a, const float *b, float *c, int64_t i0,
+                                                                   int64_t i1, int64_t j, int64_t n, int64_t k,
+                                                                   int64_t lda, int64_t ldb, int64_t ldc,
+                                                                   const float *bias, const sg_epi *e, const int EK) {
     const int64_t w = n - j < 32 ? n - j : 32;
     const float *bj = b + j;
     float *cj = c + j;
@@ -809,22 +906,38 @@ static void sg_strip_rows(const float *a, const float *b, float *c, int64_t i0, 
         int64_t twelves = (i1 - i) / 12;
         if ((i1 - i) % 12 == 4 && twelves > 0) --twelves;
         for (; twelves > 0; --twelves, i += 12)
-            sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
         for (; i + 8 <= i1; i += 8)
-            sg_tile2_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            sg_tile2_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
         for (; i + 4 <= i1; i += 4)
-            sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
         for (; i < i1; ++i)
-            sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1);
+            sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
     } else {
         const __mmask16 m0 = sg_mask(w);
         for (; i + 24 <= i1; i += 24)
-            sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+            sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
         for (; i + 8 <= i1; i += 8)
-            sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+            sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
         for (; i < i1; ++i)
-            sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0);
+            sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
     }
+}
+
+/* the strip rows with the epilogue's kind a constant in each copy: the tiles' store loops stay small enough to
+   unroll, so their accumulators stay in registers */
+static void sg_strip_rows(const float *a, const float *b, float *c, int64_t i0, int64_t i1, int64_t j, int64_t n,
+                          int64_t k, int64_t lda, int64_t ldb, int64_t ldc, const float *bias, const sg_epi *e) {
+#define SG_STRIP_K(K) sg_strip_rows_k(a, b, c, i0, i1, j, n, k, lda, ldb, ldc, bias, e, K)
+    switch (e ? e->kind : 0) {
+    case 1: SG_STRIP_K(1); break;
+    case 2: SG_STRIP_K(2); break;
+    case 3: SG_STRIP_K(3); break;
+    case 4: SG_STRIP_K(4); break;
+    case 5: SG_STRIP_K(5); break;
+    default: SG_STRIP_K(0); break;
+    }
+#undef SG_STRIP_K
 }
 
 /* one product split into tasks: row blocks of the narrow form, or (strip, row block) pairs of the wide one */
@@ -832,6 +945,7 @@ typedef struct {
     const float *a, *b, *bt, *bias;
     float *c;
     int64_t m, n, k, lda, ldb, ldc, rows, blocks; /* rows per task; row blocks per strip */
+    const sg_epi *epi;
 } sg_job;
 
 static void sg_task(void *ctx, int64_t t) {
@@ -839,23 +953,24 @@ static void sg_task(void *ctx, int64_t t) {
     const int64_t blk = g->bt ? t : t % g->blocks;
     const int64_t i0 = blk * g->rows, i1 = i0 + g->rows < g->m ? i0 + g->rows : g->m;
     if (g->bt)
-        sg_dot_rows(g->a, g->bt, g->c, i0, i1, g->n, g->k, g->lda, g->ldc, g->bias);
+        sg_dot_rows(g->a, g->bt, g->c, i0, i1, g->n, g->k, g->lda, g->ldc, g->bias, g->epi);
     else
-        sg_strip_rows(g->a, g->b, g->c, i0, i1, (t / g->blocks) * 32, g->n, g->k, g->lda, g->ldb, g->ldc, g->bias);
+        sg_strip_rows(g->a, g->b, g->c, i0, i1, (t / g->blocks) * 32, g->n, g->k, g->lda, g->ldb, g->ldc, g->bias,
+                      g->epi);
 }
 
 /* multiply-adds one more thread must get before the product is split (a pool run costs a few us) */
 #define SG_MIN_MACS_PER_THREAD (1 << 18)
 
 static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                         int64_t ldb, int64_t ldc, const float *bias, int nthreads) {
+                         int64_t ldb, int64_t ldc, const float *bias, int nthreads, const sg_epi *epi) {
     const int64_t macs = m * n * k;
     int nt = nthreads < 1 ? 1 : nthreads;
     if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
         const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
         nt = fit > 1 ? (int)fit : 1;
     }
-    sg_job g = {a, b, NULL, bias, c, m, n, k, lda, ldb, ldc, 0, 0};
+    sg_job g = {a, b, NULL, bias, c, m, n, k, lda, ldb, ldc, 0, 0, epi && epi->kind ? epi : NULL};
     if (n <= SG_DOT_MAX_N) {
         float *bt = (float *)malloc((size_t)(n * k) * sizeof(float));
         if (!bt) return -1;
@@ -876,8 +991,26 @@ static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, in
 }
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
+static inline float max_nan_f32(float a, float b);
+static inline float min_nan_f32(float a, float b);
+/* the epilogue on one value, as sg_epi_apply; the rounded product and sum kept apart by fp-contract=off */
+__attribute__((optimize("fp-contract=off"))) static float sg_epi_scalar(float h, const sg_epi *e) {
+    switch (e->kind) {
+    case 1:
+        return relu_f32(h);
+    case 2:
+        return min_nan_f32(max_nan_f32(h, e->c0), e->c1);
+    case 3: {
+        float t = h * e->c0;
+        t = t + e->c1;
+        return min_nan_f32(max_nan_f32(t, e->c2), e->c3) * h;
+    }
+    default:
+        return h;
+    }
+}
 static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                         int64_t ldb, int64_t ldc, const float *bias, int nthreads) {
+                         int64_t ldb, int64_t ldc, const float *bias, int nthreads, const sg_epi *epi) {
     (void)nthreads;
     for (int64_t i = 0; i < m; ++i) {
         float *ci = c + i * ldc;
@@ -888,20 +1021,44 @@ static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, in
             const float *bp = b + p * ldb;
             for (int64_t j = 0; j < n; ++j) ci[j] = fmaf(av, bp[j], ci[j]);
         }
+        if (epi && (epi->kind == 4 || epi->kind == 5)) /* the residual's add, then ReLU for kind 5 */
+            for (int64_t j = 0; j < n; ++j) {
+                const float r = ci[j] + ci[j + epi->rdelta];
+                ci[j] = epi->kind == 5 ? relu_f32(r) : r;
+            }
+        else if (epi && epi->kind)
+            for (int64_t j = 0; j < n; ++j) ci[j] = sg_epi_scalar(ci[j], epi);
     }
     return 0;
 }
 int opstrata_sgemm_fma_fast(void) { return 0; }
 #endif
 
+/* c = epilogue(bias + a @ b) per batch item; act / params / res: sg_epi's kind, c0..c3 (kinds 2, 3) and the
+   residual laid out as c (kinds 4, 5); unused ones may be NULL. Returns 0, -1 out of memory, -3 a bad kind. */
+int opstrata_sgemm_fma_epi_f32(const float *a, const float *b, float *c, const float *bias, int64_t m, int64_t n,
+                               int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa,
+                               int64_t sb, int64_t sc, int64_t sbias, int64_t nthreads, int64_t act,
+                               const float *params, const float *res) {
+    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
+    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - c : 0};
+    if (params) {
+        e.c0 = params[0];
+        e.c1 = params[1];
+        e.c2 = params[2];
+        e.c3 = params[3];
+    }
+    for (int64_t t = 0; t < batch; ++t)
+        if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL,
+                          (int)nthreads, act ? &e : NULL))
+            return -1;
+    return 0;
+}
 int opstrata_sgemm_fma_f32(const float *a, const float *b, float *c, const float *bias, int64_t m, int64_t n,
                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
                            int64_t sc, int64_t sbias, int64_t nthreads) {
-    for (int64_t t = 0; t < batch; ++t)
-        if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL,
-                          (int)nthreads))
-            return -1;
-    return 0;
+    return opstrata_sgemm_fma_epi_f32(a, b, c, bias, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, sbias, nthreads, 0,
+                                      NULL, NULL);
 }
 
 /* 2-D max pooling of NCHW float32 planes, padding never chosen (the max over the window's in-image taps,
@@ -1531,6 +1688,11 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
     case 18:
         return opstrata_sgemm_fma_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
                                       a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+    case 19:
+        return opstrata_sgemm_fma_epi_f32(P(0, const float *), P(1, const float *), P(2, float *),
+                                          P(3, const float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                                          a[12], a[13], a[14], a[15], a[16], P(17, const float *),
+                                          P(18, const float *));
     case 9:
         return opstrata_bias_act_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], (int)a[5]);
     case 11: { /* out (rows, cols) += bias[row]: numpy's out += b[:, None] (one float add each, same bits) */
@@ -1555,6 +1717,35 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         case 3: for (int64_t i = 0; i < n; ++i) o[i] = x[i] / y[i]; return 0;
         default: return -1001;
         }
+    }
+    case 20: { /* out (rows, cols) = x (+ - * /) y with one operand holding one value per row (a per-channel
+                  scale / shift: numpy's broadcast ufunc, one rounding each, same bits); a[6]: the per-row
+                  operand is x (1) or y (0) */
+        const float *x = P(0, const float *), *y = P(1, const float *);
+        float *o = P(2, float *);
+        const int64_t rows = a[3], cols = a[4], op = a[5], row_is_x = a[6];
+        if (op < 0 || op > 3) return -1001;
+        for (int64_t r = 0; r < rows; ++r) {
+            float *orow = o + r * cols;
+            if (row_is_x) {
+                const float v = x[r], *yr = y + r * cols;
+                switch (op) {
+                case 0: for (int64_t i = 0; i < cols; ++i) orow[i] = v + yr[i]; break;
+                case 1: for (int64_t i = 0; i < cols; ++i) orow[i] = v - yr[i]; break;
+                case 2: for (int64_t i = 0; i < cols; ++i) orow[i] = v * yr[i]; break;
+                default: for (int64_t i = 0; i < cols; ++i) orow[i] = v / yr[i]; break;
+                }
+            } else {
+                const float v = y[r], *xr = x + r * cols;
+                switch (op) {
+                case 0: for (int64_t i = 0; i < cols; ++i) orow[i] = xr[i] + v; break;
+                case 1: for (int64_t i = 0; i < cols; ++i) orow[i] = xr[i] - v; break;
+                case 2: for (int64_t i = 0; i < cols; ++i) orow[i] = xr[i] * v; break;
+                default: for (int64_t i = 0; i < cols; ++i) orow[i] = xr[i] / v; break;
+                }
+            }
+        }
+        return 0;
     }
     case 14: { /* dst = src, both strided views of up to 6 dims (strides in bytes; a null dst stride array: dst is
                   C-contiguous): a copy of fixed views, nothing computed */

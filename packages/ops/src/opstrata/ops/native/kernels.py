@@ -384,6 +384,47 @@ def _fma_conv_args(
     )  # fmt: skip
 
 
+#: Epilogues a bound conv2d can apply as its GEMM stores each output (``ops.bind("conv2d", ...,
+#: epilogue=...)``), name -> (kernel code, float constants): ``("relu",)``; ``("clip", lo, hi)`` =
+#: min(max(h, lo), hi); ``("hardswish", c0, c1, c2, c3)`` = h * min(max(h * c0 + c1, c2), c3) (the
+#: hard-swish exporters write); ``("add", r)`` = h + r and ``("add_relu", r)`` = relu(h + r) for a residual
+#: ``r`` shaped as the output. Each is the elementwise VM's operations in its order (NaN-propagating
+#: max / min, products and sums rounded apart), so the bits equal the conv followed by that epilogue.
+#: (SiLU is left to the VM's pass: its exp made the tiles slower than the pass it would save.)
+CONV_EPILOGUES = {
+    "relu": (1, 0),
+    "clip": (2, 2),
+    "hardswish": (3, 4),
+    "add": (4, 0),
+    "add_relu": (5, 0),
+}
+
+
+def _epilogue_params(
+    epilogue: Any, out: np.ndarray
+) -> tuple[int, np.ndarray | None, np.ndarray | None] | None:
+    """(kernel code, float32 constants, residual) of a :data:`CONV_EPILOGUES` entry, or None when it is not
+    one (or its residual is not a float32 C-contiguous array of ``out``'s shape apart from ``out``)."""
+    if not isinstance(epilogue, tuple) or not epilogue or epilogue[0] not in CONV_EPILOGUES:
+        return None
+    kind, n = CONV_EPILOGUES[epilogue[0]]
+    rest = epilogue[1:]
+    res = None
+    if kind in (4, 5):
+        if len(rest) != 1:
+            return None
+        res = rest[0]
+        if (type(res) is not np.ndarray or res.dtype != _F32 or not res.flags.c_contiguous
+                or res.shape != out.shape or np.may_share_memory(res, out)):  # fmt: skip
+            return None
+        return kind, None, res
+    if len(rest) != n or not all(isinstance(c, (int, float, np.floating, np.integer)) for c in rest):
+        return None
+    params = np.zeros(4, _F32)
+    params[:n] = np.asarray(rest, np.float64).astype(_F32)
+    return kind, params if n else None, None
+
+
 def _conv_columns(x: np.ndarray, g: Any, kh: int, kw: int, cg: int) -> np.ndarray | None:
     """``x`` as its own columns ``(n, G, Cg, h * w)`` for a plain 1x1 convolution, else None."""
     n = x.shape[0]
@@ -457,12 +498,20 @@ def conv2d_native(
 
 def _bind_conv2d_native(
     x: Any, weight: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-    groups: int = 1, out: Any = None,
+    groups: int = 1, out: Any = None, epilogue: Any = None,
 ) -> Any:  # fmt: skip
     """``conv2d_native(...)`` into ``out`` with its checks done once (see ops.bind): the depthwise C call,
     or the C im2col into a columns buffer kept for every call, the GEMM into ``out`` and the bias add; the
-    numpy kernel's binder where the kernel delegates to it."""
+    numpy kernel's binder where the kernel delegates to it. ``epilogue`` (one of :data:`CONV_EPILOGUES`)
+    is applied by the FMA GEMM as it stores each output; None (decline) where that GEMM does not run."""
     kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    epi = None
+    if epilogue is not None:
+        if type(out) is not np.ndarray:
+            return None
+        epi = _epilogue_params(epilogue, out)
+        if epi is None:
+            return None
     if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in (x, weight, out)):
         return None
     if bias is not None and (
@@ -480,6 +529,8 @@ def _bind_conv2d_native(
     if out.shape != (n, o, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
         return None
     lib = library()
+    if epi is not None and (lib is None or depthwise or not fma_gemm_available(lib)):
+        return None  # only the FMA GEMM applies an epilogue
     if lib is None:
         return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
     if not depthwise:
@@ -493,7 +544,12 @@ def _bind_conv2d_native(
         if fma_gemm_available(lib):  # as conv2d_native: the FMA tiles with the bias folded in
             for img in range(n):
                 args = _fma_conv_args(wm, cols, out4, bias, img)
-                steps.append(NativeCall(lib, "opstrata_sgemm_fma_f32", args, (wm, cols, out4, bias)))
+                if epi is None:
+                    steps.append(NativeCall(lib, "opstrata_sgemm_fma_f32", args, (wm, cols, out4, bias)))
+                else:
+                    refs = (wm, cols, out4, bias, epi[1], epi[2])
+                    args = (*args, epi[0], _ptr(epi[1]), None if epi[2] is None else epi[2][img].ctypes.data)
+                    steps.append(NativeCall(lib, "opstrata_sgemm_fma_epi_f32", args, refs))
             return BoundSteps(steps)
         steps.append(gemm_call(lib, wm, cols, out4) or partial(np.matmul, wm, cols, out=out4))
         if bias is not None:  # out += bias[:, None, None], one float add per element as numpy does
@@ -619,22 +675,44 @@ def _bind_linear_native(x: Any, weight: Any, bias: Any = None, *, out: Any) -> A
     return BoundSteps([gemm, add])
 
 
+def _per_row(small: np.ndarray, full: np.ndarray) -> tuple[int, int] | None:
+    """(rows, cols) when ``small`` holds one value per row of ``full`` read as (rows, cols): its leading
+    dims equal ``full``'s and the rest are 1 (a per-channel (N, C, 1, 1) against (N, C, H, W)); else None."""
+    if small.ndim != full.ndim or small.size == full.size:
+        return None
+    k = small.ndim
+    while k > 0 and small.shape[k - 1] == 1:
+        k -= 1
+    if small.shape[:k] != full.shape[:k]:
+        return None
+    rows = int(np.prod(full.shape[:k], dtype=np.int64))
+    return rows, full.size // max(rows, 1)
+
+
 def _binary_binder(kernel: Any, code: int) -> Any:
     """A binder for a cpu binary kernel (add / sub / mul / div): equal-shape C-contiguous float32 operands
     as one packed C loop (one rounding per element, as numpy's ufunc: the same bits; ``out`` may be an
-    operand itself); anything else the kernel bound with its arguments."""
+    operand itself), and so one operand holding one value per row of the other (a per-channel scale:
+    squeeze-excitation's gate); anything else the kernel bound with its arguments."""
 
     def bind(a: Any, b: Any, *, out: Any) -> Any:
         arrays = (a, b, out)
         plain = all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in arrays)
-        lib = library() if plain and a.shape == b.shape == out.shape and out.flags.writeable else None
-        exact = lib is not None and all(
-            not np.may_share_memory(out, t) or t.ctypes.data == out.ctypes.data for t in (a, b)
-        )
-        if not exact:
-            return partial(kernel, a, b, out=out)
-        args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size, code)
-        return NativeCall(lib, "binary_f32", args, (a, b, out))
+        lib = library() if plain and out.flags.writeable else None
+        if lib is not None and a.shape == b.shape == out.shape:
+            if all(not np.may_share_memory(out, t) or t.ctypes.data == out.ctypes.data for t in (a, b)):
+                args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, out.size, code)
+                return NativeCall(lib, "binary_f32", args, (a, b, out))
+        elif lib is not None and out.size:
+            for small, full, row_is_x in ((a, b, 1), (b, a, 0)):
+                split = _per_row(small, full) if full.shape == out.shape else None
+                if split is None or np.may_share_memory(out, small):
+                    continue
+                if np.may_share_memory(out, full) and full.ctypes.data != out.ctypes.data:
+                    continue
+                args = (a.ctypes.data, b.ctypes.data, out.ctypes.data, *split, code, row_is_x)
+                return NativeCall(lib, "row_binary_f32", args, (a, b, out))
+        return partial(kernel, a, b, out=out)
 
     return bind
 

@@ -49,6 +49,8 @@ PACKED_IDS = {
     "mean_rows": 16,
     "batched_sgemv": 17,
     "opstrata_sgemm_fma_f32": 18,
+    "opstrata_sgemm_fma_epi_f32": 19,
+    "row_binary_f32": 20,
 }
 
 
