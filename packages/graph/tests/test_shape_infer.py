@@ -177,6 +177,34 @@ def test_shape_subgraph_contents_propagate_and_shape_of_static_value_runs() -> N
     assert out["y"].shape == (2, 3, 2, 4) and out["ws"].tolist() == [3, 5]
 
 
+@pytest.mark.parametrize("seq", [5, "seq"])
+def test_torchscripts_expand_minus_one_idiom_gives_the_expand_its_shape(seq) -> None:
+    """torch.onnx (TorchScript) writes ``t.expand(batch, seq)`` as Expand(t, Where(Equal(s, -1),
+    ConstantOfShape([2]) of ones, s)) with s = Reshape(Concat(batch, seq)): Equal, Where,
+    ConstantOfShape and a 1-D Reshape carry the shape's contents, so the Expand has a planned shape."""
+    g = _graph(("ids", (2, seq)))
+    g.add_node("Shape", ["ids"], ["s"])
+    g.add_initializer("i0", np.array([0], np.int64))
+    g.add_initializer("i1", np.array([1], np.int64))
+    g.add_node("Gather", ["s", "i0"], ["b"], {"axis": 0})
+    g.add_node("Gather", ["s", "i1"], ["n"], {"axis": 0})
+    g.add_node("Concat", ["b", "n"], ["bn"], {"axis": 0})
+    g.add_initializer("flat", np.array([-1], np.int64))
+    g.add_node("Reshape", ["bn", "flat"], ["shape"])
+    g.add_initializer("two", np.array([2], np.int64))
+    g.add_node("ConstantOfShape", ["two"], ["ones"], {"value": np.array([1], np.int64)})
+    g.add_initializer("minus", np.array([-1, -1], np.int64))
+    g.add_node("Equal", ["shape", "minus"], ["is_minus"])
+    g.add_node("Where", ["is_minus", "ones", "shape"], ["target"])
+    g.add_initializer("row", np.zeros((1, 1), np.int64))
+    g.add_node("Expand", ["row", "target"], ["y"])
+    g.outputs.append("y")
+    infer_shapes(g)
+    assert g.value("y").shape == (2, seq)
+    n = 7 if seq == "seq" else 5
+    assert run_graph(g, {"ids": np.zeros((2, n), np.float32)})["y"].shape == (2, n)
+
+
 @pytest.mark.parametrize(
     ("op", "attrs", "in_shape", "want"),
     [

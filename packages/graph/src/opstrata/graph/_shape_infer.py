@@ -139,7 +139,40 @@ def _div(a: Dim, b: Dim) -> Dim:
 def _equal(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return int(a == b)
+    if (isinstance(a, int) and a < 0 and b is not None) or (isinstance(b, int) and b < 0 and a is not None):
+        return 0  # a dim is never negative: torch.onnx's Equal(shape, -1) of an expand(-1, ...)
     return 1 if dims_equal(a, b) else None
+
+
+def _prop_where(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    """Where(cond, x, y) over known 1-D values (broadcast from length 1): torch.onnx's
+    ``Where(Equal(shape, -1), ones, shape)`` that resolves an ``expand(-1, ...)``."""
+    if any(i is None for i in ins):
+        return None
+    c, x, y = ins  # type: ignore[misc]
+    m = max(len(c), len(x), len(y))
+    if any(len(t) not in (1, m) for t in (c, x, y)):
+        return None
+    c, x, y = ((t * m if len(t) == 1 else t) for t in (c, x, y))
+    if not all(isinstance(v, int) for v in c):
+        return None
+    return tuple(a if k else b for k, a, b in zip(c, x, y, strict=True))
+
+
+def _prop_constant_of_shape(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    """ConstantOfShape of a known length-1 shape ``[k]``: k copies of its (integer) value."""
+    shape = ins[0]
+    if shape is None or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] > _MAX_KNOWN:
+        return None
+    value = n.attrs.get("value")
+    v = np.asarray(value if value is not None else 0.0).ravel()
+    if v.size != 1 or v.dtype.kind not in "iub":
+        return None
+    return (int(v[0]),) * shape[0]
 
 
 _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
@@ -149,7 +182,7 @@ _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
     "Cast": lambda n, ins, vals: ins[0] if np.dtype(n.attrs["to"]).kind in "iu" else None,
     "Unsqueeze": lambda n, ins, vals: ins[0],
     "Squeeze": lambda n, ins, vals: ins[0],
-    "Reshape": lambda n, ins, vals: ins[0] if ins[0] is not None and len(ins[0]) == 1 else None,
+    "Reshape": lambda n, ins, vals: ins[0],  # only 1-D results are tracked: the values as they are
     "Gather": _prop_gather,
     "Concat": _prop_concat,
     "Slice": _prop_slice,
@@ -158,6 +191,9 @@ _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
     "Mul": _arith(dim_mul),
     "Div": _arith(_div),
     "Max": _arith(lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else None),
+    "Equal": _arith(_equal),
+    "Where": _prop_where,
+    "ConstantOfShape": _prop_constant_of_shape,
 }
 
 
@@ -168,7 +204,7 @@ def _propagate(node: Node, graph: Graph, known: dict[str, tuple[Dim, ...]]) -> N
     if (
         out is None
         or out.dtype is None
-        or out.dtype.kind not in "iu"
+        or out.dtype.kind not in "iub"  # bools as 0 / 1 (Equal feeding Where)
         or out.shape is None
         or len(out.shape) > 1
     ):
