@@ -177,8 +177,8 @@ def test_shape_subgraph_contents_propagate_and_shape_of_static_value_runs() -> N
     assert out["y"].shape == (2, 3, 2, 4) and out["ws"].tolist() == [3, 5]
 
 
-@pytest.mark.parametrize("seq", [5, "seq"])
-def test_torchscripts_expand_minus_one_idiom_gives_the_expand_its_shape(seq) -> None:
+@pytest.mark.parametrize(("seq", "folded"), [(5, False), ("seq", False), (5, True)])
+def test_torchscripts_expand_minus_one_idiom_gives_the_expand_its_shape(seq, folded: bool) -> None:
     """torch.onnx (TorchScript) writes ``t.expand(batch, seq)`` as Expand(t, Where(Equal(s, -1),
     ConstantOfShape([2]) of ones, s)) with s = Reshape(Concat(batch, seq)): Equal, Where,
     ConstantOfShape and a 1-D Reshape carry the shape's contents, so the Expand has a planned shape."""
@@ -195,7 +195,9 @@ def test_torchscripts_expand_minus_one_idiom_gives_the_expand_its_shape(seq) -> 
     g.add_node("ConstantOfShape", ["two"], ["ones"], {"value": np.array([1], np.int64)})
     g.add_initializer("minus", np.array([-1, -1], np.int64))
     g.add_node("Equal", ["shape", "minus"], ["is_minus"])
-    g.add_node("Where", ["is_minus", "ones", "shape"], ["target"])
+    if folded:  # constant folding left the comparison a bool initializer
+        g.add_initializer("never", np.array([False, False]))
+    g.add_node("Where", ["never" if folded else "is_minus", "ones", "shape"], ["target"])
     g.add_initializer("row", np.zeros((1, 1), np.int64))
     g.add_node("Expand", ["row", "target"], ["y"])
     g.outputs.append("y")

@@ -639,3 +639,32 @@ def test_a_reshape_of_a_staged_feed_is_a_fixed_view_and_its_reader_binds() -> No
     bad = {"ids": np.full((2, 5), 50, np.int64)}  # out of range: the bound gather names its node
     with pytest.raises(ExecutionError, match=r"Gather"):
         sess.run(None, bad)
+
+
+@pytest.mark.parametrize(("n", "hw"), [(1, 7), (2, 4), (1, 1)])
+def test_global_average_pool_is_bound_with_the_graph_kernels_bits(n: int, hw: int) -> None:
+    """The TorchScript exporter's GlobalAveragePool (ReduceMean's place in the dynamo export) runs as the
+    bound mean over the image, with the graph kernel's bits, and joins the native batch."""
+    import opstrata.graph as og
+    from opstrata.graph.testing import ModelBuilder
+
+    b = ModelBuilder("gap", 17)
+    x = b.input("x", ["batch", 8, hw, hw])
+    y = b.op(
+        "GlobalAveragePool", [b.op("Relu", [b.op("Conv", [x, b.weight([16, 8, 3, 3])], pads=[1, 1, 1, 1])])]
+    )
+    b.nodes.append(b.onnx.helper.make_node("Flatten", [y], ["out"], axis=1))
+    b.output("out")
+    model = b.build()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3, intra_op_num_threads=1))
+    feeds = {"x": np.random.default_rng(n * 10 + hw).standard_normal((n, 8, hw, hw)).astype(np.float32)}
+    (got,) = sess.run(None, feeds)
+    np.testing.assert_array_equal(got, og.run_graph(sess.graph, feeds)["out"])
+    (bound,) = sess._bound.values()
+    gap = [c for c, i in zip(bound.calls, bound.index, strict=True)
+           if sess._schedule.steps[i].node.op_type == "GlobalAveragePool"]  # fmt: skip
+    assert (
+        len(gap) == 1
+        and "partial" not in type(gap[0]).__name__
+        and "_generic" not in getattr(gap[0], "__qualname__", "")
+    )

@@ -239,7 +239,7 @@ def infer_shapes(graph: Graph, *, reset: bool = False) -> Graph:
                 v.dtype, v.shape = None, None
     known: dict[str, tuple[Dim, ...]] = {}
     for name, arr in graph.initializers.items():
-        if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= _MAX_KNOWN:
+        if arr.dtype.kind in "iub" and arr.ndim <= 1 and arr.size <= _MAX_KNOWN:  # bools as 0 / 1
             known[name] = tuple(int(v) for v in arr.ravel())
     for node in graph.nodes:
         rule = rule_for(node.domain, node.op_type)

@@ -34,7 +34,8 @@ __all__ = ["BoundProgram", "bind_arena", "release", "run_bound"]
 _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm"), (OPSTRATA_DOMAIN, "SkipRMSNorm"),
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
-              ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"))  # fmt: skip
+              ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"),
+              ("", "GlobalAveragePool"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -206,6 +207,15 @@ def _prebound(
         return _bind_max_pool(sch, node, static[0], dsts[0])
     if key == ("", "ReduceMean") and static[0].dtype.kind == "f":
         return _bind_mean(sch, node, static, dsts[0])
+    if (
+        key == ("", "GlobalAveragePool")
+        and len(static) == 1
+        and static[0].ndim >= 3
+        and static[0].dtype == np.float32
+    ):
+        # the TorchScript exporter's form of ReduceMean over the image: the same float32 sum and divide
+        axes = tuple(range(2, static[0].ndim))
+        return ops.bind("mean", static[0], out=dsts[0], axis=axes, keepdims=True, device=sch.device)
     if key == (OPSTRATA_DOMAIN, "FusedConv") and static[1].ndim == 4 and sch.device == "cpu":
         k = int(a.get("conv_inputs", 0))
         if k not in (2, 3) or not hasattr(og, "bind_fused"):
