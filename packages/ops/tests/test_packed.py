@@ -294,3 +294,38 @@ def test_calls_of_different_libraries_are_not_batched_together() -> None:
     for r in runner:
         r()
     assert seen == [1]
+
+
+@pytest.mark.parametrize("lead", [(1, 4), (2, 3), (2, 2, 2)])
+def test_stacked_matmul_binds_natively_with_numpys_bits(lead: tuple[int, ...]) -> None:
+    """Attention's (B, H, M, K) @ (B, H, K, N): one C call of numpy's own sgemm per slice."""
+    if not ops.native_status().available:
+        pytest.skip("no native library")
+    rng = np.random.default_rng(len(lead))
+    a = rng.standard_normal((*lead, 9, 16)).astype(np.float32)
+    b = rng.standard_normal((*lead, 16, 7)).astype(np.float32)
+    out = np.empty((*lead, 9, 7), np.float32)
+    call = ops.bind("matmul", a, b, out=out)
+    if call is None or not isinstance(call, ops.NativeCall):
+        pytest.skip("numpy's sgemm is not reachable from C on this build")
+    call()
+    np.testing.assert_array_equal(out, np.matmul(a, b))
+    broadcast = (
+        ops.bind("matmul", a, b[:1], out=out) if lead[0] > 1 else None
+    )  # (1, H) against (B, H): not this path
+    assert broadcast is None or not isinstance(broadcast, ops.NativeCall) or broadcast.name != "batched_sgemm"
+
+
+def test_softmax_binds_the_native_row_loop_with_the_kernels_bits() -> None:
+    if not ops.native_status().available:
+        pytest.skip("no native library")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 5, 33)).astype(np.float32)
+    x[0, 0, 0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    out = np.empty_like(x)
+    call = ops.bind("softmax", x, out=out, axis=-1)
+    assert isinstance(call, ops.NativeCall) and call.name == "opstrata_softmax_rows_f32"
+    call()
+    np.testing.assert_array_equal(out, ops.softmax(x, axis=-1))
+    assert ops.bind("softmax", x, out=out, axis=1) is None  # not the last axis: the kernel's own path
+    assert ops.bind("softmax", x[..., ::2], out=np.empty((2, 3, 5, 17), np.float32), axis=-1) is None

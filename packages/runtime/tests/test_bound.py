@@ -668,3 +668,29 @@ def test_global_average_pool_is_bound_with_the_graph_kernels_bits(n: int, hw: in
         and "partial" not in type(gap[0]).__name__
         and "_generic" not in getattr(gap[0], "__qualname__", "")
     )
+
+
+def test_unfused_attention_binds_its_matmuls_and_softmax_natively() -> None:
+    """Scores and context as 4-D MatMuls around a Softmax (what the TorchScript export leaves when the
+    attention fusion cannot see its shapes): one native batch, the graph kernels' bits."""
+    import opstrata.graph as og
+    from opstrata.graph.testing import ModelBuilder
+
+    b = ModelBuilder("attn", 17)
+    q = b.input("q", ["batch", 4, 8, 16])
+    k = b.input("k", ["batch", 4, 16, 8])
+    v = b.input("v", ["batch", 4, 8, 16])
+    p = b.op("Softmax", [b.op("MatMul", [q, k])], axis=-1)
+    b.nodes.append(b.onnx.helper.make_node("MatMul", [p, v], ["out"]))
+    b.output("out")
+    model = b.build()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0, intra_op_num_threads=1))
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in
+             (("q", (2, 4, 8, 16)), ("k", (2, 4, 16, 8)), ("v", (2, 4, 8, 16)))}  # fmt: skip
+    (got,) = sess.run(None, feeds)
+    np.testing.assert_array_equal(got, og.run_graph(sess.graph, feeds)["out"])
+    (bound,) = sess._bound.values()
+    if ops.native_status().available and hasattr(ops, "merge_bound_calls"):
+        kinds = {type(c).__name__ for c in bound.runner}
+        assert "partial" not in kinds and "function" not in kinds, kinds

@@ -35,7 +35,7 @@ _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
               ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"),
-              ("", "GlobalAveragePool"))  # fmt: skip
+              ("", "GlobalAveragePool"), ("", "Softmax"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -207,6 +207,10 @@ def _prebound(
         return _bind_max_pool(sch, node, static[0], dsts[0])
     if key == ("", "ReduceMean") and static[0].dtype.kind == "f":
         return _bind_mean(sch, node, static, dsts[0])
+    if key == ("", "Softmax") and len(static) == 1 and static[0].ndim >= 1:
+        axis = int(a.get("axis", -1))  # over the last axis the opset < 13 (2-D) and later forms agree
+        if axis % static[0].ndim == static[0].ndim - 1:
+            return ops.bind("softmax", static[0], out=dsts[0], axis=-1, device=sch.device)
     if (
         key == ("", "GlobalAveragePool")
         and len(static) == 1

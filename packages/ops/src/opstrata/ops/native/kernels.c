@@ -1718,6 +1718,9 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         default: return -1001;
         }
     }
+    case 21:
+        opstrata_softmax_rows_f32(P(0, const float *), P(1, float *), P(2, float *), a[3], a[4]);
+        return 0;
     case 20: { /* out (rows, cols) = x (+ - * /) y with one operand holding one value per row (a per-channel
                   scale / shift: numpy's broadcast ufunc, one rounding each, same bits); a[6]: the per-row
                   operand is x (1) or y (0) */

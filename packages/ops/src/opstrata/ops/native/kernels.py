@@ -319,6 +319,28 @@ def _bind_rope(x: Any, cos: Any, sin: Any, *, out: Any) -> Any:
 rope_rotate_half_native.binder = _bind_rope  # type: ignore[attr-defined]
 
 
+def _bind_softmax_native(x: Any, *, axis: int = -1, out: Any) -> Any:
+    """``softmax_native(x, axis)`` into ``out`` as one packed call of the same C row loop (same bits), for a
+    C-contiguous float32 ``x`` over its last axis; None otherwise (the kernel keeps its numpy path)."""
+    if type(x) is not np.ndarray or type(out) is not np.ndarray or not x.ndim or axis not in (-1, x.ndim - 1):
+        return None
+    if not (
+        _rows_f32(x) and x.size and out.shape == x.shape and out.dtype == _F32 and out.flags.c_contiguous
+    ):
+        return None
+    lib = library()
+    if (
+        lib is None
+        or not out.flags.writeable
+        or (np.may_share_memory(out, x) and out.ctypes.data != x.ctypes.data)
+    ):
+        return None
+    n = x.shape[-1]
+    return NativeCall(
+        lib, "opstrata_softmax_rows_f32", (x.ctypes.data, out.ctypes.data, None, x.size // n, n), (x, out)
+    )
+
+
 @register("softmax", device="cpu", dtypes=[np.float32], priority=1)
 def softmax_native(x: Any, *, axis: int = -1) -> np.ndarray:
     """Softmax over the last axis of a C-contiguous float32 array in one C loop per row (vector exp)."""
@@ -332,6 +354,9 @@ def softmax_native(x: Any, *, axis: int = -1) -> np.ndarray:
     lib.opstrata_softmax_rows_f32(x.ctypes.data, out.ctypes.data, None, x.size // x.shape[-1], x.shape[-1])
     count("softmax", "native")
     return out
+
+
+softmax_native.binder = _bind_softmax_native  # type: ignore[attr-defined]
 
 
 def softmax_rows_inplace(sc: np.ndarray, lse: np.ndarray) -> bool:
@@ -643,6 +668,9 @@ max_pool2d_native.binder = _bind_max_pool2d_native  # type: ignore[attr-defined]
 def _bind_matmul_native(a: Any, b: Any, *, out: Any) -> Any:
     """The numpy matmul binder's BLAS call made from C (numpy's own sgemm with numpy's arguments: the same
     bits) so that it joins a native batch; the numpy binder's partial where it cannot."""
+    stacked = _stacked_gemm(a, b, out)
+    if stacked is not None:
+        return stacked
     numpy_call = _bind_matmul_numpy(a, b, out=out)
     lib = library() if numpy_call is not None and a.dtype == _F32 else None
     if lib is None:
@@ -651,6 +679,29 @@ def _bind_matmul_native(a: Any, b: Any, *, out: Any) -> Any:
     if b.ndim == 2 and not b.flags.c_contiguous and b.T.flags.c_contiguous:  # a transposed weight (tied)
         return linear_call(lib, a2, b.T, out2) or numpy_call
     return gemm_call(lib, a2, b, out2) or numpy_call
+
+
+def _stacked_gemm(a: Any, b: Any, out: Any) -> Any:
+    """``(..., M, K) @ (..., K, N)`` with the same leading dims on both (attention's (B, H) stacks of
+    scores and context) as numpy's own sgemm per (M, N) slice from C (the same calls, the same bits),
+    joining a native batch; None for anything else."""
+    arrays = (a, b, out)
+    if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in arrays):
+        return None
+    if (
+        a.ndim < 4
+        or b.ndim != a.ndim
+        or out.ndim != a.ndim
+        or not (a.shape[:-2] == b.shape[:-2] == out.shape[:-2])
+    ):
+        return None
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.shape[-2] != k or out.shape[-2:] != (m, n):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    return gemm_call(lib, a.reshape(-1, m, k), b.reshape(-1, k, n), out.reshape(-1, m, n))
 
 
 def _bind_linear_native(x: Any, weight: Any, bias: Any = None, *, out: Any) -> Any:

@@ -51,6 +51,7 @@ PACKED_IDS = {
     "opstrata_sgemm_fma_f32": 18,
     "opstrata_sgemm_fma_epi_f32": 19,
     "row_binary_f32": 20,
+    "opstrata_softmax_rows_f32": 21,
 }
 
 
