@@ -171,12 +171,15 @@ def test_fuse_layer_norm_leaves_shared_intermediates():
     _check(b.build(), og.fuse_layer_norm, {"x": _x(2, 8)}, expect_added={"LayerNormalization": 0})
 
 
-@pytest.mark.parametrize("weight", [True, False])
-def test_fuse_rms_norm(weight):
+@pytest.mark.parametrize(("weight", "inverse"), [(True, "Reciprocal"), (False, "Reciprocal"), (True, "Div")])
+def test_fuse_rms_norm(weight, inverse):
+    """``x * Reciprocal(sqrt(.))``, and ``x * Div(1, sqrt(.))``: torch.rsqrt as the TorchScript exporter writes it."""
     b = ModelBuilder("rms")
     x = b.input("x", ["batch", 16])
     ms = b.reduce("ReduceMean", b.op("Pow", [x, b.scalar(2.0)]), [-1])
-    y = b.op("Mul", [x, b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.scalar(1e-6)])])])])
+    sd = b.op("Sqrt", [b.op("Add", [ms, b.scalar(1e-6)])])
+    inv = b.op("Reciprocal", [sd]) if inverse == "Reciprocal" else b.op("Div", [b.scalar(1.0), sd])
+    y = b.op("Mul", [x, inv])
     if weight:
         y = b.op("Mul", [y, b.weight([16], "w", 1.0)])
     b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"]))

@@ -42,7 +42,7 @@ def _square_of(m: Matcher, name: str) -> tuple[Node, str] | None:
 
 
 def _rsqrt_denominator(m: Matcher, node: Node) -> tuple[str, str, list[Node]] | None:
-    """For ``Div(x, sd)`` or ``Mul(x, Reciprocal(sd))``: ``(x, sd, [extra nodes])``."""
+    """For ``Div(x, sd)``, ``Mul(x, Reciprocal(sd))`` or ``Mul(x, Div(1, sd))``: ``(x, sd, [extra nodes])``."""
     if node.op_type == "Div" and len(node.inputs) == 2:
         return node.inputs[0], node.inputs[1], []
     if node.op_type == "Mul":
@@ -50,6 +50,9 @@ def _rsqrt_denominator(m: Matcher, node: Node) -> tuple[str, str, list[Node]] | 
             rec = m.producer(b, "Reciprocal")
             if rec is not None:
                 return a, rec.inputs[0], [rec]
+            one_over = m.producer(b, "Div")  # torch.rsqrt as the TorchScript exporter writes it: 1 / sqrt(.)
+            if one_over is not None and m.is_scalar(one_over.inputs[0], 1.0):
+                return a, one_over.inputs[1], [one_over]
     return None
 
 
