@@ -692,11 +692,13 @@ def test_unfused_attention_binds_its_matmuls_and_softmax_natively() -> None:
     np.testing.assert_array_equal(got, og.run_graph(sess.graph, feeds)["out"])
     (bound,) = sess._bound.values()
     probe = np.zeros((1, 2), np.float32)
-    bind = getattr(ops, "bind", None)  # ops >= 0.4.33 binds softmax and stacked matmuls
-    if (
-        ops.native_status().available
-        and bind
+    bind = getattr(ops, "bind", None)  # ops >= 0.4.33 binds softmax, and stacked matmuls where numpy's sgemm
+    stack = np.zeros((1, 1, 2, 2), np.float32)  # is reachable from C
+    natively = (
+        ops.native_status().available and bind is not None
         and bind("softmax", probe, out=np.empty_like(probe)) is not None
-    ):
+        and isinstance(bind("matmul", stack, stack, out=np.empty_like(stack)), getattr(ops, "NativeCall", ()))
+    )  # fmt: skip
+    if natively:
         kinds = {type(c).__name__ for c in bound.runner}
         assert "partial" not in kinds and "function" not in kinds, kinds
