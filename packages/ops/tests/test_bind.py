@@ -1,6 +1,7 @@
 """ops.bind: a zero-argument call with the kernel's checks done once; matmul / linear bind to the very
-BLAS call the kernel makes (same bits), attention to one native call for small problems (within float32
-tolerance of the numpy kernel, every mask kind, causal, GQA, strided (B, S, H, D) views, masked rows)."""
+BLAS call the kernel makes (same bits), attention to one native call (the loop kernel for small problems,
+the BLAS-backed one above it; within float32 tolerance of the numpy / reference kernels, every mask kind,
+causal, GQA, strided (B, S, H, D) views, masked rows)."""
 
 from __future__ import annotations
 
@@ -76,11 +77,74 @@ def test_small_attention_binds_one_native_call(b, hkv, group, n, m, d, dv, mask,
 
 
 @needs_native
-def test_large_or_unsupported_attention_is_not_bound_natively() -> None:
-    q = np.ones((1, 8, 64, 64), np.float32)
-    assert ops.bind("attention", q, q, q, out=np.empty_like(q)) is None  # above the size limit
+def test_large_attention_binds_the_blas_kernel_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opstrata.ops.kernels import attention_single_tile as single
+
+    q = np.ones((1, 8, 64, 64), np.float32)  # above the loop kernel's size
+    call = ops.bind("attention", q, q, q, out=np.empty_like(q))
+    if single.sgemm_ready(single.library()):
+        assert getattr(call, "name", "") == "opstrata_attention_blas_f32"
+    else:  # numpy's BLAS not reachable from C (e.g. the lowest numpy): the numpy path
+        assert call is None
+    monkeypatch.setattr(single, "sgemm_ready", lambda lib: False)
+    assert ops.bind("attention", q, q, q, out=np.empty_like(q)) is None
     q16 = np.ones((1, 2, 4, 8), np.float16)
     assert ops.bind("attention", q16, q16, q16, out=np.empty_like(q16)) is None  # float32 only
+
+
+def _blas_attention_ready() -> bool:
+    from opstrata.ops.kernels import attention_single_tile as single
+
+    lib = single.library()
+    return lib is not None and hasattr(lib, "opstrata_attention_blas_f32") and single.sgemm_ready(lib)
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(
+    hkv=st.sampled_from([1, 2]), group=st.sampled_from([1, 3]), n=st.integers(70, 150), m=st.integers(70, 150),
+    d=st.sampled_from([32, 64]), dv=st.sampled_from([32, 64]),
+    mask=st.sampled_from([None, "add", "add_inf", "bool", "bool_rows_empty"]), causal=st.booleans(),
+    bshd=st.booleans(), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_large_attention_blas_kernel_matches_the_reference(
+    hkv, group, n, m, d, dv, mask, causal, bshd, seed
+) -> None:
+    """Above the loop kernel's size the bound call multiplies through numpy's BLAS in 64-row blocks (a
+    causal block only up to its last row's key); every mask kind, GQA, strided views, rows with no key
+    (zeros, logsumexp -inf) and causal with fewer keys than queries, against the reference kernel."""
+    if not _blas_attention_ready():
+        pytest.skip("numpy's BLAS is not reachable from the native library")
+    rng = np.random.default_rng(seed)
+    h = hkv * group
+
+    def t(heads: int, length: int, width: int) -> np.ndarray:
+        if bshd:
+            return rng.standard_normal((1, length, heads, width)).astype(np.float32).swapaxes(1, 2)
+        return rng.standard_normal((1, heads, length, width)).astype(np.float32)
+
+    q, k, v = t(h, n, d), t(hkv, m, d), t(hkv, m, dv)
+    mk = None
+    if mask == "add":
+        mk = rng.standard_normal((1, 1, n, m)).astype(np.float32)
+    elif mask == "add_inf":  # the exporters' causal mask: -inf (or -3.4e38) above the diagonal
+        mk = np.where(np.tril(np.ones((n, m), bool)), 0.0, -np.inf).astype(np.float32)[None, None]
+    elif mask == "bool":
+        mk = rng.random((1, 1, 1, m)) > 0.3
+    elif mask == "bool_rows_empty":
+        mk = np.zeros((1, h, n, m), bool)
+        mk[..., : n // 2, :] = True
+    want, want_lse = ops.attention(q, k, v, causal=causal, mask=mk, scale=0.2, return_lse=True, device="ref")
+    out = np.empty((1, n, h, dv), np.float32).swapaxes(1, 2) if bshd else np.empty((1, h, n, dv), np.float32)
+    call = ops.bind("attention", q, k, v, out=out, causal=causal, mask=mk, scale=0.2)
+    assert getattr(call, "name", "") == "opstrata_attention_blas_f32"
+    assert call() is out
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-5)
+    got, lse = ops.attention(q, k, v, causal=causal, mask=mk, scale=0.2, return_lse=True)  # eager: same call
+    np.testing.assert_array_equal(got, out)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
 
 
 @needs_native

@@ -126,6 +126,23 @@ def test_exact_at_tile_edges_and_long_k(path: str, m: int, k: int, n: int) -> No
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(32, 64, 32), (48, 65, 40), (70, 130, 100), (50, 1, 33), (95, 200, 64), (16, 63, 129), (33, 3, 1)],
+)
+def test_exact_at_amx_block_edges(path: str, m: int, k: int, n: int) -> None:
+    """The AMX path's 32-row blocks (two 32-column halves of a panel), its 16-row block and the VNNI rows
+    after them; K off the 64-byte tile row. Every path must agree on these shapes too."""
+    rng = np.random.default_rng(m * 1000 + k + n)
+    for a_dt, b_dt in [(U8, S8), (S8, U8)]:
+        a, b = ints(rng, (m, k), a_dt), ints(rng, (k, n), b_dt)
+        za, zb = ints(rng, (m,), a_dt), ints(rng, (n,), b_dt)
+        np.testing.assert_array_equal(
+            oq.qgemm(a, oq.prepack_weight(b, zb), za, path=path), ref_mm(a, b, za, zb)
+        )
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_int32_wraps_like_onnx_when_the_sum_overflows(path: str) -> None:
     k = 70_000  # 255 * 127 * k > 2**31
     a, b = np.full((2, k), 255, np.uint8), np.full((k, 3), 127, np.int8)
@@ -136,10 +153,11 @@ def test_int32_wraps_like_onnx_when_the_sum_overflows(path: str) -> None:
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("m", "k", "n", "threads"),
-    [(97, 512, 260, 3), (5, 1030, 2000, 2), (64, 1024, 200, 7)],  # rows split, panels split, uneven
+    # rows split, panels split, uneven; the last big enough for threads on the AMX path (32M per thread)
+    [(97, 512, 260, 3), (5, 1030, 2000, 2), (64, 1024, 200, 7), (200, 1030, 520, 3)],
 )
 def test_threads_split_rows_or_panels_exactly(path: str, m: int, k: int, n: int, threads: int) -> None:
-    """Products big enough (>= 4M multiply-adds per thread) to really start threads."""
+    """Products big enough (>= 4M multiply-adds per thread, 32M on AMX) to really start threads."""
     rng = np.random.default_rng(m + n)
     a, b = ints(rng, (m, k), S8), ints(rng, (k, n), S8)
     za, zb = ints(rng, (m,), S8), ints(rng, (n,), S8)

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..native.blas import sgemm_ready
 from ..native.kernels import softmax_rows_inplace
-from ..native.library import library
+from ..native.library import library, native_threads
 from ..native.packed import NativeCall
 from .attention import AttnShape, _check_attention, causal_keep
 
@@ -71,10 +72,11 @@ def attention_single_tile(
     return out.reshape(s.b, s.h, s.n, s.dv), lse.reshape(s.b, s.h, s.n)
 
 
-#: Problems up to this many multiply-adds (B * H * N * M * (D + Dv)) may run as one native call when
+#: Problems up to this many multiply-adds (B * H * N * M * (D + Dv)) run as the native loop kernel when
 #: bound (ops.bind): below it numpy's ~10 calls per attention cost more than the arithmetic (the zoo's
-#: 32-token, 4-head models: 22 us vs 43 us); above it BLAS's batched GEMMs win (6 heads of 32 tokens,
-#: D 64, 786 K: 82 us vs 54 us). One thread, this machine.
+#: 32-token, 4-head models: 22 us vs 43 us). Above it the native call multiplies through numpy's BLAS
+#: (``opstrata_attention_blas_f32``: two sgemm per head and 64-row block, the softmax in C), where that
+#: BLAS is reachable from C; else the numpy path.
 SMALL_ATTENTION_MACS = 1 << 18
 
 
@@ -91,8 +93,8 @@ def bind_small_attention(
 ) -> Callable[[], object] | None:  # fmt: skip
     """``attention_cpu(q, k, v, causal=, mask=, scale=)`` into ``out`` as one native call with every
     pointer and stride resolved once (ops.bind: the runtime's arena views are fixed per shape), for
-    float32 problems up to :data:`SMALL_ATTENTION_MACS`; None otherwise (the caller keeps the numpy
-    path). q / k / v / out may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
+    float32 problems: up to :data:`SMALL_ATTENTION_MACS` the loop kernel, above it the BLAS-backed kernel
+    (on the pool's threads); None where neither applies (the caller keeps the numpy path). q / k / v / out may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
     (contiguous float32 (B, H, N)), when given, receives the rows' logsumexp."""
     arrays = (q, k, v, out)
     if rest or not all(type(t) is np.ndarray and t.dtype == np.float32 and t.ndim == 4 for t in arrays):
@@ -109,13 +111,14 @@ def bind_small_attention(
         lse.shape != (s.b, s.h, s.n) or lse.dtype != np.float32 or not lse.flags.c_contiguous
     ):
         return None
-    if s.b * s.h * s.n * s.m * (s.d + s.dv) > SMALL_ATTENTION_MACS:
-        return None
     if any(np.may_share_memory(out, t) for t in (q, k, v) if t is not None):
         return None
     strides = [_elem_strides(t, 3) for t in arrays]
     lib = library()
     if lib is None or any(st is None for st in strides):
+        return None
+    small = s.b * s.h * s.n * s.m * (s.d + s.dv) <= SMALL_ATTENTION_MACS
+    if not small and not (hasattr(lib, "opstrata_attention_blas_f32") and sgemm_ready(lib)):
         return None
     kind, ms = 0, [0, 0, 0, 0]
     mb = None
@@ -133,9 +136,15 @@ def bind_small_attention(
     keep = (arrays, mb, dims, st_arr, lse, out)
     return NativeCall(
         lib,
-        "opstrata_attention_f32",
-        args,
+        "opstrata_attention_f32" if small else "opstrata_attention_blas_f32",
+        args if small else (*args, native_threads()),
         keep,
-        lambda rc: MemoryError("attention: the native kernel could not allocate its scratch row"),
+        lambda rc: (
+            MemoryError("attention: the native kernel could not allocate its scratch rows")
+            if rc == -2
+            else RuntimeError(
+                f"attention: the native kernel failed with code {rc} (-3: numpy's BLAS not bound)"
+            )
+        ),
         result=out,
     )

@@ -29,6 +29,7 @@ import numpy as np
 from .._dtypes import FLOAT_DTYPES, accumulation_dtype
 from .._errors import OpError
 from .._registry import register
+from ..native.library import count
 from ..tune.autotune import Tunable, autotuned
 from .attention import AttnShape, _as_arrays, _check_attention, _check_backward, _scale
 from .attention_single_tile import attention_single_tile, bind_small_attention
@@ -264,6 +265,7 @@ def attention_cpu(
         native = bind_small_attention(q, k, v, out=out, causal=causal, mask=mask, scale=scale, lse=lse0)
         if native is not None:
             native()
+            count("attention", "native")
             return (out, lse0) if return_lse else out
     if t.bq >= s.n and t.bk >= s.m and t.bb >= s.b and min(s.n, s.m, s.d, s.dv) > 0:
         one, lse1 = attention_single_tile(q, k, v, mask, s, causal, _scale(scale, s.d), acc)

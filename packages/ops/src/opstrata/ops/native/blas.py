@@ -19,7 +19,7 @@ import numpy as np
 
 from .packed import NativeCall
 
-__all__ = ["gemm_call", "linear_call", "numpy_sgemm"]
+__all__ = ["gemm_call", "linear_call", "numpy_sgemm", "sgemm_ready"]
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -88,6 +88,11 @@ def _verified(lib: Any) -> bool:
     with _lock:
         _state["checked"][id(lib)] = (lib, ok)
     return ok
+
+
+def sgemm_ready(lib: Any) -> bool:
+    """Whether ``lib``'s C code can call numpy's sgemm (found and checked once per loaded library)."""
+    return _verified(lib)
 
 
 def _matches_numpy(lib: Any) -> bool:

@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 14; }
+int opstrata_native_abi(void) { return 15; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -67,7 +67,10 @@ static inline float gelu_f32(float h) { return 0.5f * h * (1.0f + erf_f32(h * 0.
 /* exp by Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial for exp(r), 2^n built in the
    exponent bits (vectorizable: no libm call); ~1 ulp. Internal: its callers pass x <= 0 (softmax) or
    saturate long before overflow (tanh), so it returns 0 below -87.34 (no denormals) and inf above 88.37
-   (n = 127 is the largest exponent built; the true overflow is at 88.72). NaN propagates. */
+   (n = 127 is the largest exponent built; the true overflow is at 88.72). NaN propagates. An input below
+   the range is evaluated at 0 before its result is replaced by 0: clamped to -87.34 its product would be
+   denormal, and a denormal multiply costs a ~150-cycle microcode assist per vector (every masked score of
+   a softmax, where the mask is -inf or -3.4e38). */
 /* exp(r) for the reduced argument r = x - n ln2 (Cody-Waite, n = rint(x / ln2)): Cephes' polynomial */
 static inline float exp_reduced(float xc, float n) {
     float r = xc - n * 0.693359375f;
@@ -82,7 +85,7 @@ static inline float exp_reduced(float xc, float n) {
 }
 
 static inline float exp_f32(float x) {
-    float xc = x > 88.3762626f ? 88.3762626f : (x < -87.3365448f ? -87.3365448f : x);
+    float xc = x > 88.3762626f ? 88.3762626f : (x < -87.3365448f ? 0.0f : x);
     float n = rintf(xc * 1.44269504088896341f);
     float p = exp_reduced(xc, n);
     int32_t bits = ((int32_t)n + 127) << 23;
@@ -1171,9 +1174,10 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
    ------------------------------------------------------------------------------------------------- */
 
 /* exp over the whole float range, IEEE limits kept: 2^n is built as two factors so that the result
-   rounds into the denormals (down to x = -103.97) and overflows to inf above 88.72 as libm's expf. */
+   rounds into the denormals (down to x = -103.97) and overflows to inf above 88.72 as libm's expf. Below
+   -104 the result is 0, computed at 0 meanwhile (no denormal product: see exp_f32). */
 static inline float exp_full_f32(float x) {
-    float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+    float xc = x > 89.0f ? 89.0f : (x < -104.0f ? 0.0f : x);
     float n = rintf(xc * 1.44269504088896341f);
     float p = exp_reduced(xc, n);
     int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
@@ -1625,6 +1629,135 @@ static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, in
     return 0;
 }
 
+/* row-major C (m, n) = alpha A (m, k) op(B) through numpy's BLAS (op: B^T when tb), leading dims in elements */
+static void sgemm_rm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, float *c, int64_t ldc) {
+    const int opb = tb ? 112 : 111;
+    if (sgemm_ilp64)
+        ((sgemm64_fn)sgemm_ptr)(101, 111, opb, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
+    else
+        ((sgemm32_fn)sgemm_ptr)(101, 111, opb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0.0f, c,
+                                (int)ldc);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+   Attention past the one-call loop kernel's size (opstrata_attention_f32: the same arguments and
+   conventions, plus threads): per (batch, head) and block of up to ATTN_ROWS query rows, the scores as one
+   BLAS sgemm (alpha = scale, K read transposed where it lies), the mask, the causal cut and the softmax per
+   row in C with p normalised in place, then p v as a second sgemm written straight into out's rows. A causal
+   block multiplies only the keys its last row sees. (batch, head, block) items split over the pool; each
+   item's result does not depend on the split. Returns 0, -2 (no scratch memory) or -3 (no BLAS bound).
+   ------------------------------------------------------------------------------------------------- */
+#define ATTN_ROWS 64
+
+/* max of a row on four vector accumulators (-inf for n == 0; a NaN loses every comparison) */
+static float row_max(const float *x, int64_t n) {
+    vf m0 = vsplat(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 4 * VW <= n; j += 4 * VW) {
+        m0 = vmax(vload(x + j), m0);
+        m1 = vmax(vload(x + j + VW), m1);
+        m2 = vmax(vload(x + j + 2 * VW), m2);
+        m3 = vmax(vload(x + j + 3 * VW), m3);
+    }
+    for (; j + VW <= n; j += VW) m0 = vmax(vload(x + j), m0);
+    float mx = vmax_all(vmax(vmax(m0, m1), vmax(m2, m3)));
+    for (; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
+typedef struct {
+    const float *q, *k, *v;
+    const void *mask;
+    float *out, *lse;
+    int64_t B, H, group, N, M, D, DV, blocks;
+    const int64_t *qs, *ks, *vs, *os, *ms;
+    int mask_kind, causal;
+    float scale;
+} attn_blas_args;
+
+static int attn_blas_items(const void *arg, int64_t i0, int64_t i1) {
+    const attn_blas_args *g = (const attn_blas_args *)arg;
+    const int64_t N = g->N, M = g->M;
+    float *p = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * (M ? M : 1)));
+    if (!p) return -2;
+    for (int64_t it = i0; it < i1; ++it) {
+        const int64_t blk = it % g->blocks, bh = it / g->blocks, b = bh / g->H, h = bh % g->H;
+        const int64_t kvh = h / g->group, r0 = blk * ATTN_ROWS;
+        const int64_t rows = N - r0 < ATTN_ROWS ? N - r0 : ATTN_ROWS;
+        int64_t cols = M; /* keys any row of the block sees */
+        if (g->causal) {
+            cols = r0 + rows + M - N;
+            cols = cols < 0 ? 0 : (cols > M ? M : cols);
+        }
+        const float *qb = g->q + b * g->qs[0] + h * g->qs[1] + r0 * g->qs[2];
+        const float *kb = g->k + b * g->ks[0] + kvh * g->ks[1];
+        const float *vb = g->v + b * g->vs[0] + kvh * g->vs[1];
+        float *ob = g->out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
+        if (cols == 0) { /* no key visible to any row: zeros, logsumexp -inf */
+            for (int64_t r = 0; r < rows; ++r) {
+                for (int64_t d = 0; d < g->DV; ++d) ob[r * g->os[2] + d] = 0.0f;
+                if (g->lse) g->lse[(b * g->H + h) * N + r0 + r] = -INFINITY;
+            }
+            continue;
+        }
+        sgemm_rm(1, rows, cols, g->D, g->scale, qb, g->qs[2], kb, g->ks[2], p, cols);
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = r0 + r;
+            float *srow = p + r * cols;
+            int64_t jmax = cols;
+            if (g->causal) {
+                jmax = i + M - N + 1;
+                jmax = jmax < 0 ? 0 : (jmax > cols ? cols : jmax);
+            }
+            if (g->mask_kind) {
+                const int64_t mo = b * g->ms[0] + h * g->ms[1] + i * g->ms[2], m3 = g->ms[3];
+                if (g->mask_kind == 1) {
+                    const uint8_t *mr = (const uint8_t *)g->mask + mo;
+                    for (int64_t j = 0; j < jmax; ++j) srow[j] = mr[j * m3] ? srow[j] : -INFINITY;
+                } else {
+                    const float *mr = (const float *)g->mask + mo;
+                    if (m3 == 1)
+                        for (int64_t j = 0; j < jmax; ++j) srow[j] += mr[j];
+                    else
+                        for (int64_t j = 0; j < jmax; ++j) srow[j] += mr[j * m3];
+                }
+            }
+            const float mx = row_max(srow, jmax);
+            float *lse_i = g->lse ? g->lse + (b * g->H + h) * N + i : NULL;
+            if (mx == -INFINITY) { /* every key masked: zeros (a row of NaN: NaN), through the p v product */
+                int has_nan = 0;
+                for (int64_t j = 0; j < jmax; ++j) has_nan |= srow[j] != srow[j];
+                for (int64_t j = 0; j < cols; ++j) srow[j] = has_nan ? NAN : 0.0f;
+                if (lse_i) *lse_i = has_nan ? NAN : -INFINITY;
+                continue;
+            }
+            for (int64_t j = 0; j < jmax; ++j) srow[j] = exp_f32(srow[j] - mx);
+            const double sum = row_sum(srow, jmax); /* vector partial sums, combined in double */
+            const float inv = (float)(1.0 / sum);
+            if (lse_i) *lse_i = (float)((double)mx + log(sum));
+            for (int64_t j = 0; j < jmax; ++j) srow[j] *= inv;
+            for (int64_t j = jmax; j < cols; ++j) srow[j] = 0.0f; /* keys after a causal row's last */
+        }
+        sgemm_rm(0, rows, g->DV, cols, 1.0f, p, cols, vb, g->vs[2], ob, g->os[2]);
+    }
+    free(p);
+    return 0;
+}
+
+int opstrata_attention_blas_f32(const float *q, const float *k, const float *v, const void *mask, float *out,
+                                float *lse, const int64_t *dims, const int64_t *qs, const int64_t *ks,
+                                const int64_t *vs, const int64_t *os, const int64_t *ms, int mask_kind, int causal,
+                                float scale, int64_t nthreads) {
+    if (!sgemm_ptr) return -3;
+    const int64_t B = dims[0], H = dims[1], HKV = dims[2], N = dims[3], M = dims[4], D = dims[5], DV = dims[6];
+    if (B <= 0 || H <= 0 || N <= 0) return 0;
+    const int64_t blocks = (N + ATTN_ROWS - 1) / ATTN_ROWS;
+    const attn_blas_args g = {q, k, v, mask, out, lse, B, H, H / HKV, N, M, D, DV, blocks,
+                              qs, ks, vs, os, ms, mask_kind, causal, scale};
+    return run_ranges(attn_blas_items, &g, B * H * blocks, ATTN_ROWS * M * (D + DV), nthreads);
+}
+
 /* numpy's pairwise float32 sum of n contiguous values (loops_utils.h's pairwise_sum: under 8 a plain loop,
    up to 128 eight interleaved partial sums, above that the halves at a multiple of 8), so that a sum over
    a row gives np.sum's bits; the caller adds it to 0 as numpy's reduce does. */
@@ -1718,6 +1851,12 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         default: return -1001;
         }
     }
+    case 22:
+        return opstrata_attention_blas_f32(P(0, const float *), P(1, const float *), P(2, const float *),
+                                           P(3, const void *), P(4, float *), P(5, float *), P(6, const int64_t *),
+                                           P(7, const int64_t *), P(8, const int64_t *), P(9, const int64_t *),
+                                           P(10, const int64_t *), P(11, const int64_t *), (int)a[12], (int)a[13],
+                                           packed_f32(a[14]), a[15]);
     case 21:
         opstrata_softmax_rows_f32(P(0, const float *), P(1, float *), P(2, float *), a[3], a[4]);
         return 0;

@@ -52,6 +52,7 @@ PACKED_IDS = {
     "opstrata_sgemm_fma_epi_f32": 19,
     "row_binary_f32": 20,
     "opstrata_softmax_rows_f32": 21,
+    "opstrata_attention_blas_f32": 22,
 }
 
 

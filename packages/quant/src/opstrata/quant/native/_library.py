@@ -35,9 +35,9 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-ABI = 3  # opstrata_qgemm_abi() of a library these bindings understand
+ABI = 4  # opstrata_qgemm_abi() of a library these bindings understand
 #: code paths by id (the C enum QG_PATH_*), slowest first
-PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
+PATHS = ("portable", "avx2", "avxvnni", "avx512vnni", "amx")
 #: forces the path of the registered kernels (``auto`` or one of :data:`PATHS`)
 ENV_PATH = "OPSTRATA_QGEMM_PATH"
 

@@ -5,6 +5,8 @@
    with __builtin_cpu_supports, so one build runs on any x86-64 (and the portable path on anything).
 
    Paths (QG_PATH_*):
+     amx         AMX-INT8 tdpbusd (16 x 16 x 64 MACs per instruction) on 32 x 32 / 16 x 64 blocks, reading the
+                 packed panels in place; the rows after the last 16 on the avx512vnni kernel
      avx512vnni  vpdpbusd on zmm (64 u8*s8 MACs per instruction), 6 rows x 64 columns per micro-tile
      avxvnni     vpdpbusd on ymm: the VEX form (AVX-VNNI) or, where only AVX-512 VNNI exists, the EVEX
                  form of the same 256-bit kernel (so the code is exercised on both kinds of CPU)
@@ -21,7 +23,7 @@
                                                                  zb' = zb - 128*b_unsigned
                               = dot(Au, Bs) - za' colsum(Bs) - zb' (rowsum(Au) - K za')
    B is packed once (opstrata_qgemm_pack_b): panels of 64 columns, K in groups of 4 bytes (the vpdpbusd
-   layout: for each k-group, 64 columns x 4 consecutive k), zero padded in K and N, with colsum(Bs) and
+   layout: for each k-group, 64 columns x 4 consecutive k), zero padded in K (to 64) and N, with colsum(Bs) and
    zb'. opstrata_qgemm splits rows (or panels, when rows are few) over pthreads and applies the
    epilogue (int32, float32 dequantize + bias + ReLU, or int8/uint8 requantize) per micro-tile.
    opstrata_qgemm_fingerprint hashes a weight's bytes so a caller can tell an unchanged one cheaply.
@@ -31,6 +33,10 @@
 #include <string.h>
 #include <math.h>
 #include <pthread.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(QG_NO_X86) /* -DQG_NO_X86: portable only */
 #define QG_X86 1
@@ -39,11 +45,28 @@
 #define QG_X86 0
 #endif
 
-#define QG_ABI 3
-#define NR 64 /* columns per packed panel */
-#define KG 4  /* k per group */
+/* AMX tiles need GCC 11 / clang 12 and a Linux kernel that grants the tile state (arch_prctl) */
+#if QG_X86 && defined(__linux__) && defined(SYS_arch_prctl) &&                                          \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define QG_HAVE_AMX 1
+#include <cpuid.h>
+#else
+#define QG_HAVE_AMX 0
+#endif
 
-enum { QG_PATH_PORTABLE = 0, QG_PATH_AVX2 = 1, QG_PATH_AVXVNNI = 2, QG_PATH_AVX512VNNI = 3, QG_NPATHS = 4 };
+#define QG_ABI 4
+#define NR 64   /* columns per packed panel */
+#define KG 4    /* k per group */
+#define KPAD 64 /* K padded to this in the packed layout and A's rows (one AMX tile row of bytes) */
+
+enum {
+    QG_PATH_PORTABLE = 0,
+    QG_PATH_AVX2 = 1,
+    QG_PATH_AVXVNNI = 2,
+    QG_PATH_AVX512VNNI = 3,
+    QG_PATH_AMX = 4,
+    QG_NPATHS = 5
+};
 enum { QG_OUT_I32 = 0, QG_OUT_F32 = 1, QG_OUT_U8 = 2, QG_OUT_S8 = 3 };
 enum { QG_OK = 0, QG_ERR_PATH = -1, QG_ERR_ARGS = -2, QG_ERR_NOMEM = -3 };
 
@@ -74,9 +97,32 @@ static int qg_avx2(void) {
 #endif
 }
 
+/* AMX-INT8: the CPU has the tiles (CPUID.7.0:EDX bits 24, 25), AVX-512 VNNI for the row tails, and the
+   kernel grants this process the tile data state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked
+   once; a kernel older than 5.16 or a seccomp policy refusing it leaves the path off) */
+#if QG_HAVE_AMX
+static int qg_amx_granted;
+static pthread_once_t qg_amx_once = PTHREAD_ONCE_INIT;
+static void qg_amx_request(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return;
+    qg_amx_granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#endif
+static int qg_amx(void) {
+#if QG_HAVE_AMX
+    pthread_once(&qg_amx_once, qg_amx_request);
+    return qg_amx_granted && qg_avx512vnni();
+#else
+    return 0;
+#endif
+}
+
 /* bit i set: path i runs on this CPU */
 int opstrata_qgemm_paths(void) {
     int m = 1 << QG_PATH_PORTABLE;
+    if (qg_amx()) m |= 1 << QG_PATH_AMX;
     if (qg_avx2()) m |= 1 << QG_PATH_AVX2;
     if (qg_avxvnni_vex() || qg_avx512vnni()) m |= 1 << QG_PATH_AVXVNNI;
     if (qg_avx512vnni()) m |= 1 << QG_PATH_AVX512VNNI;
@@ -92,7 +138,8 @@ int opstrata_qgemm_best_path(void) {
 
 /* ------------------------------------------------------------------ packing */
 
-static inline int64_t qg_kpad(int64_t K) { return (K + KG - 1) / KG * KG; }
+static inline int64_t qg_kpad(int64_t K) { return (K + KPAD - 1) / KPAD * KPAD; }
+static inline int64_t qg_kgroups(int64_t K) { return (K + KG - 1) / KG; } /* the groups holding data */
 
 int64_t opstrata_qgemm_packed_size(int64_t K, int64_t N) {
     return ((N + NR - 1) / NR) * qg_kpad(K) * NR;
@@ -312,7 +359,8 @@ static inline int32_t qg_load4(const uint8_t *p) {
    A: u8 rows (stride lda, padded to a multiple of 4 bytes with zeros), Bp: one panel (kg groups of
    NR*KG bytes). Each writes an mr x NR int32 tile (row stride NR); nv = 16-column vectors used (1..4). */
 
-#define MR_MAX 6
+#define MR_MAX 6       /* rows per vector micro-tile */
+#define QG_TILE_ROWS 32 /* rows of the largest micro-tile (AMX: 32 x 64) */
 
 static void qg_mk_portable(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t kg, int mr, int nv,
                            int32_t *tile) {
@@ -502,6 +550,85 @@ static const qg_mk_fn qg_mk2_tab[4][4] = {{qg_mk2_1_1, qg_mk2_1_2, qg_mk2_1_3, q
                                           {qg_mk2_3_1, qg_mk2_3_2, qg_mk2_3_3, qg_mk2_3_4},
                                           {qg_mk2_4_1, qg_mk2_4_2, qg_mk2_4_3, qg_mk2_4_4}};
 
+#if QG_HAVE_AMX
+/* ---- AMX-INT8: tdpbusd multiplies a 16 x 64-byte u8 tile of A by a 16-row s8 tile of B holding 16 columns
+   x 4 consecutive k per row, which is exactly one 64-byte slice of a packed k-group: the B tile of columns
+   16c..16c+15 and k-groups 16q..16q+15 is read straight from the panel with a 256-byte row stride. K is
+   padded to 64 (KPAD) in both operands, so every tile is whole; rows past the last 16 go to the VNNI
+   kernel. All eight tiles are 16 rows x 64 bytes: C in 0-3, A in 4-5, B in 6-7. */
+#define TAMX __attribute__((target("amx-tile,amx-int8,avx512vnni,avx512bw,avx512f,avx512vl,avx2,fma")))
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} qg_tilecfg;
+
+static TAMX void qg_amx_configure(void) {
+    qg_tilecfg c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    /* GCC does not know ldtilecfg reads the struct and drops the stores without this barrier */
+    __asm__ volatile("" : : "r"(&c) : "memory");
+    _tile_loadconfig(&c);
+}
+
+#define QG_BSTRIDE (NR * KG)       /* bytes between k-groups of a panel */
+#define QG_BCHUNK (16 * QG_BSTRIDE) /* bytes per 64 k of a panel */
+
+/* 32 rows x 32 columns (tile row stride NR int32): A rows r..r+31 (stride lda), Bp at the first column */
+static TAMX void qg_amx_32x32(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t chunks, int32_t *tile) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q = 0; q < chunks; ++q) {
+        const int8_t *b = Bp + q * QG_BCHUNK;
+        _tile_loadd(4, A + q * KPAD, lda);
+        _tile_loadd(6, b, QG_BSTRIDE);
+        _tile_loadd(7, b + 16 * KG, QG_BSTRIDE);
+        _tile_loadd(5, A + 16 * lda + q * KPAD, lda);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, tile, NR * 4);
+    _tile_stored(1, tile + 16, NR * 4);
+    _tile_stored(2, tile + 16 * NR, NR * 4);
+    _tile_stored(3, tile + 16 * NR + 16, NR * 4);
+}
+
+/* 16 rows x 64 columns (the whole panel), the B tiles alternating */
+static TAMX void qg_amx_16x64(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t chunks, int32_t *tile) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q = 0; q < chunks; ++q) {
+        const int8_t *b = Bp + q * QG_BCHUNK;
+        _tile_loadd(4, A + q * KPAD, lda);
+        _tile_loadd(6, b, QG_BSTRIDE);
+        _tile_dpbusd(0, 4, 6);
+        _tile_loadd(7, b + 16 * KG, QG_BSTRIDE);
+        _tile_dpbusd(1, 4, 7);
+        _tile_loadd(6, b + 32 * KG, QG_BSTRIDE);
+        _tile_dpbusd(2, 4, 6);
+        _tile_loadd(7, b + 48 * KG, QG_BSTRIDE);
+        _tile_dpbusd(3, 4, 7);
+    }
+    _tile_stored(0, tile, NR * 4);
+    _tile_stored(1, tile + 16, NR * 4);
+    _tile_stored(2, tile + 32, NR * 4);
+    _tile_stored(3, tile + 48, NR * 4);
+}
+
+static TAMX void qg_amx_release(void) { _tile_release(); }
+#endif /* QG_HAVE_AMX */
+
 /* the epilogue compiled for the wide paths (the loops vectorize with that ISA) */
 static T512 void qg_epi_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
     qg_epilogue(e, t, mr, r0, c0, nc);
@@ -518,8 +645,8 @@ static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64
     const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
     const float *bias = e->bias ? e->bias + c0 : NULL;
     const __m512 zero = _mm512_setzero_ps();
-    float buf[MR_MAX][16]; /* channel-major output: one 16-column slice of every row, written column-wise */
-    int64_t base[MR_MAX];
+    float buf[QG_TILE_ROWS][16]; /* channel-major output: one 16-column slice of every row, column-wise */
+    int64_t base[QG_TILE_ROWS];
     for (int r = 0; r < mr; ++r) base[r] = qg_row_base(e, r0 + r);
     for (int c = 0; c < nc; c += 16) {
         const __mmask16 m = nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u);
@@ -568,14 +695,58 @@ typedef void (*qg_epi_fn)(const qg_epi *, const int32_t *, int, int64_t, int64_t
 typedef struct {
     int path, mr_max;
     const uint8_t *A;  /* u8, padded rows */
-    int64_t lda, M, N, kg;
+    int64_t lda, M, N, kg, kp; /* kg: k-groups holding data (the vector kernels' loop); kp: padded K */
     const int8_t *Bp;
     const qg_epi *e;
     int64_t r_begin, r_end, p_begin, p_end; /* rows and panels of this worker */
 } qg_job;
 
+#if QG_HAVE_AMX
+/* the AMX path: 32 x 64 blocks (two 32 x 32 tile products), then one 16 x 64, the last < 16 rows on VNNI */
+static void qg_run_amx(const qg_job *j) {
+    const int64_t kp = j->kp, chunks = kp / KPAD;
+    const int64_t MC = 256; /* rows per A block (L2) */
+    const qg_epi_fn epi = j->e->kind == QG_OUT_F32 ? qg_epi_f32_512 : qg_epi_512;
+    int32_t tile[QG_TILE_ROWS * NR] __attribute__((aligned(64)));
+    const int tiles = j->r_end - j->r_begin >= 16; /* fewer rows: VNNI only, no tile state to set up */
+    if (tiles) qg_amx_configure();
+    for (int64_t m0 = j->r_begin; m0 < j->r_end; m0 += MC) {
+        const int64_t m1 = m0 + MC < j->r_end ? m0 + MC : j->r_end;
+        for (int64_t p = j->p_begin; p < j->p_end; ++p) {
+            const int8_t *bp = j->Bp + p * kp * NR;
+            const int64_t c0 = p * NR;
+            const int nc = (int)(j->N - c0 < NR ? j->N - c0 : NR);
+            int64_t r0 = m0;
+            for (; r0 + 32 <= m1; r0 += 32) {
+                const uint8_t *a = j->A + r0 * j->lda;
+                qg_amx_32x32(a, j->lda, bp, chunks, tile);
+                if (nc > 32) qg_amx_32x32(a, j->lda, bp + 32 * KG, chunks, tile + 32);
+                epi(j->e, tile, 32, r0, c0, nc);
+            }
+            if (r0 + 16 <= m1) {
+                qg_amx_16x64(j->A + r0 * j->lda, j->lda, bp, chunks, tile);
+                epi(j->e, tile, 16, r0, c0, nc);
+                r0 += 16;
+            }
+            for (; r0 < m1; r0 += MR_MAX) {
+                const int mr = (int)(m1 - r0 < MR_MAX ? m1 - r0 : MR_MAX);
+                qg_mk512_tab[mr - 1][(nc + 15) / 16 - 1](j->A + r0 * j->lda, j->lda, bp, j->kg, tile);
+                epi(j->e, tile, mr, r0, c0, nc);
+            }
+        }
+    }
+    if (tiles) qg_amx_release();
+}
+#endif
+
 static void qg_run(const qg_job *j) {
-    const int64_t kp = j->kg * KG;
+#if QG_HAVE_AMX
+    if (j->path == QG_PATH_AMX) {
+        qg_run_amx(j);
+        return;
+    }
+#endif
+    const int64_t kp = j->kp;
     const int64_t MC = 192; /* rows per A block (L2) */
     qg_epi_fn epi = qg_epi_portable;
 #if QG_X86
@@ -583,7 +754,7 @@ static void qg_run(const qg_job *j) {
     if (j->path == QG_PATH_AVX2 || (j->path == QG_PATH_AVXVNNI && !qg_avx512vnni())) epi = qg_epi_2;
     if (j->e->kind == QG_OUT_F32 && epi == qg_epi_512) epi = qg_epi_f32_512;
 #endif
-    int32_t tile[MR_MAX * NR] __attribute__((aligned(64)));
+    int32_t tile[QG_TILE_ROWS * NR] __attribute__((aligned(64)));
     for (int64_t m0 = j->r_begin; m0 < j->r_end; m0 += MC) {
         const int64_t m1 = m0 + MC < j->r_end ? m0 + MC : j->r_end;
         for (int64_t p = j->p_begin; p < j->p_end; ++p) {
@@ -744,16 +915,17 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
    kp bytes, or u16 for AVX2) with row stride ald bytes; threads split rows or panels */
 static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *ap, int64_t ald,
                      const int8_t *Bp, const qg_epi *e, int nthreads) {
-    const int64_t kg = qg_kpad(K) / KG; /* K == 0: the dot products are 0; one tile of zeros per block */
-    const int mr_max = path == QG_PATH_AVX2 ? 4 : 6;
+    const int64_t kg = qg_kgroups(K); /* K == 0: the dot products are 0; one tile of zeros per block */
+    const int mr_max = path == QG_PATH_AMX ? 32 : (path == QG_PATH_AVX2 ? 4 : 6);
     const int64_t panels = (N + NR - 1) / NR;
-    qg_job base = {path, mr_max, ap, ald, M, N, kg, Bp, e, 0, M, 0, panels};
+    qg_job base = {path, mr_max, ap, ald, M, N, kg, qg_kpad(K), Bp, e, 0, M, 0, panels};
     /* threads: split rows (in micro-tile multiples) when there are enough, else panels */
     const int by_rows = M >= (int64_t)nthreads * mr_max;
     const int64_t work_units = by_rows ? (M + mr_max - 1) / mr_max : panels;
     if (nthreads > work_units) nthreads = (int)work_units;
-    /* starting a thread costs ~20-50 us: give each at least ~4M multiply-adds (~50 us of VNNI work) */
-    const int64_t by_work = (M * N * (K ? K : 1)) >> 22;
+    /* starting a thread costs ~20-50 us: give each at least ~4M multiply-adds (~50 us of VNNI work; AMX
+       is ~6x faster, so 32M) */
+    const int64_t by_work = (M * N * (K ? K : 1)) >> (path == QG_PATH_AMX ? 25 : 22);
     if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
     if (nthreads <= 1) {
         qg_run(&base);
@@ -964,7 +1136,7 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
     if (nthreads < 1) nthreads = 1;
     const int64_t kp = qg_kpad(K);
 #if QG_X86
-    if ((path == QG_PATH_AVX512VNNI || path == QG_PATH_AVXVNNI) && qg_avx512vnni()) {
+    if ((path == QG_PATH_AMX || path == QG_PATH_AVX512VNNI || path == QG_PATH_AVXVNNI) && qg_avx512vnni()) {
         /* quantize straight into the kernels' layout (rows of kp bytes, zero padded) with the row sums */
         uint8_t *aw = (uint8_t *)malloc((size_t)(M * (kp ? kp : 1)));
         int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
