@@ -618,6 +618,30 @@ def test_dynamic_quantize_native_is_bit_identical_to_ops_ref(n, scale, shift, ti
     assert oq.native_status().calls["dynamic_quantize_linear"] == {"native": 1, "numpy": 0}
 
 
+@settings(max_examples=30, deadline=None)
+@given(scale=st.floats(1e-3, 1e3), shift=st.floats(-1, 1), seed=st.integers(0, 2**16))
+def test_dynamic_quantize_is_exact_next_to_rounding_ties(scale: float, shift: float, seed: int) -> None:
+    """The AVX-512 path multiplies by 1 / scale and divides only lanes near a half-integer: values whose
+    quotient x / scale lies on a tie or a few ulps either side of one still give the reference's bytes."""
+    rng = np.random.default_rng(seed)
+    base = ((rng.standard_normal(64) + shift) * scale).astype(np.float32)
+    hi, lo = np.float32(max(base.max(), 0)), np.float32(min(base.min(), 0))
+    s = np.float32((hi - lo) / np.float32(255))
+    t = rng.integers(int(np.ceil(lo / s)) + 1, max(int(np.floor(hi / s)) - 1, int(np.ceil(lo / s)) + 2), 600)
+    x = ((t + 0.5) * s).astype(np.float32)
+    for _ in range(3):  # up to three ulps either way off the tie
+        x = np.where(rng.random(x.size) < 0.5, np.nextafter(x, np.float32(np.inf)), x)
+        x = np.where(rng.random(x.size) < 0.3, np.nextafter(x, np.float32(-np.inf)), x).astype(np.float32)
+    x = np.clip(x, lo, hi).astype(np.float32)
+    frac = np.abs((x / s) % 1 - 0.5)
+    assert (frac < 2.0**-12).mean() > 0.5  # most quotients sit next to a tie
+    x = np.concatenate([base, x])
+    got = ops.dynamic_quantize_linear(x)
+    want = ops.dynamic_quantize_linear(x, device="ref")
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
 def test_dynamic_quantize_with_nan_is_left_to_ops_kernel() -> None:
     x = np.array([1.0, np.nan, -2.0], np.float32)
     oq.reset_native_stats()

@@ -33,7 +33,15 @@ from .build import (
 SOURCE = Path(__file__).with_name("kernels.c")
 ABI = 15  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
-CFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+CFLAGS = (
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fPIC",
+    "-shared",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+)
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 #: exported function -> (argument types, result type)

@@ -291,7 +291,17 @@ typedef struct {
                             out[qg_row_base(e, i) + c * ocs] (a convolution's rows are pixels: NCHW output,
                             channel stride ocs; rows of image i / ocs start img_stride apart) */
     int64_t img_stride;
+    int za_same, zb_zero; /* set by qg_epi_scan: one za' for every row; zb' 0 in every column */
 } qg_epi;
+
+/* the zero-point facts the vector epilogue specialises on (a symmetric int8 weight has zb' == 0 in every
+   column; per-tensor and symmetric per-token activations one za' for all rows): O(M + N) once per call */
+static void qg_epi_scan(qg_epi *e, int64_t M, int64_t N) {
+    e->za_same = 1;
+    for (int64_t i = 1; i < M && e->za_same; ++i) e->za_same = e->zae[i] == e->zae[0];
+    e->zb_zero = 1;
+    for (int64_t j = 0; j < N && e->zb_zero; ++j) e->zb_zero = e->zbe[j] == 0;
+}
 
 /* where row i of a channel-major (conv) output starts: pixel i % ocs of image i / ocs */
 static inline int64_t qg_row_base(const qg_epi *e, int64_t i) {
@@ -640,7 +650,62 @@ static T2 void qg_epi_2(const qg_epi *e, const int32_t *t, int mr, int64_t r0, i
 /* the float32 epilogue in zmm registers, 16 columns per step (masked tail): the zero-point corrections in
    wrapping int32, then acc * (a_scale * b_scale) (+ bias) (ReLU); the generic loop above does not
    vectorise its per-column/per-tensor scale stride */
+/* the row-major float32 epilogue (a GEMM's output): each row's up to four 16-column vectors in turn, the
+   column terms loaded once per tile and every field of e read into a local (the stores cannot alias them) */
+static inline __attribute__((always_inline)) T512 void qg_epi_f32_rows_512(const qg_epi *e, const int32_t *t,
+                                                                           int mr, int64_t r0, int64_t c0,
+                                                                           int nc, const int za_same,
+                                                                           const int zb_zero) {
+    const int nv = (nc + 15) / 16, relu = e->relu, has_bias = e->bias != NULL, asr = e->a_scale_rows;
+    const int32_t *zae = e->zae, *rterm = e->rterm;
+    const float *as = e->a_scale;
+    float *out = (float *)e->out + c0;
+    const int64_t ldo = e->ldo;
+    __m512i csv[4], zbv[4], zcs[4];
+    __m512 sbv[4], bv[4];
+    __mmask16 mk[4];
+    const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+        const int c = 16 * v;
+        mk[v] = v >= nv ? 0 : (nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u));
+        csv[v] = _mm512_maskz_loadu_epi32(mk[v], e->colsum + c0 + c);
+        zbv[v] = _mm512_maskz_loadu_epi32(mk[v], e->zbe + c0 + c);
+        sbv[v] = e->b_scale_cols ? _mm512_maskz_loadu_ps(mk[v], e->b_scale + c0 + c) : _mm512_set1_ps(e->b_scale[0]);
+        bv[v] = has_bias ? _mm512_maskz_loadu_ps(mk[v], e->bias + c0 + c) : zero;
+        zcs[v] = _mm512_mullo_epi32(_mm512_set1_epi32(zae[r0]), csv[v]);
+    }
+    for (int r = 0; r < mr; ++r) {
+        const int64_t i = r0 + r;
+        const __m512i za = _mm512_set1_epi32(zae[i]), rt = _mm512_set1_epi32(rterm[i]);
+        const __m512 sa = _mm512_set1_ps(as[asr ? i : 0]);
+        float *o = out + i * ldo;
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+            if (v >= nv) break;
+            __m512i acc = _mm512_load_si512((const void *)(t + r * NR + 16 * v)); /* whole tile rows */
+            acc = _mm512_sub_epi32(acc, za_same ? zcs[v] : _mm512_mullo_epi32(za, csv[v]));
+            if (!zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zbv[v], rt));
+            __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sa, sbv[v]));
+            if (has_bias) y = _mm512_add_ps(y, bv[v]);
+            if (relu) y = _mm512_max_ps(y, zero);
+            _mm512_mask_storeu_ps(o + 16 * v, mk[v], y);
+        }
+    }
+}
+
 static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    if (!e->ocs) { /* specialised on the zero points: the common symmetric-weight case has no per-row term */
+        if (e->zb_zero) {
+            if (e->za_same)
+                qg_epi_f32_rows_512(e, t, mr, r0, c0, nc, 1, 1);
+            else
+                qg_epi_f32_rows_512(e, t, mr, r0, c0, nc, 0, 1);
+        } else {
+            qg_epi_f32_rows_512(e, t, mr, r0, c0, nc, 0, 0);
+        }
+        return;
+    }
     const int32_t *cs = e->colsum + c0, *zb = e->zbe + c0;
     const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
     const float *bias = e->bias ? e->bias + c0 : NULL;
@@ -653,11 +718,12 @@ static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64
         const __m512i csv = _mm512_maskz_loadu_epi32(m, cs + c), zbv = _mm512_maskz_loadu_epi32(m, zb + c);
         const __m512 sbv = e->b_scale_cols ? _mm512_maskz_loadu_ps(m, sb + c) : _mm512_set1_ps(sb[0]);
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c) : zero;
+        const __m512i zcs = _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[r0]), csv); /* za' colsum, row r0 */
         for (int r = 0; r < mr; ++r) {
             const int64_t i = r0 + r;
             __m512i acc = _mm512_maskz_loadu_epi32(m, t + r * NR + c);
-            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[i]), csv));
-            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zbv, _mm512_set1_epi32(e->rterm[i])));
+            acc = _mm512_sub_epi32(acc, e->za_same ? zcs : _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[i]), csv));
+            if (!e->zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zbv, _mm512_set1_epi32(e->rterm[i])));
             const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(e->a_scale[e->a_scale_rows ? i : 0]), sbv);
             __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
             if (bias) v = _mm512_add_ps(v, bv);
@@ -901,7 +967,8 @@ int opstrata_qgemm(int path, int64_t M, int64_t N, int64_t K, const uint8_t *A, 
         rterm[i] = (int32_t)(s - (uint32_t)K * z);
     }
     qg_epi e = {kind, out, ldo, colsum, zbe, zae, rterm, a_scale, n_a_scale != 1,
-                b_scale, n_b_scale != 1, bias, relu, y_zp, 0, 0};
+                b_scale, n_b_scale != 1, bias, relu, y_zp, 0, 0, 0, 0};
+    qg_epi_scan(&e, M, N);
     const uint8_t *ap = a16 ? (const uint8_t *)a16 : (aw ? aw : A);
     const int64_t ald = a16 ? 2 * kp : (aw ? kp : lda); /* bytes */
     qg_drive(path, M, N, K, ap, ald, Bp, &e, nthreads);
@@ -1037,15 +1104,29 @@ static T512 int qg_dq_range_512(const float *x, int64_t n, float *hi_out, float 
     return bad != 0;
 }
 
-/* y = clip(rint(x / s) + z, 0, 255) for n values; returns the sum of the bytes written */
+/* y = clip(rint(x / s) + z, 0, 255) for n values; returns the sum of the bytes written.
+   The quotient as x * (1 / s) (a division costs ~10x a multiply): with |x / s| <= 255 that product lies
+   within 2^-14 of the correctly rounded quotient fl(x / s), so both round to the same integer unless one of
+   them is within 2^-14 of a half-integer; lanes within 2^-12 of one (a few per thousand) are divided
+   exactly, so the bytes are those of the division: ONNX's rint(x / s), ties to even. */
 static T512 uint32_t qg_dq_apply_512(const float *x, int64_t n, float s, float z, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), lo = _mm512_setzero_ps();
-    const __m512 hi = _mm512_set1_ps(255.0f);
+    const __m512 hi = _mm512_set1_ps(255.0f), rcp = _mm512_set1_ps(1.0f / s), magic = _mm512_set1_ps(QG_MAGIC);
+    const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 4096.0f); /* |q - rint(q)| above it: next to a tie */
+    /* a scale below float32's smallest normal has no finite reciprocal to trust: divide every lane */
+    const int divide_all = !(s >= 1.17549435e-38f && 1.0f / s < 3.0e38f);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
-        q = _mm512_add_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 q = _mm512_mul_ps(xv, rcp);
+        __m512 r = _mm512_sub_ps(_mm512_add_ps(q, magic), magic); /* rint(q), ties to even (|q| < 2^22) */
+        const __mmask16 tie = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, r)), near, _CMP_GT_OQ);
+        if (tie | divide_all) {
+            q = divide_all ? _mm512_div_ps(xv, vs) : _mm512_mask_div_ps(q, tie, xv, vs);
+            r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        }
+        q = _mm512_add_ps(r, vz);
         q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
         const __m512i v = _mm512_maskz_mov_epi32(m, _mm512_cvttps_epi32(q));
         sum = _mm512_add_epi32(sum, v);
@@ -1155,7 +1236,8 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
             rterm[i] = (int32_t)(sum - (uint32_t)K * (uint32_t)zps[g]);
         }
         qg_epi e = {QG_OUT_F32, out, ldo, colsum, zbe, zae, rterm, scales, per_row != 0,
-                    b_scale, n_b_scale != 1, bias, relu, 0, 0, 0};
+                    b_scale, n_b_scale != 1, bias, relu, 0, 0, 0, 0, 0};
+        qg_epi_scan(&e, M, N);
         qg_drive(path, M, N, K, aw, kp, Bp, &e, nthreads);
         free(aw);
         free(rows);
@@ -1280,7 +1362,8 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
         }
         const float *sg = n_scale == 1 ? scale : scale + g * ocg;
         qg_epi e = {QG_OUT_F32, out + g * ocg * P, 1, colsum[g], zbe[g], zae, rterm, &one, 0, sg, n_scale != 1,
-                    bias ? bias + g * ocg : NULL, 0, 0, P, OC * P};
+                    bias ? bias + g * ocg : NULL, 0, 0, P, OC * P, 0, 0};
+        qg_epi_scan(&e, M, ocg);
         if (a16) { /* the AVX2 kernel broadcasts rows widened to u16 */
             for (int64_t r = 0; r < M; ++r)
                 for (int64_t k = 0; k < kp; ++k) a16[r * kp + k] = a[r * lda + k];
