@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -402,7 +404,7 @@ def test_cli_bench_prints_the_decode_table(zoo_deps, monkeypatch, capsys) -> Non
 
     real = _decode.decode_bench
     monkeypatch.setattr(_decode, "decode_bench", lambda name, threads: real(name, threads, 8, 4, 1))
-    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b: (1.0, 1.0))
+    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b, **kw: (1.0, 1.0))
     assert _cli.main(["zoo", "run", "gpt2", "--exporter", "dynamo", "--bench"]) == 0
     out = capsys.readouterr().out
     assert "decode, per token on the paged KV cache vs torch eager" in out
@@ -417,7 +419,7 @@ def test_cli_decode_failure_is_a_row_and_exits_1(zoo_deps, monkeypatch, capsys) 
         raise RuntimeError("cache exploded")
 
     monkeypatch.setattr(_decode, "decode_bench", broken)
-    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b: (1.0, 1.0))
+    monkeypatch.setattr(_runner, "interleaved_medians", lambda a, b, **kw: (1.0, 1.0))
     assert _cli.main(["zoo", "run", "llama", "--exporter", "dynamo", "--bench", "--format", "json"]) == 1
     captured = capsys.readouterr()
     (row,) = json.loads(captured.out)
@@ -433,3 +435,25 @@ def test_cli_decode_failure_is_a_row_and_exits_1(zoo_deps, monkeypatch, capsys) 
 @pytest.mark.parametrize("name", [n for n in MODELS if n not in FAST])
 def test_every_model_is_right_or_refused_with_a_reason(zoo_deps, name: str, exporter: str) -> None:
     _check_contract(_row(name, exporter))
+
+
+def test_interleaved_medians_takes_turns_in_blocks_with_an_untimed_first_call() -> None:
+    """Turns alternate which side goes first; a block turn starts with one untimed call and each side's
+    median is over its own timed calls only."""
+    from opstrata.eval.zoo._bench import interleaved_medians
+
+    calls: list[str] = []
+
+    def side(name: str, seconds: float) -> Callable[[], None]:
+        def run() -> None:
+            calls.append(name)
+            time.sleep(seconds)
+
+        return run
+
+    a, b = interleaved_medians(side("a", 0.004), side("b", 0.001), repeats=3, warmup=0, block=2, settle_s=0.0)
+    assert calls == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert a > b >= 0.001 and a >= 0.004
+    calls.clear()
+    interleaved_medians(side("a", 0.0), side("b", 0.0), repeats=3, warmup=1)  # block 1: no untimed call
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]

@@ -27,7 +27,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import opstrata.ops as ops  # noqa: E402
-from opstrata.ops.benchtools import compare, format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, conv_peers, format_table  # noqa: E402
 from opstrata.ops.kernels.conv import conv2d_cpu  # noqa: E402
 
 #: (name, c_in, c_out, spatial, kernel, stride, pad): dense convolutions of the zoo's models at 64x64 input
@@ -46,37 +46,6 @@ SHAPES = [
     ("EfficientNet expand 1x1", 24, 144, 16, 1, 1, 0),
     ("MobileNetV3 project 1x1", 96, 40, 4, 1, 1, 0),
 ]
-
-
-def _ort(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: int) -> Callable[[], object] | None:
-    try:
-        import onnxruntime as ort
-        from onnx import TensorProto, helper, numpy_helper
-    except ImportError:
-        return None
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[pad] * 4, strides=[stride] * 2)
-    g = helper.make_graph(
-        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = _THREADS, 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning into the next candidate
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    return lambda: sess.run(None, {"x": x})
-
-
-def _torch(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: int) -> Callable[[], object] | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    torch.set_num_threads(_THREADS)
-    tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
-    conv = torch.nn.functional.conv2d
-    return lambda: conv(tx, tw, tb, stride=stride, padding=pad)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,10 +74,7 @@ def main(argv: list[str] | None = None) -> None:
                 "opstrata": bound,
                 "numpy": lambda x=x, w=w, b=b, kw=kw: conv2d_cpu(x, w, b, **kw),
             }
-            for label, make in (("onnxruntime", _ort), ("torch", _torch)):
-                fn = make(x, w, b, s, pad)
-                if fn is not None:
-                    cands[label] = fn
+            cands.update(conv_peers(x, w, b, stride=s, pad=pad, groups=1, threads=_THREADS))
             t = compare(cands, repeats=5 if args.quick else 31, warmup=3)
             mine = t["opstrata"].median
             ho = want.shape[2] * want.shape[3]

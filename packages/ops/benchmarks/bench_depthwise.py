@@ -23,7 +23,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import opstrata.ops as ops  # noqa: E402
-from opstrata.ops.benchtools import compare, format_table  # noqa: E402
+from opstrata.ops.benchtools import compare, conv_peers, format_table  # noqa: E402
 from opstrata.ops.kernels.conv import conv2d_cpu  # noqa: E402
 
 #: (name, channels, spatial, kernel, stride): the depthwise layers of the networks people export
@@ -35,37 +35,6 @@ SHAPES = [
     ("ConvNeXt-T 7x7", 96, 56, 7, 1),
     ("MobileNetV3 first", 16, 112, 3, 2),
 ]
-
-
-def _ort(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: int) -> Callable[[], object] | None:
-    try:
-        import onnxruntime as ort
-        from onnx import TensorProto, helper, numpy_helper
-    except ImportError:
-        return None
-    c = x.shape[1]
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[pad] * 4, strides=[stride] * 2)
-    g = helper.make_graph(
-        [node], "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = so.inter_op_num_threads = 1
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    return lambda: sess.run(None, {"x": x})
-
-
-def _torch(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, pad: int) -> Callable[[], object] | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    torch.set_num_threads(1)
-    tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
-    conv = torch.nn.functional.conv2d
-    return lambda: conv(tx, tw, tb, stride=stride, padding=pad, groups=x.shape[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,10 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             "native": lambda x=x, w=w, b=b, kw=kw: ops.conv2d(x, w, b, **kw),
             "im2col": lambda x=x, w=w, b=b, kw=kw: conv2d_cpu(x, w, b, **kw),
         }
-        for label, make in (("onnxruntime", _ort), ("torch", _torch)):
-            fn = make(x, w, b, s, pad)
-            if fn is not None:
-                cands[label] = fn
+        cands.update(conv_peers(x, w, b, stride=s, pad=pad, groups=c, threads=1))
         t = compare(cands, repeats=5 if args.quick else 21, warmup=2)
         nat = t["native"].median
         cells = [f"{name} ({c}x{hw}x{hw}, {k}x{k}/{s})", f"{nat * 1e3:.3f}"]

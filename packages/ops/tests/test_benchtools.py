@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+import pytest
+
+import opstrata.ops as ops
 from opstrata.ops.benchtools import compare, format_table
 
 
@@ -20,3 +24,27 @@ def test_compare_rotates_order_and_reports_medians() -> None:
 def test_format_table_is_markdown() -> None:
     text = format_table(["op", "x"], [["add", 1.5]])
     assert text.splitlines() == ["| op | x |", "|---|---|", "| add | 1.5 |"]
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_conv_peers_compute_the_same_convolution(groups: int) -> None:
+    """Each installed peer (onnxruntime, torch) is a callable computing ops' convolution; a peer that is
+    not installed is simply absent."""
+    import importlib.util
+
+    from opstrata.ops.benchtools import conv_peers
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((8, 8 // groups, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    peers = conv_peers(x, w, b, stride=2, pad=1, groups=groups)
+    want = ops.conv2d(x, w, b, stride=2, padding=1, groups=groups, device="ref")
+    expected = {
+        n for n, mod in (("onnxruntime", "onnxruntime"), ("torch", "torch")) if importlib.util.find_spec(mod)
+    }
+    assert set(peers) == expected
+    for name, run in peers.items():
+        got = run()
+        got = got[0] if isinstance(got, list) else got.numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -212,14 +212,12 @@ def _as_hf_llama(w: DecoderWeights, **config: object) -> _FakeModel:
             p + "self_attn.o_proj.weight": layer.w_out.T, p + "mlp.gate_proj.weight": layer.w_gate.T,
             p + "mlp.up_proj.weight": layer.w_fc.T, p + "mlp.down_proj.weight": layer.w_proj.T,
         }  # fmt: skip
-    cfg = SimpleNamespace(
+    cfg = dict(
         model_type="llama", num_attention_heads=h, num_key_value_heads=hkv, hidden_size=w.hidden,
         num_hidden_layers=w.num_layers, hidden_act="silu", rms_norm_eps=w.eps, rope_theta=w.rope_theta,
         rope_scaling=None, max_position_embeddings=w.max_positions, head_dim=dh,
     )  # fmt: skip
-    for key, value in config.items():
-        setattr(cfg, key, value)
-    return _FakeModel(cfg, state)
+    return _FakeModel(SimpleNamespace(**(cfg | config)), state)
 
 
 def _as_hf_gpt2(w: DecoderWeights, **config: object) -> _FakeModel:
@@ -235,13 +233,11 @@ def _as_hf_gpt2(w: DecoderWeights, **config: object) -> _FakeModel:
             p + "ln_2.weight": layer.ln2_weight, p + "ln_2.bias": layer.ln2_bias, p + "mlp.c_fc.weight": layer.w_fc,
             p + "mlp.c_fc.bias": layer.b_fc, p + "mlp.c_proj.weight": layer.w_proj, p + "mlp.c_proj.bias": layer.b_proj,
         }  # fmt: skip
-    cfg = SimpleNamespace(
+    cfg = dict(
         model_type="gpt2", n_layer=w.num_layers, n_head=w.num_heads, layer_norm_epsilon=w.eps,
         activation_function="gelu_new", scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
     )  # fmt: skip
-    for key, value in config.items():
-        setattr(cfg, key, value)
-    return _FakeModel(cfg, state)
+    return _FakeModel(SimpleNamespace(**(cfg | config)), state)
 
 
 def _assert_same_weights(a: DecoderWeights, b: DecoderWeights) -> None:

@@ -10,8 +10,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Timing", "compare", "format_table"]
+__all__ = ["Timing", "compare", "conv_peers", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,41 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in cells]
     return "\n".join(lines)
+
+
+def conv_peers(
+    x: Any, w: Any, b: Any, *, stride: int, pad: int, groups: int = 1, threads: int = 1
+) -> dict[str, Callable[[], object]]:
+    """The same 2-D convolution (float32 NCHW, square stride and padding) as onnxruntime and torch eager
+    candidates for :func:`compare`, each at ``threads`` threads; a peer that is not installed is left out.
+    onnxruntime's pool does not spin, so it cannot hold a core through the next candidate's turn."""
+    peers: dict[str, Callable[[], object]] = {}
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        pass
+    else:
+        node = helper.make_node(
+            "Conv", ["x", "w", "b"], ["y"], group=groups, pads=[pad] * 4, strides=[stride] * 2
+        )
+        graph = helper.make_graph(
+            [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+        )  # fmt: skip
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        peers["onnxruntime"] = lambda: sess.run(None, {"x": x})
+    try:
+        import torch
+    except ImportError:
+        return peers
+    torch.set_num_threads(threads)
+    tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
+    conv = torch.nn.functional.conv2d
+    peers["torch"] = lambda: conv(tx, tw, tb, stride=stride, padding=pad, groups=groups)
+    return peers

@@ -312,18 +312,34 @@ def _gemm_epilogue(node: Any, extra: list[Any], dst: np.ndarray) -> tuple[Any, .
     return (name, *consts) if not extra else None
 
 
+def _window_helpers() -> tuple[Callable[..., Any], Callable[..., bool]] | None:
+    """The graph kernels' own window arithmetic: (strides, dilations, pads) of a Conv / pool node and whether
+    a 2-D pool's pads fit its window. graph < 0.4.20 has them under private names; older ones not at all
+    (None: the per-run path)."""
+    try:
+        from opstrata.graph.opdefs.conv import conv_geometry, pool_fits_2d
+    except ImportError:
+        try:
+            from opstrata.graph.opdefs.conv import (  # graph 0.4.x before 0.4.20
+                _fits_2d as pool_fits_2d,
+                _geom as conv_geometry,
+            )
+        except ImportError:
+            return None
+    return conv_geometry, pool_fits_2d
+
+
 def _bind_conv(
     sch: Schedule, node: Any, static: list[Any], dst: np.ndarray, epilogue: tuple[Any, ...] | None = None
 ) -> Callable[[], object] | None:
     """A 2-D Conv: ``ops.bind("conv2d")`` with the window the graph's kernel derives from the attributes
-    (its ``_geom``; a graph without it keeps the per-run path), and ``epilogue`` when given."""
-    try:
-        from opstrata.graph.opdefs.conv import _geom
-    except ImportError:
+    (a graph without that arithmetic keeps the per-run path), and ``epilogue`` when given."""
+    helpers = _window_helpers()
+    if helpers is None:
         return None
     w = static[1]
     kernel = node.attrs.get("kernel_shape") or w.shape[2:]
-    s, d, pads = _geom(node, static[0], kernel)
+    s, d, pads = helpers[0](node, static[0], kernel)
     b = static[2] if len(static) > 2 else None
     more = {} if epilogue is None else {"epilogue": epilogue}
     try:
@@ -339,15 +355,14 @@ def _bind_conv(
 
 def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:
     """A 2-D MaxPool without Indices that the graph's kernel runs on ``max_pool2d``: bound to it."""
-    try:
-        from opstrata.graph.opdefs.conv import _fits_2d, _geom
-    except ImportError:
+    helpers = _window_helpers()
+    if helpers is None:
         return None
     k = list(node.attrs.get("kernel_shape") or ())
     if len(k) != 2:
         return None
-    s, d, pads = _geom(node, x, k)
-    if not _fits_2d(k, d, pads):
+    s, d, pads = helpers[0](node, x, k)
+    if not helpers[1](k, d, pads):
         return None
     return ops.bind(
         "max_pool2d", x, out=dst, kernel_size=tuple(k), stride=tuple(s), padding=tuple(pads), dilation=tuple(d),

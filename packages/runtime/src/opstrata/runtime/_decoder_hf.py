@@ -38,11 +38,8 @@ def _numpy_state(model: Any, dtype: Any) -> dict[str, np.ndarray]:
     out = {}
     for name, t in state.items():
         t = t.detach().cpu() if hasattr(t, "detach") else t
-        t = (
-            t.float()
-            if hasattr(t, "float") and str(getattr(t, "dtype", "")) in ("torch.bfloat16", "torch.float16")
-            else t
-        )
+        if hasattr(t, "is_floating_point") and t.is_floating_point():
+            t = t.float()  # bfloat16 has no numpy dtype; float32 stays as it is
         out[name] = np.ascontiguousarray(np.asarray(t.numpy() if hasattr(t, "numpy") else t), dtype=dtype)
     return out
 

@@ -61,6 +61,13 @@ def _session_options(threads: int) -> SessionOptions:
     return opts
 
 
+#: How the zoo times a model against onnxruntime: turns of 5 back-to-back runs each (after one untimed
+#: run), 50 ms apart. onnxruntime's idle workers spin ~25 ms after a run; timed call by call in turns,
+#: they held a core through opstrata's next run (ResNet-18 at two threads on two cores: 2.98 -> 4.87 ms
+#: for opstrata, ratio 1.27 -> 2.29), while turning spinning off cost onnxruntime 1.5x on SqueezeNet.
+BENCH_TURNS = {"repeats": 12, "block": 5, "settle_s": 0.05, "budget_s": 6.0}
+
+
 @contextlib.contextmanager
 def _thread_cap(threads: int) -> Iterator[None]:
     """Cap numpy's BLAS pool (opstrata's host kernels) at `threads` while opstrata runs."""
@@ -71,7 +78,9 @@ def _thread_cap(threads: int) -> Iterator[None]:
 
 
 def _ort_session(path: Path, threads: int) -> Any:
-    """An onnxruntime CPU session at `threads` intra-op threads (ImportError when not installed)."""
+    """An onnxruntime CPU session at `threads` intra-op threads (ImportError when not installed), its pool
+    spinning between runs as by default (its fastest setting on the small models: SqueezeNet at two
+    threads 0.26 ms spinning, 0.40 ms not)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -209,7 +218,9 @@ def _export_and_check(
     if bench and ort_sess is not None:
         feed = {spec.input_name: feeds[0]}
         with _thread_cap(result.threads):
-            mine, theirs = interleaved_medians(lambda: sess.run(None, feed), lambda: ort_sess.run(None, feed))
+            mine, theirs = interleaved_medians(
+                lambda: sess.run(None, feed), lambda: ort_sess.run(None, feed), **BENCH_TURNS
+            )
         result.latency_ratio = mine / theirs
     if memory:
         result.peak_mib = session_peak_mib("opstrata", path, feeds[0], spec.input_name, result.threads)

@@ -174,7 +174,7 @@ def _need_spatial(ctx: RuleContext, x: Shape, what: str) -> None:
         )
 
 
-def _geom(n: Node, x: Arr, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def conv_geometry(n: Node, x: Arr, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """(strides, dilations, explicit pads [begin..., end...]) for input ``x``."""
     nd = len(kernel)
     strides = list(n.attrs.get("strides") or [1] * nd)
@@ -185,7 +185,7 @@ def _geom(n: Node, x: Arr, kernel: Sequence[int]) -> tuple[list[int], list[int],
     return strides, dil, pads
 
 
-def _fits_2d(kernel: Sequence[int], dil: Sequence[int], pads: Sequence[int]) -> bool:
+def pool_fits_2d(kernel: Sequence[int], dil: Sequence[int], pads: Sequence[int]) -> bool:
     """The 2-D pooling kernels take pads of at most half the (dilated) window."""
     eff = [d * (k - 1) + 1 for k, d in zip(kernel, dil, strict=True)]
     return max(pads[0], pads[2]) <= eff[0] // 2 and max(pads[1], pads[3]) <= eff[1] // 2
@@ -313,7 +313,7 @@ def _run_conv(n: Node, x: list[Any]) -> list[Arr]:
     w = x[1]
     b = x[2] if len(x) > 2 and x[2] is not None else None
     kernel = n.attrs.get("kernel_shape") or w.shape[2:]
-    s, d, pads = _geom(n, x[0], kernel)
+    s, d, pads = conv_geometry(n, x[0], kernel)
     g = n.attrs.get("group", 1)
     if len(kernel) == 2:
         return [ops.conv2d(x[0], w, b, groups=g, stride=tuple(s), padding=tuple(pads), dilation=tuple(d))]
@@ -337,7 +337,7 @@ def _run_conv_transpose(n: Node, x: list[Any]) -> list[Arr]:
 
 def _run_max_pool(n: Node, x: list[Arr]) -> list[Arr]:
     k = list(n.attrs["kernel_shape"])
-    s, d, pads = _geom(n, x[0], k)
+    s, d, pads = conv_geometry(n, x[0], k)
     ceil = bool(n.attrs.get("ceil_mode", 0))
     indices = len(n.outputs) > 1
     if (
@@ -345,7 +345,7 @@ def _run_max_pool(n: Node, x: list[Arr]) -> list[Arr]:
         and len(k) == 2
         and not indices
         and x[0].dtype.kind not in "iu"
-        and _fits_2d(k, d, pads)
+        and pool_fits_2d(k, d, pads)
     ):
         y = ops.max_pool2d(
             x[0],
@@ -365,9 +365,9 @@ def _run_max_pool(n: Node, x: list[Arr]) -> list[Arr]:
 
 def _run_avg_pool(n: Node, x: list[Arr]) -> list[Arr]:
     k = list(n.attrs["kernel_shape"])
-    s, d, pads = _geom(n, x[0], k)
+    s, d, pads = conv_geometry(n, x[0], k)
     ceil, cip = bool(n.attrs.get("ceil_mode", 0)), bool(n.attrs.get("count_include_pad", 0))
-    if len(k) == 2 and all(v == 1 for v in d) and _fits_2d(k, d, pads):
+    if len(k) == 2 and all(v == 1 for v in d) and pool_fits_2d(k, d, pads):
         y = ops.avg_pool2d(
             x[0],
             kernel_size=tuple(k),
@@ -386,7 +386,7 @@ def _run_avg_pool(n: Node, x: list[Arr]) -> list[Arr]:
 
 def _run_lp_pool(n: Node, x: list[Arr]) -> list[Arr]:
     k = list(n.attrs["kernel_shape"])
-    s, d, pads = _geom(n, x[0], k)
+    s, d, pads = conv_geometry(n, x[0], k)
     ceil = bool(n.attrs.get("ceil_mode", 0))
     p = n.attrs.get("p", 2)
     return [ops.lp_pool_nd(x[0], kernel_size=k, stride=s, pads=pads, dilation=d, ceil_mode=ceil, p=p)]

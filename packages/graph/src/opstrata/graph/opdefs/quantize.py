@@ -21,7 +21,7 @@ from ..onnx.context import ImportContext
 from ..onnx.export import register_export
 from ..onnx.types import dtype_from_onnx
 from .common import Arr
-from .conv import _export_window, _geom, _input_rank, _need_spatial, _spatial, _window_attrs
+from .conv import _export_window, _input_rank, _need_spatial, _spatial, _window_attrs, conv_geometry
 from .registry import HOST, define
 
 _I32 = np.dtype(np.int32)
@@ -151,7 +151,7 @@ def _qlinear_conv_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 def _window(n: Node, x: Arr, w: Arr) -> dict[str, Any]:
     kernel = n.attrs.get("kernel_shape") or w.shape[2:]
-    s, d, pads = _geom(n, x, kernel)
+    s, d, pads = conv_geometry(n, x, kernel)
     return {"stride": s, "dilation": d, "pads": pads, "groups": n.attrs.get("group", 1)}
 
 

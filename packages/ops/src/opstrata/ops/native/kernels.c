@@ -756,16 +756,7 @@ static inline __attribute__((always_inline)) __m512 sg_epi_apply(__m512 h, int k
 }
 
 /* the epilogue of kind EK (a compile-time constant in each instantiation of a tile) on accumulator H */
-#define SG_EPI(H, AT, M) sg_epi_kind(H, EK, e, AT, M)
-static inline __attribute__((always_inline)) __m512 sg_epi_kind(__m512 h, int kind, const sg_epi *e, const float *at,
-                                                                __mmask16 m) {
-    switch (kind) {
-    case 0:
-        return h;
-    default:
-        return sg_epi_apply(h, kind, e, at, m);
-    }
-}
+#define SG_EPI(H, AT, M) sg_epi_apply(H, EK, e, AT, M)
 
 /* rows [0, MR) x columns [0, 32) (masks m0 / m1 cut the last strip) of c */
 #define SG_TILE2(MR)                                                                                        \
