@@ -66,6 +66,34 @@ def test_qconv2d_equals_ops_reference_on_every_path(
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=tol, err_msg=path)
 
 
+@pytest.mark.parametrize(
+    ("n", "c", "oc", "hw", "k", "stride"),
+    [
+        (1, 64, 40, 9, 1, 1),
+        (2, 128, 72, 7, 1, 1),
+        (3, 3, 16, 13, 3, 2),
+        (2, 16, 96, 8, 1, 1),
+        (2, 24, 33, 6, 3, 1),
+    ],
+)
+def test_qconv2d_larger_layers_on_every_path(n: int, c: int, oc: int, hw: int, k: int, stride: int) -> None:
+    """Layers big enough for the GEMM's 32-row blocks, inside one image and across two: the plain 1x1
+    (the image read in place, K a multiple of 64), the RGB stem read tap by tap from NCHW, channel counts
+    off the 16-lane vectors; NCHW float32 written plane by plane."""
+    r = np.random.default_rng(c * oc + hw)
+    x = r.integers(0, 256, (n, c, hw, hw)).astype(np.uint8)
+    wt = r.integers(-128, 128, (oc, c, k, k)).astype(np.int8)
+    scale = r.uniform(1e-3, 1e-1, oc).astype(np.float32)
+    bias = r.standard_normal(oc).astype(np.float32)
+    geo = {"stride": [stride, stride], "pads": [k // 2] * 4, "dilation": [1, 1]}
+    want = ops.qconv(x, np.uint8(7), wt, np.int8(0), scale, bias, groups=1, device="ref", **geo)
+    packed = oq.prepack_conv(wt, np.int8(0), 1)
+    tol = ATOL * max(1.0, float(np.abs(want).max()))
+    for path in _library.available_paths():
+        got = oq.qconv2d(x, packed, np.uint8(7), scale, bias, path=path, **geo)
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=tol, err_msg=path)
+
+
 def test_registered_qconv_runs_native_and_hands_off_what_it_does_not_cover() -> None:
     r = np.random.default_rng(1)
     x = r.integers(0, 256, (2, 4, 7, 7)).astype(np.uint8)

@@ -694,7 +694,51 @@ static inline __attribute__((always_inline)) T512 void qg_epi_f32_rows_512(const
     }
 }
 
+/* the channel-major float32 epilogue (a convolution's NCHW output) for rows on consecutive pixels of one
+   image: per output channel, 16 rows at a time as one vector (the tile's column read with a gather) and
+   stored as one run of the channel's plane; the same integer and float operations per value as the
+   row-wise form, so the same bits */
+static inline __attribute__((always_inline)) T512 void qg_epi_f32_planes_512(const qg_epi *e, const int32_t *t,
+                                                                             int mr, int64_t r0, int64_t c0,
+                                                                             int nc, int64_t first,
+                                                                             const int zb_zero) {
+    float *out = (float *)e->out + first;
+    const int64_t ocs = e->ocs;
+    const int relu = e->relu, asr = e->a_scale_rows, sbc = e->b_scale_cols;
+    const float *bias = e->bias;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(NR));
+    for (int rb = 0; rb < mr; rb += 16) {
+        const __mmask16 m = mr - rb >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (mr - rb)) - 1u);
+        const __m512i za = _mm512_maskz_loadu_epi32(m, e->zae + r0 + rb);
+        const __m512i rt = _mm512_maskz_loadu_epi32(m, e->rterm + r0 + rb);
+        const __m512 sa = asr ? _mm512_maskz_loadu_ps(m, e->a_scale + r0 + rb) : _mm512_set1_ps(e->a_scale[0]);
+        for (int c = 0; c < nc; ++c) {
+            const int64_t cc = c0 + c;
+            __m512i acc = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, rows, t + rb * NR + c, 4);
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(za, _mm512_set1_epi32(e->colsum[cc])));
+            if (!zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->zbe[cc]), rt));
+            const __m512 sc = _mm512_mul_ps(sa, _mm512_set1_ps(e->b_scale[sbc ? cc : 0]));
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
+            if (bias) v = _mm512_add_ps(v, _mm512_set1_ps(bias[cc]));
+            if (relu) v = _mm512_max_ps(v, zero);
+            _mm512_mask_storeu_ps(out + cc * ocs + rb, m, v);
+        }
+    }
+}
+
 static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
+    if (e->ocs) {
+        const int64_t first = qg_row_base(e, r0);
+        if (qg_row_base(e, r0 + mr - 1) - first == mr - 1) { /* one image's consecutive pixels */
+            if (e->zb_zero)
+                qg_epi_f32_planes_512(e, t, mr, r0, c0, nc, first, 1);
+            else
+                qg_epi_f32_planes_512(e, t, mr, r0, c0, nc, first, 0);
+            return;
+        }
+    }
     if (!e->ocs) { /* specialised on the zero points: the common symmetric-weight case has no per-row term */
         if (e->zb_zero) {
             if (e->za_same)
@@ -1294,11 +1338,14 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
     const int direct = groups == 1 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
                        dh == 1 && dw == 1 && OH == H && OW == W && K == kp && path != QG_PATH_AVX2;
     const int64_t img = H * W * C;
-    uint8_t *xh = (uint8_t *)malloc((size_t)(N * img > 0 ? N * img : 1));
+    /* a few channels per group (the RGB stem): the patches read the NCHW image tap by tap, no channels-last
+       copy (a byte-wise transpose of the whole image cost more than the convolution) */
+    const int nchw_taps = !direct && cg < 16;
+    uint8_t *xh = nchw_taps ? NULL : (uint8_t *)malloc((size_t)(N * img > 0 ? N * img : 1));
     uint8_t *rows = direct ? NULL : (uint8_t *)malloc((size_t)(M * kp));
     int32_t *rt = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
     uint16_t *a16 = path == QG_PATH_AVX2 ? (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(M * kp)) : NULL;
-    if (!xh || (!direct && !rows) || !rt || (path == QG_PATH_AVX2 && !a16)) {
+    if ((!nchw_taps && !xh) || (!direct && !rows) || !rt || (path == QG_PATH_AVX2 && !a16)) {
         free(xh);
         free(rows);
         free(rt);
@@ -1307,7 +1354,7 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
     }
     int32_t *zae = rt, *rterm = rt + M;
     for (int64_t i = 0; i < M; ++i) zae[i] = za;
-    for (int64_t n = 0; n < N; ++n) { /* channels-last: xh[n][(h * W + w) * C + c] */
+    for (int64_t n = 0; n < N && !nchw_taps; ++n) { /* channels-last: xh[n][(h * W + w) * C + c] */
         const uint8_t *xn = x + n * img;
         uint8_t *dn = xh + n * img;
         for (int64_t c = 0; c < C; ++c)
@@ -1322,9 +1369,9 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
                 for (int64_t oh = 0; oh < OH; ++oh)
                     for (int64_t ow = 0; ow < OW; ++ow) {
                         uint8_t *dst = rows + ((n * OH + oh) * OW + ow) * kp;
-                        const uint8_t *src = xh + n * img + g * cg;
+                        const uint8_t *src = nchw_taps ? x + n * img + g * cg * H * W : xh + n * img + g * cg;
                         const int64_t iw0 = ow * sw - pw;
-                        const int whole_rows = groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
+                        const int whole_rows = !nchw_taps && groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
                         for (int64_t i = 0; i < kh; ++i) {
                             const int64_t ih = oh * sh - ph + i * dh;
                             if (ih < 0 || ih >= H) { /* a kernel row above or below the image */
@@ -1341,9 +1388,9 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
                                 const int64_t iw = ow * sw - pw + j * dw;
                                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
                                     memset(dst, (int)za, (size_t)cg);
-                                } else if (cg < 16) { /* a few channels (the RGB stem): no call per tap */
-                                    const uint8_t *sp = src + (ih * W + iw) * C;
-                                    for (int64_t c = 0; c < cg; ++c) dst[c] = sp[c];
+                                } else if (nchw_taps) { /* a few channels (the RGB stem): one per plane */
+                                    const uint8_t *sp = src + ih * W + iw;
+                                    for (int64_t c = 0; c < cg; ++c) dst[c] = sp[c * H * W] ^ flip;
                                 } else {
                                     memcpy(dst, src + (ih * W + iw) * C, (size_t)cg);
                                 }
