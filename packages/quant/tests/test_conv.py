@@ -4,9 +4,11 @@ quantized CNN that runs its Conv nodes as QConv on them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,6 +181,60 @@ def test_quantized_cnn_runs_its_convs_as_native_qconv() -> None:
     oq.reset_native_stats()
     ours = np.concatenate([sess.run(None, f)[0] for f in held])
     assert oq.native_status().calls["qconv"]["native"] == 4
+    if _runtime_binds_qconv():  # the steady-state run: QConv / QuantizeLinear on their bound C calls
+        _assert_bound_qconv(sess)
     theirs = run_ort(qm.model, held, level="none")[0]
     np.testing.assert_allclose(ours, theirs, atol=0.05 * float(np.abs(theirs).max()))
     assert isinstance(InferenceSession(qm.model), InferenceSession)
+
+
+def _runtime_binds_qconv() -> bool:
+    """opstrata-runtime >= 0.5.33 binds QConv / QuantizeLinear steps through ops.bind (older: per node)."""
+    from importlib.metadata import version
+
+    parts = tuple(int(p) for p in version("opstrata-runtime").split(".")[:3])
+    return parts >= (0, 5, 33)
+
+
+def _assert_bound_qconv(sess: Any) -> None:
+    (bound,) = sess._bound.values()
+    kinds = {
+        sess._schedule.steps[i].node.op_type: getattr(c, "__qualname__", type(c).__name__)
+        for i, c in zip(bound.index, bound.calls, strict=True)
+    }
+    assert kinds["QConv"].startswith("_bind_qconv_native"), kinds
+    assert kinds["QuantizeLinear"].startswith("_bind_quantize_linear_native"), kinds
+
+
+@pytest.mark.skipif(not hasattr(ops, "bind"), reason="opstrata-ops without ops.bind (before 0.4.14)")
+def test_qconv_and_quantize_linear_bind_to_the_eager_kernels_bits() -> None:
+    """ops.bind("qconv") / ops.bind("quantize_linear") on the registered native kernels: one call per run
+    into ``out``, the same bits as the eager call, the zero point read when the call runs; arrays the C
+    code cannot take are not bound (the runtime keeps the per-node path)."""
+    r = np.random.default_rng(5)
+    x = r.integers(0, 256, (2, 8, 9, 9)).astype(np.uint8)
+    wt = r.integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
+    x_zp, w_zp = np.array(3, np.uint8), np.array(0, np.int8)
+    scale, bias = r.uniform(1e-3, 1e-2, 16).astype(np.float32), r.standard_normal(16).astype(np.float32)
+    geo = {"stride": [2, 2], "pads": [1, 1, 1, 1], "dilation": [1, 1], "groups": 1}
+    out = np.empty((2, 16, 5, 5), np.float32)
+    call = ops.bind("qconv", x, x_zp, wt, w_zp, scale, bias, out=out, **geo)
+    assert call is not None and call() is out
+    np.testing.assert_array_equal(out, ops.qconv(x, x_zp, wt, w_zp, scale, bias, **geo))
+    x_zp[...] = 9  # read at call time
+    call()
+    np.testing.assert_array_equal(out, ops.qconv(x, x_zp, wt, w_zp, scale, bias, **geo))
+    strided = np.empty((2, 16, 5, 10), np.float32)[..., ::2]
+    fallback = ops.bind("qconv", x, x_zp, wt, w_zp, scale, bias, out=strided, **geo)
+    assert isinstance(fallback, functools.partial)  # the eager kernel with out=: its own checks each call
+
+    f = (r.standard_normal((4, 33)) * 3).astype(np.float32)
+    s, zp = np.array(0.05, np.float32), np.array(-3, np.int8)
+    q = np.empty(f.shape, np.int8)
+    qcall = ops.bind("quantize_linear", f, s, zp, out=q)
+    assert qcall is not None and qcall() is q
+    np.testing.assert_array_equal(q, ops.quantize_linear(f, s, zp))
+    zp[...] = 5
+    qcall()
+    np.testing.assert_array_equal(q, ops.quantize_linear(f, s, zp))
+    assert ops.bind("quantize_linear", f, s, zp, out=np.empty(f.shape, np.uint8)) is None  # dtype mismatch

@@ -331,6 +331,44 @@ def _qconv_native(
     return _into(out, y)
 
 
+def _bind_qconv_native(
+    x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *,
+    stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any,
+) -> Callable[[], np.ndarray] | None:  # fmt: skip
+    """``_qconv_native(...)`` into ``out`` with its checks and the geometry done once (ops.bind: the
+    runtime's arena views are fixed per input shape): each call looks the packed weight up (repacked if a
+    writeable weight changed), reads the activation zero point and makes the C call. None where the kernel
+    would hand the call to ops' kernel, or ``x`` / ``out`` are not C-contiguous arrays of their own."""
+    if not all(type(a) is np.ndarray for a in (x, w, out)):
+        return None
+    if not (x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable and out.dtype == _F32):
+        return None
+    if not _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) or library() is None:
+        return None
+    zk = None if w_zero_point is None else _bytes_key(np.asarray(w_zero_point))
+    layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
+
+    def pack() -> Any:
+        return _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
+
+    try:
+        geometry = conv_geometry(x.shape, pack(), stride, pads, dilation)
+    except (QuantError, ValueError, TypeError):
+        return None
+    if out.shape != (x.shape[0], w.shape[0], *geometry[3]) or np.may_share_memory(out, x):
+        return None
+    sc = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
+    bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
+    zp = None if x_zero_point is None else np.asarray(x_zero_point)
+    threads = _threads()
+
+    def call() -> np.ndarray:
+        zx = 0 if zp is None else int(zp.reshape(()))
+        return run_qconv2d(x, pack(), zx, sc, bi, geometry, threads, None, out)
+
+    return call
+
+
 def _quantize_linear_native(
     x: Any, scale: Any, zero_point: Any = None, *, axis: int = 1, block_size: int = 0, saturate: bool = True,
     output_dtype: Any = None, precision: Any = None,
@@ -361,6 +399,43 @@ def _quantize_linear_native(
             return y
     return _hand_off("quantize_linear", x, scale, zero_point, axis=axis, block_size=block_size, saturate=saturate,
                      output_dtype=output_dtype, precision=precision)  # fmt: skip
+
+
+def _bind_quantize_linear_native(
+    x: Any, scale: Any, zero_point: Any = None, *, axis: int = 1, block_size: int = 0, saturate: bool = True,
+    output_dtype: Any = None, precision: Any = None, out: Any,
+) -> Callable[[], np.ndarray] | None:  # fmt: skip
+    """``_quantize_linear_native(...)`` into ``out`` as one C call per run (ops.bind), the scale and zero
+    point read when it runs; None for what the kernel hands to ops' kernel or arrays that are not
+    C-contiguous."""
+    if not all(type(a) is np.ndarray for a in (x, scale, out)) or library() is None:
+        return None
+    zp = None if zero_point is None else zero_point
+    if zp is not None and type(zp) is not np.ndarray:
+        return None
+    dtype = zp.dtype if zp is not None else (np.dtype(output_dtype) if output_dtype is not None else _U8)
+    fits = (
+        x.dtype == _F32 and scale.dtype == _F32 and scale.size == 1 and dtype in _INT8S and not block_size
+        and precision is None and (zp is None or zp.size == 1)
+        and (output_dtype is None or np.dtype(output_dtype) == dtype)
+        and x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable
+        and out.dtype == dtype and out.shape == x.shape and not np.may_share_memory(out, x)
+    )  # fmt: skip
+    if not fits:
+        return None
+    lib, signed = library(), int(dtype == _S8)
+
+    def call() -> np.ndarray:
+        z = 0 if zp is None else int(zp.reshape(()))
+        if lib.opstrata_quantize_linear(
+            x.ctypes.data, x.size, float(scale.reshape(())), z, signed, out.ctypes.data
+        ):
+            np.copyto(out, _hand_off("quantize_linear", x, scale, zero_point, axis=axis, saturate=saturate))
+            return out  # what the C code refused: ops' kernel decides, as in the eager kernel
+        count("quantize_linear", "native")
+        return out
+
+    return call
 
 
 def _bytes_key(a: np.ndarray) -> tuple[Any, ...]:
@@ -406,6 +481,9 @@ def _dequant_matmul_native(
 
 
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)
+_qconv_native.binder = _bind_qconv_native  # type: ignore[attr-defined]  # ops.bind: checks once
+_quantize_linear_native.binder = _bind_quantize_linear_native  # type: ignore[attr-defined]
+
 _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "matmul_integer": (_matmul_integer_native, _INT8S),
     "qlinear_matmul": (_qlinear_matmul_native, _INT8S),

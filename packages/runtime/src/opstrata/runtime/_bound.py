@@ -259,6 +259,17 @@ def _prebound(
         if concat is not None:
             return concat(static, int(node.attrs["axis"]), dsts[0])
         return partial(np.concatenate, static, axis=int(node.attrs["axis"]), out=dsts[0])
+    if (
+        key == ("", "QuantizeLinear")
+        and len(static) in (2, 3)
+        and not ({"block_size", "output_dtype", "precision"} & set(node.attrs))
+    ):  # per-tensor / per-axis QDQ activations: the registered kernel's bound call where it has one
+        return ops.bind(
+            "quantize_linear", *static, axis=node.attrs.get("axis", 1), saturate=bool(node.attrs.get("saturate", 1)),
+            out=dsts[0], device=sch.device,
+        )  # fmt: skip
+    if key == (OPSTRATA_DOMAIN, "QConv") and len(static) == 4 and "scale" in node.attrs:
+        return _bind_qconv(sch, node, static, dsts[0])
     if key == (OPSTRATA_DOMAIN, "RotaryHalf") and len(static) == 3:
         return ops.bind("rope_rotate_half", *static, out=dsts[0], device=sch.device)
     if key == (OPSTRATA_DOMAIN, "Attention") and 3 <= len(static) <= 4:
@@ -351,6 +362,22 @@ def _bind_conv(
         if epilogue is None:
             raise
         return None
+
+
+def _bind_qconv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
+    """A fused QDQ Conv (``QConv``: x_q, x_zp, w_q, w_zp; per-channel scale and bias as attributes):
+    ``ops.bind("qconv")`` with the window the graph's kernel derives, so the registered int8 kernel (when
+    one is) runs without the per-node path."""
+    helpers = _window_helpers()
+    if helpers is None or static[2].ndim != 4:
+        return None
+    kernel = node.attrs.get("kernel_shape") or static[2].shape[2:]
+    s, d, pads = helpers[0](node, static[0], kernel)
+    return ops.bind(
+        "qconv", static[0], static[1], static[2], static[3], node.attrs["scale"], node.attrs.get("bias"),
+        stride=list(s), pads=list(pads), dilation=list(d), groups=node.attrs.get("group", 1), out=dst,
+        device=sch.device,
+    )  # fmt: skip
 
 
 def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:
