@@ -262,8 +262,10 @@ def _prebound(
     if (
         key == ("", "QuantizeLinear")
         and len(static) in (2, 3)
+        and dsts[0].dtype in (np.int8, np.uint8)
         and not ({"block_size", "output_dtype", "precision"} & set(node.attrs))
-    ):  # per-tensor / per-axis QDQ activations: the registered kernel's bound call where it has one
+    ):  # int8 / uint8 QDQ activations: the registered kernel's bound call where it has one (float8 and
+        # blocked forms keep the per-node path)
         return ops.bind(
             "quantize_linear", *static, axis=node.attrs.get("axis", 1), saturate=bool(node.attrs.get("saturate", 1)),
             out=dsts[0], device=sch.device,
