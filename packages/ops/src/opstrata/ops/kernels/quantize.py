@@ -110,7 +110,7 @@ def _saturate_int(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _to_float8(v: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
     """Round to float8 (nearest even); ``saturate`` clamps finite overflow to the largest finite value."""
     if saturate:
-        big = float(np.finfo(dtype).max)
+        big = float(ml_dtypes.finfo(dtype).max)  # np.finfo refuses float8 with older numpy / ml_dtypes
         v = np.where(np.isinf(v), v, np.clip(v, -big, big))
         v = np.where(np.isinf(v), np.sign(v) * big, v)
     return v.astype(float32).astype(dtype)
