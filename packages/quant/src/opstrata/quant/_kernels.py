@@ -289,6 +289,13 @@ def _dynamic_qmatmul_native(
     return got[0]
 
 
+def _packed_conv(w: np.ndarray, w_zero_point: Any, groups: Any) -> Any:
+    """The packed form of the conv weight ``w`` (see :func:`_cached`)."""
+    zk = None if w_zero_point is None else _bytes_key(np.asarray(w_zero_point))
+    layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
+    return _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
+
+
 def _qconv_fits(
     x: np.ndarray, w: np.ndarray, x_zp: Any, w_zp: Any, scale: Any, bias: Any, groups: Any
 ) -> bool:
@@ -314,9 +321,7 @@ def _qconv_native(
     x, w = np.asarray(x), np.asarray(w)
     geometry = None
     if _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) and library() is not None:
-        zk = None if w_zero_point is None else _bytes_key(np.asarray(w_zero_point))
-        layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
-        packed = _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
+        packed = _packed_conv(w, w_zero_point, groups)
         try:
             geometry = conv_geometry(x.shape, packed, stride, pads, dilation)
         except (QuantError, ValueError, TypeError):  # what the C code does not take: ops' kernel decides
@@ -345,14 +350,8 @@ def _bind_qconv_native(
         return None
     if not _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) or library() is None:
         return None
-    zk = None if w_zero_point is None else _bytes_key(np.asarray(w_zero_point))
-    layout = (w.ctypes.data, w.shape, w.strides, w.dtype.str, zk, int(groups))
-
-    def pack() -> Any:
-        return _cached(w, layout, lambda: prepack_conv(w, w_zero_point, int(groups)))
-
     try:
-        geometry = conv_geometry(x.shape, pack(), stride, pads, dilation)
+        geometry = conv_geometry(x.shape, _packed_conv(w, w_zero_point, groups), stride, pads, dilation)
     except (QuantError, ValueError, TypeError):
         return None
     if out.shape != (x.shape[0], w.shape[0], *geometry[3]) or np.may_share_memory(out, x):
@@ -364,7 +363,7 @@ def _bind_qconv_native(
 
     def call() -> np.ndarray:
         zx = 0 if zp is None else int(zp.reshape(()))
-        return run_qconv2d(x, pack(), zx, sc, bi, geometry, threads, None, out)
+        return run_qconv2d(x, _packed_conv(w, w_zero_point, groups), zx, sc, bi, geometry, threads, None, out)
 
     return call
 
@@ -410,7 +409,7 @@ def _bind_quantize_linear_native(
     C-contiguous."""
     if not all(type(a) is np.ndarray for a in (x, scale, out)) or library() is None:
         return None
-    zp = None if zero_point is None else zero_point
+    zp = zero_point
     if zp is not None and type(zp) is not np.ndarray:
         return None
     dtype = zp.dtype if zp is not None else (np.dtype(output_dtype) if output_dtype is not None else _U8)

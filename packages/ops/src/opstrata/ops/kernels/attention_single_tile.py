@@ -94,7 +94,8 @@ def bind_small_attention(
     """``attention_cpu(q, k, v, causal=, mask=, scale=)`` into ``out`` as one native call with every
     pointer and stride resolved once (ops.bind: the runtime's arena views are fixed per shape), for
     float32 problems: up to :data:`SMALL_ATTENTION_MACS` the loop kernel, above it the BLAS-backed kernel
-    (on the pool's threads); None where neither applies (the caller keeps the numpy path). q / k / v / out may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
+    (on the pool's threads); None where neither applies (the caller keeps the numpy path). q / k / v / out
+    may be strided views (a (B, S, H, D) tensor seen as (B, H, S, D)); ``lse``
     (contiguous float32 (B, H, N)), when given, receives the rows' logsumexp."""
     arrays = (q, k, v, out)
     if rest or not all(type(t) is np.ndarray and t.dtype == np.float32 and t.ndim == 4 for t in arrays):

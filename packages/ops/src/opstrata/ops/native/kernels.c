@@ -139,23 +139,30 @@ int opstrata_bias_act_f32(const float *x, const float *bias, float *out, int64_t
     }
 }
 
+/* max of a row on four vector accumulators (-inf for n == 0; a NaN loses every comparison) */
+static float row_max(const float *x, int64_t n) {
+    vf m0 = vsplat(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 4 * VW <= n; j += 4 * VW) {
+        m0 = vmax(vload(x + j), m0);
+        m1 = vmax(vload(x + j + VW), m1);
+        m2 = vmax(vload(x + j + 2 * VW), m2);
+        m3 = vmax(vload(x + j + 3 * VW), m3);
+    }
+    for (; j + VW <= n; j += VW) m0 = vmax(vload(x + j), m0);
+    float mx = vmax_all(vmax(vmax(m0, m1), vmax(m2, m3)));
+    for (; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
 /* Row softmax: out[r] = exp(x[r] - max) / sum; lse[r] = max + log(sum) when lse is not NULL. A row whose
    every entry is -inf gives zeros and lse -inf (as the numpy kernels); out may be x. */
 void opstrata_softmax_rows_f32(const float *x, float *out, float *lse, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * n;
         float *orow = out + r * n;
-        vf m0 = vsplat(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
-        int64_t j = 0;
-        for (; j + 4 * VW <= n; j += 4 * VW) {
-            m0 = vmax(vload(xr + j), m0);
-            m1 = vmax(vload(xr + j + VW), m1);
-            m2 = vmax(vload(xr + j + 2 * VW), m2);
-            m3 = vmax(vload(xr + j + 3 * VW), m3);
-        }
-        for (; j + VW <= n; j += VW) m0 = vmax(vload(xr + j), m0);
-        float mx = vmax_all(vmax(vmax(m0, m1), vmax(m2, m3)));
-        for (; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
+        const float mx = row_max(xr, n);
+        int64_t j;
         /* NaN needs no test here: it loses every comparison, then exp(NaN - max) makes the sum and the
            whole row NaN. Only a row of -inf and NaN would look empty: */
         if (mx == -INFINITY) {
@@ -1602,24 +1609,6 @@ static int batched_sgemv(const float *a, const float *x, float *y, int64_t m, in
     return 0;
 }
 
-/* batch row-major C = A op(B) (op: transpose when tb, alpha 1, beta 0), A / B / C advancing by sa / sb / sc
-   elements per batch entry -- numpy's matmul loop over the leading dims calling cblas_sgemm for each. */
-static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
-                         int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc, int64_t tb) {
-    if (!sgemm_ptr) return -2;
-    const int opb = tb ? 112 : 111; /* CblasTrans : CblasNoTrans */
-    for (int64_t i = 0; i < batch; ++i) {
-        if (sgemm_ilp64) {
-            ((sgemm64_fn)sgemm_ptr)(101, 111, opb, m, n, k, 1.0f, a + i * sa, lda, b + i * sb, ldb, 0.0f, c + i * sc,
-                                    ldc);
-        } else {
-            ((sgemm32_fn)sgemm_ptr)(101, 111, opb, (int)m, (int)n, (int)k, 1.0f, a + i * sa, (int)lda,
-                                    b + i * sb, (int)ldb, 0.0f, c + i * sc, (int)ldc);
-        }
-    }
-    return 0;
-}
-
 /* row-major C (m, n) = alpha A (m, k) op(B) through numpy's BLAS (op: B^T when tb), leading dims in elements */
 static void sgemm_rm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                      const float *b, int64_t ldb, float *c, int64_t ldc) {
@@ -1631,6 +1620,15 @@ static void sgemm_rm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const
                                 (int)ldc);
 }
 
+/* batch row-major C = A op(B) (op: transpose when tb, alpha 1, beta 0), A / B / C advancing by sa / sb / sc
+   elements per batch entry -- numpy's matmul loop over the leading dims calling cblas_sgemm for each. */
+static int batched_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc, int64_t tb) {
+    if (!sgemm_ptr) return -2;
+    for (int64_t i = 0; i < batch; ++i) sgemm_rm((int)tb, m, n, k, 1.0f, a + i * sa, lda, b + i * sb, ldb, c + i * sc, ldc);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------------
    Attention past the one-call loop kernel's size (opstrata_attention_f32: the same arguments and
    conventions, plus threads): per (batch, head) and block of up to ATTN_ROWS query rows, the scores as one
@@ -1640,22 +1638,6 @@ static void sgemm_rm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const
    item's result does not depend on the split. Returns 0, -2 (no scratch memory) or -3 (no BLAS bound).
    ------------------------------------------------------------------------------------------------- */
 #define ATTN_ROWS 64
-
-/* max of a row on four vector accumulators (-inf for n == 0; a NaN loses every comparison) */
-static float row_max(const float *x, int64_t n) {
-    vf m0 = vsplat(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
-    int64_t j = 0;
-    for (; j + 4 * VW <= n; j += 4 * VW) {
-        m0 = vmax(vload(x + j), m0);
-        m1 = vmax(vload(x + j + VW), m1);
-        m2 = vmax(vload(x + j + 2 * VW), m2);
-        m3 = vmax(vload(x + j + 3 * VW), m3);
-    }
-    for (; j + VW <= n; j += VW) m0 = vmax(vload(x + j), m0);
-    float mx = vmax_all(vmax(vmax(m0, m1), vmax(m2, m3)));
-    for (; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
-    return mx;
-}
 
 typedef struct {
     const float *q, *k, *v;

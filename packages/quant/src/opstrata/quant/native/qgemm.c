@@ -729,16 +729,6 @@ static inline __attribute__((always_inline)) T512 void qg_epi_f32_planes_512(con
 }
 
 static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64_t r0, int64_t c0, int nc) {
-    if (e->ocs) {
-        const int64_t first = qg_row_base(e, r0);
-        if (qg_row_base(e, r0 + mr - 1) - first == mr - 1) { /* one image's consecutive pixels */
-            if (e->zb_zero)
-                qg_epi_f32_planes_512(e, t, mr, r0, c0, nc, first, 1);
-            else
-                qg_epi_f32_planes_512(e, t, mr, r0, c0, nc, first, 0);
-            return;
-        }
-    }
     if (!e->ocs) { /* specialised on the zero points: the common symmetric-weight case has no per-row term */
         if (e->zb_zero) {
             if (e->za_same)
@@ -750,46 +740,14 @@ static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64
         }
         return;
     }
-    const int32_t *cs = e->colsum + c0, *zb = e->zbe + c0;
-    const float *sb = e->b_scale + (e->b_scale_cols ? c0 : 0);
-    const float *bias = e->bias ? e->bias + c0 : NULL;
-    const __m512 zero = _mm512_setzero_ps();
-    float buf[QG_TILE_ROWS][16]; /* channel-major output: one 16-column slice of every row, column-wise */
-    int64_t base[QG_TILE_ROWS];
-    for (int r = 0; r < mr; ++r) base[r] = qg_row_base(e, r0 + r);
-    for (int c = 0; c < nc; c += 16) {
-        const __mmask16 m = nc - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nc - c)) - 1u);
-        const __m512i csv = _mm512_maskz_loadu_epi32(m, cs + c), zbv = _mm512_maskz_loadu_epi32(m, zb + c);
-        const __m512 sbv = e->b_scale_cols ? _mm512_maskz_loadu_ps(m, sb + c) : _mm512_set1_ps(sb[0]);
-        const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c) : zero;
-        const __m512i zcs = _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[r0]), csv); /* za' colsum, row r0 */
-        for (int r = 0; r < mr; ++r) {
-            const int64_t i = r0 + r;
-            __m512i acc = _mm512_maskz_loadu_epi32(m, t + r * NR + c);
-            acc = _mm512_sub_epi32(acc, e->za_same ? zcs : _mm512_mullo_epi32(_mm512_set1_epi32(e->zae[i]), csv));
-            if (!e->zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zbv, _mm512_set1_epi32(e->rterm[i])));
-            const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(e->a_scale[e->a_scale_rows ? i : 0]), sbv);
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
-            if (bias) v = _mm512_add_ps(v, bv);
-            if (e->relu) v = _mm512_max_ps(v, zero);
-            if (e->ocs)
-                _mm512_storeu_ps(buf[r], v);
-            else
-                _mm512_mask_storeu_ps((float *)e->out + base[r] + c0 + c, m, v);
-        }
-        if (e->ocs) {
-            const int nl = nc - c < 16 ? nc - c : 16;
-            float *o = (float *)e->out + (c0 + c) * e->ocs;
-            const int same_image = base[mr - 1] - base[0] == mr - 1; /* rows on consecutive pixels */
-            for (int l = 0; l < nl; ++l, o += e->ocs) {
-                if (same_image) {
-                    float *d = o + base[0];
-                    for (int r = 0; r < mr; ++r) d[r] = buf[r][l];
-                } else {
-                    for (int r = 0; r < mr; ++r) o[base[r]] = buf[r][l];
-                }
-            }
-        }
+    for (int r = 0; r < mr;) { /* NCHW: the tile's rows in runs of one image's consecutive pixels */
+        const int64_t i = r0 + r, next_image = (i / e->ocs + 1) * e->ocs;
+        const int len = (int)(next_image - i < mr - r ? next_image - i : mr - r);
+        if (e->zb_zero)
+            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 1);
+        else
+            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 0);
+        r += len;
     }
 }
 #endif /* QG_X86 */
