@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 15; }
+int opstrata_native_abi(void) { return 16; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -786,30 +786,55 @@ static inline __attribute__((always_inline)) __m512 sg_epi_apply(__m512 h, int k
             _mm512_mask_storeu_ps(c + i * ldc + 16, m1, SG_EPI(x1[i], c + i * ldc + 16, m1));               \
         }                                                                                                   \
     }
-/* rows [0, MR) x columns [0, 16) (mask m0) of c: the narrow images of a network's last stages */
-#define SG_TILE1(MR)                                                                                        \
-    static inline __attribute__((always_inline)) void sg_tile1_##MR(                                       \
+/* rows [0, MR) x columns [0, 48) (masks m0 / m1 / m2) of c: a last strip of 33 to 48 columns (a 1- to
+   16-column remainder joined to the strip before it, instead of a narrow tile of its own: one vector wide,
+   its broadcasts outnumber its multiply-adds' share of the load ports) */
+#define SG_TILE3(MR)                                                                                        \
+    static inline __attribute__((always_inline)) void sg_tile3_##MR(                                       \
         const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int64_t k,         \
-        const float *bias, __mmask16 m0, const sg_epi *e, const int EK) {                                   \
-        __m512 x0[MR];                                                                                      \
-        for (int i = 0; i < MR; ++i) x0[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                         \
+        const float *bias, __mmask16 m0, __mmask16 m1, __mmask16 m2, const sg_epi *e, const int EK) {       \
+        __m512 x0[MR], x1[MR], x2[MR];                                                                      \
+        for (int i = 0; i < MR; ++i) x0[i] = x1[i] = x2[i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);         \
         for (int64_t p = 0; p < k; ++p) {                                                                   \
             const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);                                        \
-            for (int i = 0; i < MR; ++i) x0[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + p]), b0, x0[i]); \
+            const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);                                   \
+            const __m512 b2 = _mm512_maskz_loadu_ps(m2, b + p * ldb + 32);                                   \
+            for (int i = 0; i < MR; ++i) {                                                                  \
+                const __m512 ai = _mm512_set1_ps(a[i * lda + p]);                                           \
+                x0[i] = _mm512_fmadd_ps(ai, b0, x0[i]);                                                     \
+                x1[i] = _mm512_fmadd_ps(ai, b1, x1[i]);                                                     \
+                x2[i] = _mm512_fmadd_ps(ai, b2, x2[i]);                                                     \
+            }                                                                                               \
         }                                                                                                   \
-        for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m0, SG_EPI(x0[i], c + i * ldc, m0));  \
+        for (int i = 0; i < MR; ++i) {                                                                      \
+            _mm512_mask_storeu_ps(c + i * ldc, m0, SG_EPI(x0[i], c + i * ldc, m0));                         \
+            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, SG_EPI(x1[i], c + i * ldc + 16, m1));               \
+            _mm512_mask_storeu_ps(c + i * ldc + 32, m2, SG_EPI(x2[i], c + i * ldc + 32, m2));               \
+        }                                                                                                   \
     }
 SG_TILE2(12)
 SG_TILE2(8)
 SG_TILE2(4)
 SG_TILE2(1)
-SG_TILE1(24)
-SG_TILE1(8)
-SG_TILE1(1)
+SG_TILE3(8)
+SG_TILE3(4)
+SG_TILE3(1)
 #undef SG_TILE2
-#undef SG_TILE1
+#undef SG_TILE3
 
-static inline __mmask16 sg_mask(int64_t cols) { return cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u); }
+static inline __mmask16 sg_mask(int64_t cols) {
+    return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? (__mmask16)0 : (__mmask16)((1u << cols) - 1u);
+}
+
+/* strips of n columns: 32 wide, but a remainder of 1 to 16 columns after whole strips joins the last one
+   (33 to 48 wide, one 3-vector tile) */
+static inline int64_t sg_strips(int64_t n) {
+    const int64_t s = (n + 31) / 32;
+    return n > 32 && n % 32 >= 1 && n % 32 <= 16 ? s - 1 : s;
+}
+static inline int64_t sg_strip_width(int64_t n, int64_t strip) {
+    return strip == sg_strips(n) - 1 ? n - strip * 32 : 32;
+}
 
 /* Narrow products (n <= SG_DOT_MAX_N: a network's last stages, 4x4 and 2x2 images): dot products along k
    over rows of a streamed once, in order (the weights are the traffic there), against b transposed into
@@ -891,17 +916,17 @@ static void sg_dot_rows(const float *a, const float *bt, float *c, int64_t i0, i
 }
 #undef SG_DOT_COLS
 
-/* rows [i0, i1) of the 32-column strip at column j */
+/* rows [i0, i1) of strip j / 32 (see sg_strips) */
 static inline __attribute__((always_inline)) void sg_strip_rows_k(const float *a, const float *b, float *c, int64_t i0,
                                                                    int64_t i1, int64_t j, int64_t n, int64_t k,
                                                                    int64_t lda, int64_t ldb, int64_t ldc,
                                                                    const float *bias, const sg_epi *e, const int EK) {
-    const int64_t w = n - j < 32 ? n - j : 32;
+    const int64_t w = sg_strip_width(n, j / 32);
     const float *bj = b + j;
     float *cj = c + j;
     int64_t i = i0;
-    if (w > 16) {
-        const __mmask16 m0 = 0xFFFF, m1 = sg_mask(w - 16);
+    if (w <= 32) {
+        const __mmask16 m0 = sg_mask(w), m1 = sg_mask(w - 16);
         /* 12-row tiles, the rest in 8s, 4s and 1s; 12 + 4 rows go as 8 + 8 (a 4-row tile has too few
            accumulators to hide the multiply-add latency) */
         int64_t twelves = (i1 - i) / 12;
@@ -915,13 +940,16 @@ static inline __attribute__((always_inline)) void sg_strip_rows_k(const float *a
         for (; i < i1; ++i)
             sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
     } else {
-        const __mmask16 m0 = sg_mask(w);
-        for (; i + 24 <= i1; i += 24)
-            sg_tile1_24(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
+        const __mmask16 m2 = sg_mask(w - 32);
         for (; i + 8 <= i1; i += 8)
-            sg_tile1_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
+            sg_tile3_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
+                       EK);
+        for (; i + 4 <= i1; i += 4)
+            sg_tile3_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
+                       EK);
         for (; i < i1; ++i)
-            sg_tile1_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, e, EK);
+            sg_tile3_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
+                       EK);
     }
 }
 
@@ -983,13 +1011,162 @@ static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, in
         free(bt);
         return 0;
     }
-    const int64_t strips = (n + 31) / 32;
+    const int64_t strips = sg_strips(n);
     /* whole strips per task when there are enough of them, else strips cut into row blocks of 24 */
     g.rows = nt > 1 && strips < 4 * nt ? 24 : m;
     g.blocks = (m + g.rows - 1) / g.rows;
     pool_run(sg_task, &g, strips * g.blocks, nt);
     return 0;
 }
+/* ---------------------------------------------------------------------------------------------------
+   Direct convolution for stride-1 "same-width" layers (output width == input width: the 3x3 pad-1 layers of
+   ResNet, SqueezeNet, VGG), NCHW float32: the im2col GEMM without the columns. Output position t = oh * w + ow
+   of a plane reads, for kernel tap (i, j), input position t + (i * dh - pt) * w + (j * dw - pl) -- one fixed
+   offset per tap -- when that tap lies inside the image, else 0: so a 16-lane strip of the columns im2col
+   would write is one masked load from the image itself (masked lanes read nothing; their zeros are the
+   padding). The tiles are the strip GEMM's with that load: the same multiply-add chain per output, over
+   k = (channel, i, j) in order from its bias, with the same zeros -- the same bits as im2col + the strip
+   GEMM -- but no columns are written and read back (9x the image for a 3x3, written then read cold).
+   The weights come packed by the caller (opstrata.ops.native.kernels._direct_weights): per group, rows in
+   panels of 4, each panel (k, 4) -- a tile's weights for one k lie in MR / 4 short runs that stream in
+   order -- and the last og % 4 rows as one (k, og % 4) panel.
+   ------------------------------------------------------------------------------------------------- */
+#define DC_MAX_TAPS 64
+typedef struct {
+    const float *wp, *x, *bias; /* wp: the packed weights of one group */
+    float *c;
+    int64_t m, l, cg, h, wd, kh, kw, dh, dw, pt, pl, rows, blocks;
+    const sg_epi *epi;
+} dc_job;
+
+/* each tap's offset and the lanes of the (up to) 48 columns from t0 it reads inside the image (mk[3 * tap + v]:
+   vector v's lanes) */
+static void dc_taps(const dc_job *g, int64_t t0, int64_t w, int64_t *off, __mmask16 *mk) {
+    const int64_t wd = g->wd;
+    int64_t row[48], col[48];
+    for (int64_t lane = 0; lane < w; ++lane) {
+        row[lane] = (t0 + lane) / wd;
+        col[lane] = (t0 + lane) % wd;
+    }
+    for (int64_t i = 0; i < g->kh; ++i)
+        for (int64_t j = 0; j < g->kw; ++j) {
+            const int64_t tap = i * g->kw + j, ro = i * g->dh - g->pt, co = j * g->dw - g->pl;
+            uint64_t bits = 0;
+            for (int64_t lane = 0; lane < w; ++lane) {
+                const int64_t r = row[lane] + ro, q = col[lane] + co;
+                bits |= (uint64_t)(r >= 0 && r < g->h && q >= 0 && q < wd) << lane;
+            }
+            off[tap] = ro * wd + co;
+            for (int v = 0; v < 3; ++v) mk[3 * tap + v] = (__mmask16)((bits >> (16 * v)) & 0xFFFFu);
+        }
+}
+
+/* the weight of tile row I (a compile-time constant) at step p: panels of 4 (`panel` floats apart, k-step
+   4), or for a one-row tile its own run with k-step ks */
+#define DC_W(MR, I) ((MR) == 1 ? ap[p * ks] : ap[((I) >> 2) * panel + p * 4 + ((I) & 3)])
+
+/* rows [0, MR) x NV vectors of 16 columns from xs's position (stores masked by sm[v]) */
+#define DC_TILE(NV, MR)                                                                                     \
+    static inline __attribute__((always_inline)) void dc_tile##NV##_##MR(                                  \
+        const float *ap, int64_t panel, int64_t ks, const float *xs, int64_t plane, int64_t cg,             \
+        int64_t taps, const int64_t *off, const __mmask16 *mk, float *c, int64_t ldc, const float *bias,     \
+        const __mmask16 *sm, const sg_epi *e, const int EK) {                                               \
+        __m512 acc[NV][MR];                                                                                 \
+        for (int i = 0; i < MR; ++i)                                                                        \
+            for (int v = 0; v < NV; ++v) acc[v][i] = _mm512_set1_ps(bias ? bias[i] : 0.0f);                 \
+        int64_t p = 0;                                                                                      \
+        for (int64_t ci = 0; ci < cg; ++ci) {                                                               \
+            const float *xc = xs + ci * plane;                                                              \
+            for (int64_t tp = 0; tp < taps; ++tp, ++p) {                                                    \
+                __m512 bv[NV];                                                                              \
+                for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(mk[3 * tp + v], xc + off[tp] + 16 * v); \
+                for (int i = 0; i < MR; ++i) {                                                              \
+                    const __m512 ai = _mm512_set1_ps(DC_W(MR, i));                                          \
+                    for (int v = 0; v < NV; ++v) acc[v][i] = _mm512_fmadd_ps(ai, bv[v], acc[v][i]);         \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int i = 0; i < MR; ++i)                                                                        \
+            for (int v = 0; v < NV; ++v)                                                                    \
+                _mm512_mask_storeu_ps(c + i * ldc + 16 * v, sm[v], SG_EPI(acc[v][i], c + i * ldc + 16 * v, sm[v])); \
+    }
+DC_TILE(2, 12)
+DC_TILE(2, 8)
+DC_TILE(2, 4)
+DC_TILE(2, 1)
+DC_TILE(3, 8)
+DC_TILE(3, 4)
+DC_TILE(3, 1)
+#undef DC_TILE
+#undef DC_W
+
+/* rows [i0, i1) of strip t0 / 32 (sg_strips' strips), in the strip GEMM's row blocks (i0 a multiple of 4) */
+static inline __attribute__((always_inline)) void dc_strip_rows_k(const dc_job *g, int64_t i0, int64_t i1,
+                                                                   int64_t t0, const int EK) {
+    int64_t off[DC_MAX_TAPS];
+    __mmask16 mk[3 * DC_MAX_TAPS];
+    const int64_t w = sg_strip_width(g->l, t0 / 32), l = g->l, taps = g->kh * g->kw, cg = g->cg;
+    dc_taps(g, t0, w, off, mk);
+    const int64_t plane = g->h * g->wd, k = cg * taps, panel = 4 * k, full = g->m & ~(int64_t)3;
+    const int64_t tail = g->m - full; /* rows in the last, narrower panel */
+    const float *wp = g->wp, *xs = g->x + t0, *bias = g->bias;
+    float *c = g->c + t0;
+    const sg_epi *e = g->epi;
+    const __mmask16 sm[3] = {sg_mask(w), sg_mask(w - 16), sg_mask(w - 32)};
+    int64_t i = i0;
+/* tile row I's packed weights: its panel's run (k-step 4), or the tail panel's (k-step `tail`) */
+#define DC_A(I) ((I) < full ? wp + ((I) >> 2) * panel + ((I) & 3) : wp + full * k + ((I) - full)), panel, \
+                ((I) < full ? 4 : tail)
+#define DC_REST(I) xs, plane, cg, taps, off, mk, c + (I) * l, l, bias ? bias + (I) : NULL, sm, e, EK
+    if (w <= 32) {
+        int64_t twelves = (i1 - i) / 12;
+        if ((i1 - i) % 12 == 4 && twelves > 0) --twelves;
+        for (; twelves > 0; --twelves, i += 12) dc_tile2_12(DC_A(i), DC_REST(i));
+        for (; i + 8 <= i1; i += 8) dc_tile2_8(DC_A(i), DC_REST(i));
+        for (; i + 4 <= i1; i += 4) dc_tile2_4(DC_A(i), DC_REST(i));
+        for (; i < i1; ++i) dc_tile2_1(DC_A(i), DC_REST(i));
+    } else {
+        for (; i + 8 <= i1; i += 8) dc_tile3_8(DC_A(i), DC_REST(i));
+        for (; i + 4 <= i1; i += 4) dc_tile3_4(DC_A(i), DC_REST(i));
+        for (; i < i1; ++i) dc_tile3_1(DC_A(i), DC_REST(i));
+    }
+#undef DC_A
+#undef DC_REST
+}
+
+static void dc_task(void *ctx, int64_t t) {
+    const dc_job *g = (const dc_job *)ctx;
+    const int64_t blk = t % g->blocks, i0 = blk * g->rows, i1 = i0 + g->rows < g->m ? i0 + g->rows : g->m;
+    const int64_t t0 = (t / g->blocks) * 32;
+#define DC_STRIP_K(K) dc_strip_rows_k(g, i0, i1, t0, K)
+    switch (g->epi ? g->epi->kind : 0) {
+    case 1: DC_STRIP_K(1); break;
+    case 2: DC_STRIP_K(2); break;
+    case 3: DC_STRIP_K(3); break;
+    case 4: DC_STRIP_K(4); break;
+    case 5: DC_STRIP_K(5); break;
+    default: DC_STRIP_K(0); break;
+    }
+#undef DC_STRIP_K
+}
+
+static int conv_direct_one(const float *x, const float *wp, const float *bias, float *out, int64_t og, int64_t cg,
+                           int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t pt,
+                           int64_t pl, int64_t ho, int nthreads, const sg_epi *epi) {
+    const int64_t l = ho * wd, k = cg * kh * kw, macs = og * l * k;
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
+        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
+        nt = fit > 1 ? (int)fit : 1;
+    }
+    dc_job g = {wp, x, bias, out, og, l, cg, h, wd, kh, kw, dh, dw, pt, pl, 0, 0, epi};
+    const int64_t strips = sg_strips(l);
+    g.rows = nt > 1 && strips < 4 * nt ? 24 : og; /* row blocks of 24 keep every block's start a multiple of 4 */
+    g.blocks = (og + g.rows - 1) / g.rows;
+    pool_run(dc_task, &g, strips * g.blocks, nt);
+    return 0;
+}
+
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
 static inline float max_nan_f32(float a, float b);
@@ -1062,6 +1239,40 @@ int opstrata_sgemm_fma_f32(const float *a, const float *b, float *c, const float
                                       NULL, NULL);
 }
 
+/* out = epilogue(bias + conv(x, w)) of a stride-1 convolution whose output rows are as wide as the input's
+   (the direct tiles above; dilation and any padding that keeps the width), over n images and `groups` groups;
+   wp: the weights packed in panels (see the tiles), group after group -- packed once by the caller;
+   act / params / res as opstrata_sgemm_fma_epi_f32. Returns 0; -2 without the AVX-512 tiles (the caller keeps
+   im2col + GEMM); -3 bad arguments (epilogue kind, more than DC_MAX_TAPS taps, groups not dividing c and o). */
+int opstrata_conv_direct_f32(const float *x, const float *wp, const float *bias, float *out, int64_t n, int64_t c,
+                             int64_t h, int64_t wd, int64_t o, int64_t groups, int64_t kh, int64_t kw, int64_t dh,
+                             int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t nthreads, int64_t act,
+                             const float *params, const float *res) {
+#if defined(__AVX512F__)
+    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
+    if (kh * kw > DC_MAX_TAPS || kh < 1 || kw < 1 || groups < 1 || c % groups || o % groups) return -3;
+    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - out : 0};
+    if (params) {
+        e.c0 = params[0];
+        e.c1 = params[1];
+        e.c2 = params[2];
+        e.c3 = params[3];
+    }
+    const int64_t cg = c / groups, og = o / groups, l = ho * wd, k = cg * kh * kw;
+    for (int64_t img = 0; img < n; ++img)
+        for (int64_t grp = 0; grp < groups; ++grp)
+            conv_direct_one(x + (img * c + grp * cg) * h * wd, wp + grp * og * k, bias ? bias + grp * og : NULL,
+                            out + (img * o + grp * og) * l, og, cg, h, wd, kh, kw, dh, dw, pt, pl, ho,
+                            (int)nthreads, act ? &e : NULL);
+    return 0;
+#else
+    (void)x, (void)wp, (void)bias, (void)out, (void)n, (void)c, (void)h, (void)wd, (void)o, (void)groups;
+    (void)kh, (void)kw, (void)dh, (void)dw, (void)pt, (void)pl, (void)ho, (void)nthreads, (void)act;
+    (void)params, (void)res;
+    return -2;
+#endif
+}
+
 /* 2-D max pooling of NCHW float32 planes, padding never chosen (the max over the window's in-image taps,
    as ONNX MaxPool and torch): out (n, c, ho, wo); a NaN tap wins, as np.maximum. ho / wo come from the
    caller (floor or ceil mode). Separable, in long vectorized passes over each plane: a plane with padding
@@ -1112,9 +1323,99 @@ static int any_nan_f32(const float *x, int64_t n) {
     return any;
 }
 
+#if defined(__AVX512F__)
+/* Max pooling with horizontal stride 2 (the pools of ResNet, SqueezeNet, MobileNet), kw <= 16, in registers:
+   per 16 outputs of a row, the max over the window's in-image rows of the 48 input columns they read (three
+   vectors, -inf outside the image), then each of the kw taps as the stride-2 lanes of those vectors (a
+   two-source permute, lanes past 32 columns from the third). The same taps in the same order and the same
+   choice per pair as the separable passes below (b wins when b > a or b is NaN; -inf taps change nothing),
+   so the same bits, without the passes' stride-1 work or their NaN check. */
+static inline __m512 pool_sel(__m512 a, __m512 b) {
+    const __mmask16 take = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(take, a, b);
+}
+/* lanes l of 16 with 0 <= c0 + l < wd */
+static inline __mmask16 cols_in(int64_t c0, int64_t wd) {
+    const int64_t lo = c0 < 0 ? -c0 : 0, hi = wd - c0 < 16 ? wd - c0 : 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)((((uint32_t)1 << hi) - 1u) & ~(((uint32_t)1 << lo) - 1u));
+}
+/* one plane; SEL is the choice between a and b (pool_sel, or where the plane holds no NaN the one-instruction
+   max with the same choice: max_ps(b, a) = b > a ? b : a); returns whether a loaded tap may have been NaN */
+#define POOL_S2_PLANE(NAME, SEL)                                                                            \
+    static int NAME(const window_args *g, const float *plane, float *op) {                                  \
+        const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, dh = g->dh;                 \
+        const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;                                       \
+        const __m512 ninf = _mm512_set1_ps(-INFINITY);                                                      \
+        const __m512i lane2 = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);  \
+        /* the window's taps summed: NaN when one is NaN (or where infs or an overflow make it NaN: then the \
+           plane is redone too, to the same result) */                                                      \
+        __mmask16 nan = 0;                                                                                  \
+        for (int64_t ow = 0; ow < wo; ow += 16) {                                                           \
+            const int64_t c0 = 2 * ow - pl; /* the first input column these 16 outputs read */              \
+            const __mmask16 m0 = cols_in(c0, wd), m1 = cols_in(c0 + 16, wd), m2 = cols_in(c0 + 32, wd);     \
+            const __mmask16 sm = wo - ow >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (wo - ow)) - 1u);   \
+            for (int64_t oh = 0; oh < ho; ++oh) {                                                           \
+                /* the window's in-image rows i in [i0, i1) (rows outside are -inf: they change no max) */  \
+                const int64_t r0 = oh * sh - pt;                                                            \
+                int64_t i0 = r0 < 0 ? (-r0 + dh - 1) / dh : 0, i1 = (h - r0 + dh - 1) / dh;                 \
+                if (i1 > kh) i1 = kh;                                                                       \
+                __m512 v0 = ninf, v1 = ninf, v2 = ninf;                                                     \
+                if (i0 < i1) {                                                                              \
+                    const float *src = plane + (r0 + i0 * dh) * wd + c0;                                    \
+                    v0 = _mm512_mask_loadu_ps(ninf, m0, src);                                               \
+                    v1 = _mm512_mask_loadu_ps(ninf, m1, src + 16);                                          \
+                    v2 = _mm512_mask_loadu_ps(ninf, m2, src + 32);                                          \
+                    __m512 sum = _mm512_add_ps(_mm512_add_ps(v0, v1), v2);                                  \
+                    for (int64_t i = i0 + 1; i < i1; ++i) {                                                 \
+                        src += dh * wd;                                                                     \
+                        const __m512 t0 = _mm512_mask_loadu_ps(ninf, m0, src);                              \
+                        const __m512 t1 = _mm512_mask_loadu_ps(ninf, m1, src + 16);                         \
+                        const __m512 t2 = _mm512_mask_loadu_ps(ninf, m2, src + 32);                         \
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(t0, t1), t2));                \
+                        v0 = SEL(v0, t0);                                                                   \
+                        v1 = SEL(v1, t1);                                                                   \
+                        v2 = SEL(v2, t2);                                                                   \
+                    }                                                                                       \
+                    nan |= _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q);                                      \
+                }                                                                                           \
+                /* tap j: lanes l read column 2 l + j of (v0, v1); those past 32 columns read v2 */         \
+                __m512 out = _mm512_permutex2var_ps(v0, lane2, v1);                                         \
+                for (int64_t j = 1; j < kw; ++j) {                                                          \
+                    const __m512i idx = _mm512_add_epi32(lane2, _mm512_set1_epi32((int)j));                 \
+                    const __mmask16 far = (__mmask16)(0xFFFFu << ((33 - j) / 2 < 16 ? (33 - j) / 2 : 16));  \
+                    const __m512 tap = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(v0, idx, v1), far, idx, v2); \
+                    out = SEL(out, tap);                                                                    \
+                }                                                                                           \
+                _mm512_mask_storeu_ps(op + oh * wo + ow, sm, out);                                          \
+            }                                                                                               \
+        }                                                                                                   \
+        return nan != 0;                                                                                    \
+    }
+#define POOL_MAX_PS(a, b) _mm512_max_ps(b, a)
+POOL_S2_PLANE(max_pool_plane_s2_plain, POOL_MAX_PS)
+POOL_S2_PLANE(max_pool_plane_s2_nan, pool_sel)
+#undef POOL_MAX_PS
+#undef POOL_S2_PLANE
+
+static void max_pool_planes_s2(const window_args *g, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *plane = g->x + p * g->h * g->wd;
+        float *op = g->out + p * g->ho * g->wo;
+        if (max_pool_plane_s2_plain(g, plane, op)) max_pool_plane_s2_nan(g, plane, op); /* again, keeping NaN */
+    }
+}
+#endif
+
 /* planes [p0, p1) */
 static int max_pool_planes(const void *args, int64_t p0, int64_t p1) {
     const window_args *g = (const window_args *)args;
+#if defined(__AVX512F__)
+    if (g->sw == 2 && g->dw == 1 && g->kw <= 16) {
+        max_pool_planes_s2(g, p0, p1);
+        return 0;
+    }
+#endif
     const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw;
     const int64_t pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
     /* the padded plane: every window of every output inside it */
@@ -1799,6 +2100,10 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
                                           P(3, const float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
                                           a[12], a[13], a[14], a[15], a[16], P(17, const float *),
                                           P(18, const float *));
+    case 23:
+        return opstrata_conv_direct_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
+                                        a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+                                        a[16], a[17], a[18], P(19, const float *), P(20, const float *));
     case 9:
         return opstrata_bias_act_f32(P(0, const float *), P(1, const float *), P(2, float *), a[3], a[4], (int)a[5]);
     case 11: { /* out (rows, cols) += bias[row]: numpy's out += b[:, None] (one float add each, same bits) */

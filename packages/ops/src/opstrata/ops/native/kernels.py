@@ -386,6 +386,59 @@ def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
     return (kh, kw) == (1, 1) and g.stride == (1, 1) and not any(g.pads)
 
 
+def _direct_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
+    """``opstrata_conv_direct_f32`` runs this convolution: stride 1, output rows as wide as the input's (the
+    3x3 pad-1 layers), more outputs per plane than the narrow products' limit (16), at most 64 taps, and
+    not a plain 1x1 (whose image already is its columns)."""
+    ho, wo = g.out_hw
+    return (
+        g.stride == (1, 1)
+        and wo == x.shape[3]
+        and ho * wo > 16
+        and kh * kw <= 64
+        and not _plain_1x1(g, kh, kw)
+    )
+
+
+def _direct_weights(weight: np.ndarray, groups: int) -> np.ndarray:
+    """The weights as ``opstrata_conv_direct_f32`` reads them: per group, the (Og, Cg * kh * kw) rows in
+    panels of 4, each stored (k, 4), and the last Og % 4 rows as one (k, Og % 4) panel -- a tile's weights
+    for one step of the sum lie in short runs that stream in order."""
+    o = weight.shape[0]
+    og = o // groups
+    wg = weight.reshape(groups, og, -1)
+    k, full = wg.shape[2], og - og % 4
+    panels = wg[:, :full].reshape(groups, full // 4, 4, k).transpose(0, 1, 3, 2).reshape(groups, -1)
+    tail = wg[:, full:].transpose(0, 2, 1).reshape(groups, -1)
+    return np.ascontiguousarray(np.concatenate([panels, tail], axis=1))
+
+
+def _direct_conv_args(
+    x: np.ndarray, wt: np.ndarray, weight_shape: tuple[int, ...], bias: np.ndarray | None, out: np.ndarray,
+    g: Any, epi: Any = None,
+) -> tuple[Any, ...]:  # fmt: skip
+    """``opstrata_conv_direct_f32`` arguments: every image and group in one call; ``wt`` the
+    :func:`_direct_weights` of a weight of ``weight_shape``, ``epi`` a parsed :data:`CONV_EPILOGUES` entry
+    (kind, constants, residual) or None."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = weight_shape
+    kind, params, res = epi if epi is not None else (0, None, None)
+    return (
+        x.ctypes.data, wt.ctypes.data, _ptr(bias), out.ctypes.data, n, c, h, wd, o, g.groups, kh, kw,
+        g.dilation[0], g.dilation[1], g.pads[0], g.pads[1], g.out_hw[0], native_threads(), kind, _ptr(params),
+        _ptr(res),
+    )  # fmt: skip
+
+
+def _direct_conv_error(rc: int) -> Exception:
+    """The error of a non-zero ``opstrata_conv_direct_f32`` code (the Python side checks what it refuses)."""
+    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
+    return RuntimeError(
+        f"conv2d (direct, native): code {rc}, {what}; expected 0 -- rebuild the native library "
+        "(opstrata.ops.native.build) or report the layer's shapes"
+    )
+
+
 def fma_gemm_available(lib: Any) -> bool:
     """The library was built with the AVX-512 tiles of ``opstrata_sgemm_fma_f32`` (else only its
     portable loop, slower than the BLAS: the callers keep the BLAS)."""
@@ -488,6 +541,14 @@ def conv2d_native(
         if depthwise or not _plain_1x1(g, kh, kw):
             count("conv2d", "numpy")
         return conv2d_cpu(x, weight, bias, **kw_args)
+    if not depthwise and fma and _direct_conv(g, x, kh, kw):
+        out = np.empty((n, weight.shape[0], ho, wo), _F32)
+        wt = _direct_weights(weight, g.groups)
+        rc = lib.opstrata_conv_direct_f32(*_direct_conv_args(x, wt, weight.shape, b, out, g))
+        if rc != 0:
+            raise _direct_conv_error(rc)
+        count("conv2d", "native")
+        return out
     if not depthwise:
         o, cg = weight.shape[:2]
         cols = _conv_columns(x, g, kh, kw, cg)
@@ -558,6 +619,11 @@ def _bind_conv2d_native(
         return None  # only the FMA GEMM applies an epilogue
     if lib is None:
         return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
+    if not depthwise and fma_gemm_available(lib) and _direct_conv(g, x, kh, kw_):
+        wt = _direct_weights(weight, g.groups)  # packed once: the bound call reads this copy
+        refs = (x, wt, bias, out) if epi is None else (x, wt, bias, out, epi[1], epi[2])
+        args = _direct_conv_args(x, wt, weight.shape, bias, out, g, epi)
+        return NativeCall(lib, "opstrata_conv_direct_f32", args, refs, _direct_conv_error)
     if not depthwise:
         steps: list[Any] = []
         cols = _conv_columns(x, g, kh, kw_, cg)  # a plain 1x1: the image is its own columns

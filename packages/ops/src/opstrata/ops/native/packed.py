@@ -53,6 +53,7 @@ PACKED_IDS = {
     "row_binary_f32": 20,
     "opstrata_softmax_rows_f32": 21,
     "opstrata_attention_blas_f32": 22,
+    "opstrata_conv_direct_f32": 23,
 }
 
 
