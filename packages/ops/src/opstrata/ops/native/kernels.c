@@ -836,6 +836,22 @@ static inline int64_t sg_strip_width(int64_t n, int64_t strip) {
     return strip == sg_strips(n) - 1 ? n - strip * 32 : 32;
 }
 
+/* Epilogues that need more registers than the tiles leave (hard-swish's four constants, the residual's
+   loads: kinds 3-5) run over a tile's rows just after it stores them, while they are in L1: with them inside
+   the tiles the compiler spilled accumulators and the tiles ran ~1.8x slower. Same operations on the same
+   values, so the same bits. TILE_EK: the kind the tiles themselves apply. */
+#define TILE_EK(EK) ((EK) >= 3 ? 0 : (EK))
+static inline __attribute__((always_inline)) void sg_epi_after(float *c, int64_t ldc, int64_t rows, int64_t w,
+                                                              const sg_epi *e, const int EK) {
+    if (EK < 3) return;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t v = 0; v * 16 < w; ++v) {
+            float *at = c + r * ldc + 16 * v;
+            const __mmask16 m = sg_mask(w - 16 * v);
+            _mm512_mask_storeu_ps(at, m, sg_epi_apply(_mm512_maskz_loadu_ps(m, at), EK, e, at, m));
+        }
+}
+
 /* Narrow products (n <= SG_DOT_MAX_N: a network's last stages, 4x4 and 2x2 images): dot products along k
    over rows of a streamed once, in order (the weights are the traffic there), against b transposed into
    bt (n, k). Lane l of an accumulator chains the terms p = l (mod 16) in order; the 16 lanes are then
@@ -925,32 +941,29 @@ static inline __attribute__((always_inline)) void sg_strip_rows_k(const float *a
     const float *bj = b + j;
     float *cj = c + j;
     int64_t i = i0;
+/* tile TILE of MR rows at row i (masks ...), then the epilogue the tile left to the pass after it */
+#define SG_T(TILE, MR, ...)                                                                                 \
+    do {                                                                                                    \
+        TILE(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, __VA_ARGS__, e, TILE_EK(EK)); \
+        sg_epi_after(cj + i * ldc, ldc, MR, w, e, EK);                                                      \
+    } while (0)
     if (w <= 32) {
         const __mmask16 m0 = sg_mask(w), m1 = sg_mask(w - 16);
         /* 12-row tiles, the rest in 8s, 4s and 1s; 12 + 4 rows go as 8 + 8 (a 4-row tile has too few
            accumulators to hide the multiply-add latency) */
         int64_t twelves = (i1 - i) / 12;
         if ((i1 - i) % 12 == 4 && twelves > 0) --twelves;
-        for (; twelves > 0; --twelves, i += 12)
-            sg_tile2_12(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
-        for (; i + 8 <= i1; i += 8)
-            sg_tile2_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
-        for (; i + 4 <= i1; i += 4)
-            sg_tile2_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
-        for (; i < i1; ++i)
-            sg_tile2_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, m0, m1, e, EK);
+        for (; twelves > 0; --twelves, i += 12) SG_T(sg_tile2_12, 12, m0, m1);
+        for (; i + 8 <= i1; i += 8) SG_T(sg_tile2_8, 8, m0, m1);
+        for (; i + 4 <= i1; i += 4) SG_T(sg_tile2_4, 4, m0, m1);
+        for (; i < i1; ++i) SG_T(sg_tile2_1, 1, m0, m1);
     } else {
         const __mmask16 m2 = sg_mask(w - 32);
-        for (; i + 8 <= i1; i += 8)
-            sg_tile3_8(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
-                       EK);
-        for (; i + 4 <= i1; i += 4)
-            sg_tile3_4(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
-                       EK);
-        for (; i < i1; ++i)
-            sg_tile3_1(a + i * lda, lda, bj, ldb, cj + i * ldc, ldc, k, bias ? bias + i : NULL, 0xFFFF, 0xFFFF, m2, e,
-                       EK);
+        for (; i + 8 <= i1; i += 8) SG_T(sg_tile3_8, 8, 0xFFFF, 0xFFFF, m2);
+        for (; i + 4 <= i1; i += 4) SG_T(sg_tile3_4, 4, 0xFFFF, 0xFFFF, m2);
+        for (; i < i1; ++i) SG_T(sg_tile3_1, 1, 0xFFFF, 0xFFFF, m2);
     }
+#undef SG_T
 }
 
 /* the strip rows with the epilogue's kind a constant in each copy: the tiles' store loops stay small enough to
@@ -1117,19 +1130,26 @@ static inline __attribute__((always_inline)) void dc_strip_rows_k(const dc_job *
 /* tile row I's packed weights: its panel's run (k-step 4), or the tail panel's (k-step `tail`) */
 #define DC_A(I) ((I) < full ? wp + ((I) >> 2) * panel + ((I) & 3) : wp + full * k + ((I) - full)), panel, \
                 ((I) < full ? 4 : tail)
-#define DC_REST(I) xs, plane, cg, taps, off, mk, c + (I) * l, l, bias ? bias + (I) : NULL, sm, e, EK
+#define DC_REST(I) xs, plane, cg, taps, off, mk, c + (I) * l, l, bias ? bias + (I) : NULL, sm, e, TILE_EK(EK)
+/* tile TILE of MR rows at row i, then the epilogue the tile left to the pass after it */
+#define DC_T(TILE, MR)                                                                                      \
+    do {                                                                                                    \
+        TILE(DC_A(i), DC_REST(i));                                                                          \
+        sg_epi_after(c + i * l, l, MR, w, e, EK);                                                           \
+    } while (0)
     if (w <= 32) {
         int64_t twelves = (i1 - i) / 12;
         if ((i1 - i) % 12 == 4 && twelves > 0) --twelves;
-        for (; twelves > 0; --twelves, i += 12) dc_tile2_12(DC_A(i), DC_REST(i));
-        for (; i + 8 <= i1; i += 8) dc_tile2_8(DC_A(i), DC_REST(i));
-        for (; i + 4 <= i1; i += 4) dc_tile2_4(DC_A(i), DC_REST(i));
-        for (; i < i1; ++i) dc_tile2_1(DC_A(i), DC_REST(i));
+        for (; twelves > 0; --twelves, i += 12) DC_T(dc_tile2_12, 12);
+        for (; i + 8 <= i1; i += 8) DC_T(dc_tile2_8, 8);
+        for (; i + 4 <= i1; i += 4) DC_T(dc_tile2_4, 4);
+        for (; i < i1; ++i) DC_T(dc_tile2_1, 1);
     } else {
-        for (; i + 8 <= i1; i += 8) dc_tile3_8(DC_A(i), DC_REST(i));
-        for (; i + 4 <= i1; i += 4) dc_tile3_4(DC_A(i), DC_REST(i));
-        for (; i < i1; ++i) dc_tile3_1(DC_A(i), DC_REST(i));
+        for (; i + 8 <= i1; i += 8) DC_T(dc_tile3_8, 8);
+        for (; i + 4 <= i1; i += 4) DC_T(dc_tile3_4, 4);
+        for (; i < i1; ++i) DC_T(dc_tile3_1, 1);
     }
+#undef DC_T
 #undef DC_A
 #undef DC_REST
 }
