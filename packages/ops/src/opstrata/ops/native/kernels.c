@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 16; }
+int opstrata_native_abi(void) { return 17; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -1187,6 +1187,126 @@ static int conv_direct_one(const float *x, const float *wp, const float *bias, f
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------------
+   Narrow products with the output rows in vector lanes (a network's last stages: 4x4, 3x3, 2x2 images,
+   where the strips would be mostly empty lanes): c = bias + a @ b for n <= 16 columns, a packed once by
+   the caller as blocks of 16 rows, each (k, 16) (opstrata.ops.native.kernels._lanes_weights; rows past m
+   zero). Per block group, every column's accumulator is a vector of 16 rows: one weight vector per block
+   and step of k (the weights stream once, in order) times a broadcast of b's entry. Each output is the
+   strips' chain -- its bias, then fma(a, b, acc) over k in order -- so the same bits as a wide product's.
+   ------------------------------------------------------------------------------------------------- */
+#define SL_MAX_N 16
+typedef struct {
+    const float *ap, *b, *bias;
+    float *c;
+    int64_t m, n, k, ldb, ldc;
+    const sg_epi *epi;
+} sl_job;
+
+/* blocks [blk, blk + NO) of 16 rows (the last may be partial) against the N columns */
+#define SL_BLOCKS(N, NO)                                                                                    \
+    static void sl_blocks_##N##_##NO(const sl_job *g, int64_t blk) {                                        \
+        const int64_t k = g->k, r0 = blk * 16;                                                              \
+        const float *w = g->ap + blk * k * 16, *b = g->b;                                                   \
+        __m512 acc[NO][N];                                                                                  \
+        for (int o = 0; o < NO; ++o) {                                                                      \
+            const __mmask16 bm = sg_mask(g->m - r0 - 16 * o);                                               \
+            const __m512 init = g->bias ? _mm512_maskz_loadu_ps(bm, g->bias + r0 + 16 * o) : _mm512_setzero_ps(); \
+            for (int j = 0; j < N; ++j) acc[o][j] = init;                                                   \
+        }                                                                                                   \
+        for (int64_t p = 0; p < k; ++p) {                                                                   \
+            __m512 wv[NO];                                                                                  \
+            for (int o = 0; o < NO; ++o) {                                                                  \
+                wv[o] = _mm512_loadu_ps(w + (o * k + p) * 16);                                              \
+                _mm_prefetch((const char *)(w + (o * k + p) * 16 + 1024), _MM_HINT_T0);                     \
+            }                                                                                               \
+            const float *bp = b + p * g->ldb;                                                               \
+            for (int j = 0; j < N; ++j) {                                                                   \
+                const __m512 bj = _mm512_set1_ps(bp[j]);                                                    \
+                for (int o = 0; o < NO; ++o) acc[o][j] = _mm512_fmadd_ps(wv[o], bj, acc[o][j]);             \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int o = 0; o < NO; ++o) { /* rows in lanes -> rows of c: through a 16 x N tile on the stack */ \
+            float tile[N][16];                                                                              \
+            for (int j = 0; j < N; ++j) _mm512_storeu_ps(tile[j], acc[o][j]);                               \
+            const int64_t rows = g->m - r0 - 16 * o < 16 ? g->m - r0 - 16 * o : 16;                         \
+            for (int64_t r = 0; r < rows; ++r) {                                                            \
+                float *cr = g->c + (r0 + 16 * o + r) * g->ldc;                                              \
+                for (int j = 0; j < N; ++j) cr[j] = tile[j][r];                                             \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+/* NO blocks per group: enough accumulators (NO * N) to hide the multiply-add latency, at most 22 */
+#define SL_N(N, NO)                                                                                         \
+    SL_BLOCKS(N, NO)                                                                                        \
+    SL_BLOCKS(N, 1)                                                                                         \
+    static void sl_rows_##N(const sl_job *g, int64_t blk0, int64_t blk1) {                                  \
+        int64_t blk = blk0;                                                                                 \
+        for (; blk + NO <= blk1; blk += NO) sl_blocks_##N##_##NO(g, blk);                                   \
+        for (; blk < blk1; ++blk) sl_blocks_##N##_1(g, blk);                                                \
+    }
+/* N >= 12: one block per group (12-16 accumulators) */
+SL_BLOCKS(16, 1)
+SL_BLOCKS(15, 1)
+SL_BLOCKS(14, 1)
+SL_BLOCKS(13, 1)
+SL_BLOCKS(12, 1)
+#define SL_N1(N)                                                                                            \
+    static void sl_rows_##N(const sl_job *g, int64_t blk0, int64_t blk1) {                                  \
+        for (int64_t blk = blk0; blk < blk1; ++blk) sl_blocks_##N##_1(g, blk);                              \
+    }
+SL_N1(16)
+SL_N1(15)
+SL_N1(14)
+SL_N1(13)
+SL_N1(12)
+SL_N(11, 2)
+SL_N(10, 2)
+SL_N(9, 2)
+SL_N(8, 2)
+SL_N(7, 3)
+SL_N(6, 3)
+SL_N(5, 4)
+SL_N(4, 4)
+SL_N(3, 6)
+SL_N(2, 8)
+SL_N(1, 8)
+#undef SL_N
+#undef SL_N1
+#undef SL_BLOCKS
+
+typedef void (*sl_rows_fn)(const sl_job *g, int64_t blk0, int64_t blk1);
+static const sl_rows_fn SL_ROWS[SL_MAX_N + 1] = {
+    NULL, sl_rows_1, sl_rows_2, sl_rows_3, sl_rows_4, sl_rows_5, sl_rows_6, sl_rows_7, sl_rows_8,
+    sl_rows_9, sl_rows_10, sl_rows_11, sl_rows_12, sl_rows_13, sl_rows_14, sl_rows_15, sl_rows_16,
+};
+#define SL_TASK_BLOCKS 2 /* blocks of 16 rows per task: 32 rows, the weights of a task stream together */
+
+static void sl_task(void *ctx, int64_t t) {
+    const sl_job *g = (const sl_job *)ctx;
+    const int64_t blocks = (g->m + 15) / 16, b0 = t * SL_TASK_BLOCKS;
+    const int64_t b1 = b0 + SL_TASK_BLOCKS < blocks ? b0 + SL_TASK_BLOCKS : blocks;
+    SL_ROWS[g->n](g, b0, b1);
+    if (g->epi) /* the rows are complete and cache-hot: n <= 16 columns, one masked vector each */
+        for (int64_t r = b0 * 16; r < b1 * 16 && r < g->m; ++r) {
+            float *cr = g->c + r * g->ldc;
+            const __mmask16 msk = sg_mask(g->n);
+            _mm512_mask_storeu_ps(cr, msk, sg_epi_apply(_mm512_maskz_loadu_ps(msk, cr), (int)g->epi->kind, g->epi, cr, msk));
+        }
+}
+
+static void sgemm_lanes_one(const float *ap, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t ldb,
+                            int64_t ldc, const float *bias, int nthreads, const sg_epi *epi) {
+    const int64_t macs = m * n * k, tasks = ((m + 15) / 16 + SL_TASK_BLOCKS - 1) / SL_TASK_BLOCKS;
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
+        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
+        nt = fit > 1 ? (int)fit : 1;
+    }
+    const sl_job g = {ap, b, bias, c, m, n, k, ldb, ldc, epi && epi->kind ? epi : NULL};
+    pool_run(sl_task, (void *)&g, tasks, nt);
+}
+
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
 static inline float max_nan_f32(float a, float b);
@@ -1251,6 +1371,35 @@ int opstrata_sgemm_fma_epi_f32(const float *a, const float *b, float *c, const f
                           (int)nthreads, act ? &e : NULL))
             return -1;
     return 0;
+}
+/* c = epilogue(bias + a @ b) per batch item for n <= 16 columns, a packed as blocks of 16 rows (see
+   sgemm_lanes_one; sa: floats per batch item's packed a); the arguments otherwise those of
+   opstrata_sgemm_fma_epi_f32 (lda unused). Returns 0; -2 without the AVX-512 tiles; -3 bad arguments. */
+int opstrata_sgemm_lanes_f32(const float *ap, const float *b, float *c, const float *bias, int64_t m, int64_t n,
+                             int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
+                             int64_t sc, int64_t sbias, int64_t nthreads, int64_t act, const float *params,
+                             const float *res) {
+    (void)lda;
+#if defined(__AVX512F__)
+    if (n < 1 || n > SL_MAX_N || act < 0 || act > 5 || ((act == 2 || act == 3) && !params) ||
+        ((act == 4 || act == 5) && !res))
+        return -3;
+    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - c : 0};
+    if (params) {
+        e.c0 = params[0];
+        e.c1 = params[1];
+        e.c2 = params[2];
+        e.c3 = params[3];
+    }
+    for (int64_t t = 0; t < batch; ++t)
+        sgemm_lanes_one(ap + t * sa, b + t * sb, c + t * sc, m, n, k, ldb, ldc, bias ? bias + t * sbias : NULL,
+                        (int)nthreads, act ? &e : NULL);
+    return 0;
+#else
+    (void)ap, (void)b, (void)c, (void)bias, (void)m, (void)n, (void)k, (void)ldb, (void)ldc, (void)batch, (void)sa;
+    (void)sb, (void)sc, (void)sbias, (void)nthreads, (void)act, (void)params, (void)res;
+    return -2;
+#endif
 }
 int opstrata_sgemm_fma_f32(const float *a, const float *b, float *c, const float *bias, int64_t m, int64_t n,
                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa, int64_t sb,
@@ -2120,6 +2269,10 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
                                           P(3, const float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
                                           a[12], a[13], a[14], a[15], a[16], P(17, const float *),
                                           P(18, const float *));
+    case 24:
+        return opstrata_sgemm_lanes_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
+                                        a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+                                        a[16], P(17, const float *), P(18, const float *));
     case 23:
         return opstrata_conv_direct_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
                                         a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],

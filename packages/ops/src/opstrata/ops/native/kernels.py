@@ -462,6 +462,47 @@ def _fma_conv_args(
     )  # fmt: skip
 
 
+#: convolution GEMMs at most this many columns wide (images of at most 16 outputs: a network's last
+#: stages) run with the output rows in vector lanes (``opstrata_sgemm_lanes_f32``, weights packed once)
+LANES_MAX_N = 16
+
+
+def _lanes_weights(wm: np.ndarray) -> np.ndarray:
+    """(G, Og, K) weights as ``opstrata_sgemm_lanes_f32`` reads them: per group, blocks of 16 rows, each
+    stored (K, 16), rows past Og zero -- one weight vector per block and step of the sum."""
+    groups, og, k = wm.shape
+    blocks = -(-og // 16)
+    padded = np.zeros((groups, blocks * 16, k), _F32)
+    padded[:, :og] = wm
+    return np.ascontiguousarray(padded.reshape(groups, blocks, 16, k).transpose(0, 1, 3, 2))
+
+
+def _lanes_conv_args(
+    packed: np.ndarray, wm_shape: tuple[int, ...], cols: np.ndarray, out4: np.ndarray, bias: np.ndarray | None,
+    img: int, epi: Any = None,
+) -> tuple[Any, ...]:  # fmt: skip
+    """``opstrata_sgemm_lanes_f32`` arguments for image ``img`` (every group): ``packed`` the
+    :func:`_lanes_weights` of weights shaped ``wm_shape`` (G, Og, K), ``epi`` a parsed
+    :data:`CONV_EPILOGUES` entry or None."""
+    groups, og, k = wm_shape
+    cols_n = cols.shape[-1]
+    kind, params, res = epi if epi is not None else (0, None, None)
+    return (
+        packed.ctypes.data, cols[img].ctypes.data, out4[img].ctypes.data, _ptr(bias),
+        og, cols_n, k, k, cols_n, cols_n, groups, packed[0].size, k * cols_n, og * cols_n, og, native_threads(),
+        kind, _ptr(params), None if res is None else res[img].ctypes.data,
+    )  # fmt: skip
+
+
+def _lanes_error(rc: int) -> Exception:
+    """The error of a non-zero ``opstrata_sgemm_lanes_f32`` code (the Python side checks what it refuses)."""
+    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
+    return RuntimeError(
+        f"conv2d (narrow GEMM, native): code {rc}, {what}; expected 0 -- rebuild the native library "
+        "(opstrata.ops.native.build) or report the layer's shapes"
+    )
+
+
 #: Epilogues a bound conv2d can apply as its GEMM stores each output (``ops.bind("conv2d", ...,
 #: epilogue=...)``), name -> (kernel code, float constants): ``("relu",)``; ``("clip", lo, hi)`` =
 #: min(max(h, lo), hi); ``("hardswish", c0, c1, c2, c3)`` = h * min(max(h * c0 + c1, c2), c3) (the
@@ -559,8 +600,16 @@ def conv2d_native(
         if fma:
             out = np.empty((n, o, ho, wo), _F32)
             out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
+            packed = _lanes_weights(wm) if ho * wo <= LANES_MAX_N else None
             for img in range(n):
-                lib.opstrata_sgemm_fma_f32(*_fma_conv_args(wm, cols, out4, b, img))
+                if packed is None:
+                    lib.opstrata_sgemm_fma_f32(*_fma_conv_args(wm, cols, out4, b, img))
+                elif (
+                    rc := lib.opstrata_sgemm_lanes_f32(
+                        *_lanes_conv_args(packed, wm.shape, cols, out4, b, img)
+                    )
+                ) != 0:
+                    raise _lanes_error(rc)
             count("conv2d", "native")
             return out
         out = np.matmul(wm, cols)  # as conv2d_cpu
@@ -632,6 +681,15 @@ def _bind_conv2d_native(
             steps.append(NativeCall(lib, "opstrata_im2col_f32", _im2col_args(x, cols, g, kh, kw_), (x, cols)))
         wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
         out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
+        if fma_gemm_available(lib) and ho * wo <= LANES_MAX_N:  # as conv2d_native: rows in lanes
+            packed = _lanes_weights(wm)  # once: the bound calls read this copy
+            for img in range(n):
+                args = _lanes_conv_args(packed, wm.shape, cols, out4, bias, img, epi)
+                refs = (
+                    (packed, cols, out4, bias) if epi is None else (packed, cols, out4, bias, epi[1], epi[2])
+                )
+                steps.append(NativeCall(lib, "opstrata_sgemm_lanes_f32", args, refs, _lanes_error))
+            return BoundSteps(steps)
         if fma_gemm_available(lib):  # as conv2d_native: the FMA tiles with the bias folded in
             for img in range(n):
                 args = _fma_conv_args(wm, cols, out4, bias, img)

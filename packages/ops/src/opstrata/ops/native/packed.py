@@ -54,6 +54,7 @@ PACKED_IDS = {
     "opstrata_softmax_rows_f32": 21,
     "opstrata_attention_blas_f32": 22,
     "opstrata_conv_direct_f32": 23,
+    "opstrata_sgemm_lanes_f32": 24,
 }
 
 
