@@ -1,7 +1,8 @@
-"""The native direct convolution (``opstrata_conv_direct_f32``: stride 1, output rows as wide as the
-input's): bit for bit the C im2col + strip GEMM it replaces (the same multiply-add chain per output), within
-fp32 rounding of a float64 reference, the same bits at any thread count, chosen by ``ops.conv2d`` and
-``ops.bind`` where it applies, and its refusals."""
+"""The native convolutions without an im2col buffer -- direct (``opstrata_conv_direct_f32``: stride 1,
+output rows as wide as the input's) and gathered strips (``opstrata_conv_gather_f32``: strided and other
+layers) -- bit for bit the C im2col + strip GEMM they replace (the same multiply-add chain per output),
+within fp32 rounding of a float64 reference, the same bits at any thread count, chosen by ``ops.conv2d``
+and ``ops.bind`` where they apply, and their refusals."""
 
 from __future__ import annotations
 
@@ -169,4 +170,84 @@ def test_a_portable_library_has_no_direct_kernel(tmp_path: Path, monkeypatch: py
     out = np.empty((1, 5, 8, 8), np.float32)
     packed = nk._direct_weights(wt, 1)
     assert portable.opstrata_conv_direct_f32(*nk._direct_conv_args(x, packed, wt.shape, b, out, g)) == -2
+    assert portable.opstrata_conv_gather_f32(*nk._gather_conv_args(x, wt, b, out, g)) == -2
     assert not nk.fma_gemm_available(portable)
+
+
+# --------------------------------------------------------------------------------------------------
+# strided (and other not-same-width) convolutions: columns gathered strip by strip
+# --------------------------------------------------------------------------------------------------
+
+
+def _gather(lib, x, w, b, g, threads: int = 1, epi=None) -> np.ndarray:
+    out = np.full((x.shape[0], w.shape[0], *g.out_hw), np.nan, np.float32)
+    args = list(nk._gather_conv_args(x, w, b, out, g, epi))
+    args[20] = threads
+    assert lib.opstrata_conv_gather_f32(*args) == 0
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 2), c=st.integers(1, 5), o=st.integers(1, 30), h=st.integers(1, 24), w=st.integers(1, 24),
+    kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3), dh=st.integers(1, 2),
+    groups=st.integers(1, 3), bias=st.booleans(), data=st.data(),
+)  # fmt: skip
+def test_gathered_strips_give_the_im2col_gemm_bits(
+    lib, n, c, o, h, w, kh, kw, sh, sw, dh, groups, bias, data
+):
+    """Any stride, kernel, dilation and padding: within fp32 rounding of the reference, and above 16 outputs
+    per plane the bits of im2col + the strip GEMM (the same columns through the same tiles)."""
+    pads = tuple(data.draw(st.integers(0, 2)) for _ in range(4))
+    rng = np.random.default_rng(h * 31 + w)
+    x = rng.standard_normal((n, c * groups, h, w)).astype(np.float32)
+    wt = rng.standard_normal((o * groups, c, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(o * groups).astype(np.float32) if bias else None
+    try:
+        g = _check_conv(x, wt, b, (sh, sw), pads, (dh, 1), groups)
+    except ops.OpError:
+        return
+    got = _gather(lib, x, wt, b, g)
+    if g.out_hw[0] * g.out_hw[1] > 16:
+        np.testing.assert_array_equal(got.view(np.int32), _im2col_gemm(lib, x, wt, b, g).view(np.int32))
+    want = conv2d_ref(x.astype(np.float64), wt.astype(np.float64), None if b is None else b.astype(np.float64),
+                      stride=(sh, sw), padding=pads, dilation=(dh, 1), groups=groups)  # fmt: skip
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("shape", [(3, 64, 64, 7, 2, 3), (64, 128, 16, 3, 2, 1), (16, 40, 9, 3, 2, 1)])
+def test_gathered_bits_do_not_depend_on_the_thread_count(lib, shape) -> None:
+    """Threads take strips, or row blocks of 24 when there are fewer strips than threads: 1, 2, 3 and 8
+    threads give the same bits."""
+    c, o, hw, k, s, p = shape
+    rng = np.random.default_rng(hw)
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    wt = rng.standard_normal((o, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g = _check_conv(x, wt, b, s, p, 1, 1)
+    one = _gather(lib, x, wt, b, g)
+    for threads in (2, 3, 8):
+        np.testing.assert_array_equal(_gather(lib, x, wt, b, g, threads=threads), one)
+
+
+def test_ops_conv2d_and_bind_take_the_gathered_strips(lib) -> None:
+    """A stride-2 convolution with more than 16 outputs per plane runs on the gathered strips eagerly and
+    bound (its hard-swish epilogue applied after each tile), with im2col's bits; a refusal's error names
+    the kernel and the fix."""
+    x, wt, b, _ = _case(9, 1, 6, 24, 20, 20, 3, 3, 1, 1, 1, 1, 1)
+    g = _check_conv(x, wt, b, 2, 1, 1, 1)
+    assert nk._gather_conv(g, x, 3, 3) and not nk._direct_conv(g, x, 3, 3)
+    want = _im2col_gemm(lib, x, wt, b, g)
+    np.testing.assert_array_equal(ops.conv2d(x, wt, b, stride=2, padding=1), want)
+    out = np.empty_like(want)
+    call = ops.bind(
+        "conv2d", x, wt, b, stride=2, padding=1, out=out, epilogue=("hardswish", 1 / 6, 0.5, 0.0, 1.0)
+    )
+    assert call is not None and call.name == "opstrata_conv_gather_f32"
+    call()
+    f = np.float32
+    np.testing.assert_array_equal(out, np.minimum(np.maximum(want * f(1 / 6) + f(0.5), f(0)), f(1)) * want)
+    args = list(nk._gather_conv_args(x, wt, b, out, g))
+    args[9] = 4  # groups not dividing 6 channels
+    assert lib.opstrata_conv_gather_f32(*args) == -3
+    assert "gathered strips" in str(nk._gather_conv_error(-3)) and "panel" in str(nk._gather_conv_error(-1))

@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 17; }
+int opstrata_native_abi(void) { return 18; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -1188,6 +1188,111 @@ static int conv_direct_one(const float *x, const float *wp, const float *bias, f
 }
 
 /* ---------------------------------------------------------------------------------------------------
+   Strided (and other not-same-width) convolutions, NCHW float32: the strip GEMM with each 32-column strip's
+   columns gathered from the image just before its tiles use them (a K x 48 panel per thread, in L1/L2),
+   instead of an im2col buffer for the whole image that the GEMM then reads back cold -- across cores when
+   threads split it. Lane l of a strip is output position t0 + l, at input offset base[l] = (oh sh) w + ow sw;
+   tap (i, j) adds (i dh - pt) w + j dw - pl, its lanes inside the image gathered (the rest 0, the
+   padding). Same columns, same tiles, so the same bits as im2col + the strip GEMM. Threads take whole
+   strips, or row blocks of them when there are fewer strips than threads (a panel gathered per task).
+   ------------------------------------------------------------------------------------------------- */
+typedef struct {
+    const float *a, *x, *bias; /* a: the weights (og, k) as they lie */
+    float *c;
+    int64_t m, l, cg, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, wo, rows, blocks;
+    const sg_epi *epi;
+    _Atomic int failed; /* a panel could not be allocated */
+} gs_job;
+
+/* a thread's panel, kept for its next call (grown as needed; a workspace like BLAS's, never freed) */
+static __thread float *gs_panel;
+static __thread int64_t gs_panel_floats;
+
+static float *gs_panel_for(int64_t floats) {
+    if (floats > gs_panel_floats) {
+        float *p = (float *)realloc(gs_panel, (size_t)floats * sizeof(float));
+        if (!p) return NULL;
+        gs_panel = p;
+        gs_panel_floats = floats;
+    }
+    return gs_panel;
+}
+
+static void gs_task(void *ctx, int64_t task) {
+    gs_job *g = (gs_job *)ctx;
+    const int64_t s = task / g->blocks, i0 = (task % g->blocks) * g->rows;
+    const int64_t i1 = i0 + g->rows < g->m ? i0 + g->rows : g->m;
+    const int64_t t0 = s * 32, w = sg_strip_width(g->l, s), taps = g->kh * g->kw, k = g->cg * taps;
+    float *panel = gs_panel_for(k * 48);
+    if (!panel) {
+        atomic_store(&g->failed, 1);
+        return;
+    }
+    const int64_t h = g->h, wd = g->wd, plane = h * wd;
+    int32_t orow[48], ocol[48];
+    for (int64_t lane = 0; lane < 48; ++lane) { /* lanes past the strip repeat its first position, masked */
+        const int64_t t = t0 + (lane < w ? lane : 0);
+        orow[lane] = (int32_t)((t / g->wo) * g->sh);
+        ocol[lane] = (int32_t)((t % g->wo) * g->sw);
+    }
+    const int nv = w > 32 ? 3 : 2;
+    __m512i base[3], ir[3], ic[3];
+    __mmask16 live[3];
+    for (int v = 0; v < 3; ++v) {
+        ir[v] = _mm512_loadu_si512(orow + 16 * v);
+        ic[v] = _mm512_loadu_si512(ocol + 16 * v);
+        base[v] = _mm512_add_epi32(_mm512_mullo_epi32(ir[v], _mm512_set1_epi32((int)wd)), ic[v]);
+        live[v] = sg_mask(w - 16 * v);
+    }
+    for (int64_t i = 0; i < g->kh; ++i)
+        for (int64_t j = 0; j < g->kw; ++j) {
+            const int32_t ro = (int32_t)(i * g->dh - g->pt), co = (int32_t)(j * g->dw - g->pl);
+            const __m512i vro = _mm512_set1_epi32(ro), vco = _mm512_set1_epi32(co);
+            const __m512i off = _mm512_set1_epi32((int32_t)(ro * wd + co));
+            __mmask16 in[3];
+            __m512i idx[3];
+            for (int v = 0; v < nv; ++v) {
+                const __m512i r = _mm512_add_epi32(ir[v], vro), q = _mm512_add_epi32(ic[v], vco);
+                in[v] = live[v] & _mm512_cmpge_epi32_mask(r, _mm512_setzero_si512()) &
+                        _mm512_cmplt_epi32_mask(r, _mm512_set1_epi32((int)h)) &
+                        _mm512_cmpge_epi32_mask(q, _mm512_setzero_si512()) &
+                        _mm512_cmplt_epi32_mask(q, _mm512_set1_epi32((int)wd));
+                idx[v] = _mm512_add_epi32(base[v], off);
+            }
+            const int64_t tap = i * g->kw + j;
+            for (int64_t ci = 0; ci < g->cg; ++ci) {
+                const float *xc = g->x + ci * plane;
+                float *row = panel + (ci * taps + tap) * 48;
+                for (int v = 0; v < nv; ++v)
+                    _mm512_storeu_ps(row + 16 * v,
+                                     _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in[v], idx[v], xc, 4));
+            }
+        }
+    /* the strip's tiles over the panel (ldb 48): sg_strip_rows reads columns [t0, t0 + w) of b = panel - t0 */
+    sg_strip_rows(g->a, panel - t0, g->c, i0, i1, t0, g->l, k, k, 48, g->l, g->bias, g->epi);
+}
+
+static int conv_gather_one(const float *x, const float *w, const float *bias, float *out, int64_t og, int64_t cg,
+                           int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                           int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo, int nthreads,
+                           const sg_epi *epi) {
+    const int64_t l = ho * wo, k = cg * kh * kw, macs = og * l * k;
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
+        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
+        nt = fit > 1 ? (int)fit : 1;
+    }
+    const int64_t strips = sg_strips(l);
+    /* whole strips per task, or with fewer strips than threads, strips cut into row blocks of 24 (each
+       gathering its own panel) */
+    const int64_t rows = nt > 1 && strips < nt ? 24 : og;
+    gs_job g = {w,    x,  bias, out, og, l,    cg,   h, wd, kh, kw, sh, sw, dh, dw, pt, pl, wo,
+                rows, (og + rows - 1) / rows, epi && epi->kind ? epi : NULL, 0};
+    pool_run(gs_task, &g, strips * g.blocks, nt);
+    return atomic_load(&g.failed) ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
    Narrow products with the output rows in vector lanes (a network's last stages: 4x4, 3x3, 2x2 images,
    where the strips would be mostly empty lanes): c = bias + a @ b for n <= 16 columns, a packed once by
    the caller as blocks of 16 rows, each (k, 16) (opstrata.ops.native.kernels._lanes_weights; rows past m
@@ -1372,6 +1477,41 @@ int opstrata_sgemm_fma_epi_f32(const float *a, const float *b, float *c, const f
             return -1;
     return 0;
 }
+/* out = epilogue(bias + conv(x, w)) of any 2-D convolution (strided ones and others whose output rows are
+   not the input's width), its columns gathered strip by strip (see gs_task); w (o, c / groups, kh, kw) as it
+   lies, n images, `groups` groups; act / params / res as opstrata_sgemm_fma_epi_f32. Returns 0; -1 when a
+   panel cannot be allocated; -2 without the AVX-512 tiles; -3 bad arguments. */
+int opstrata_conv_gather_f32(const float *x, const float *w, const float *bias, float *out, int64_t n, int64_t c,
+                             int64_t h, int64_t wd, int64_t o, int64_t groups, int64_t kh, int64_t kw, int64_t sh,
+                             int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                             int64_t nthreads, int64_t act, const float *params, const float *res) {
+#if defined(__AVX512F__)
+    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
+    if (kh < 1 || kw < 1 || groups < 1 || c % groups || o % groups || ho < 1 || wo < 1) return -3;
+    if (h * wd > INT32_MAX / 2 || (ho * sh + kh * dh) * wd > INT32_MAX / 2) return -3; /* 32-bit gather offsets */
+    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - out : 0};
+    if (params) {
+        e.c0 = params[0];
+        e.c1 = params[1];
+        e.c2 = params[2];
+        e.c3 = params[3];
+    }
+    const int64_t cg = c / groups, og = o / groups, l = ho * wo, k = cg * kh * kw;
+    for (int64_t img = 0; img < n; ++img)
+        for (int64_t grp = 0; grp < groups; ++grp)
+            if (conv_gather_one(x + (img * c + grp * cg) * h * wd, w + grp * og * k, bias ? bias + grp * og : NULL,
+                                out + (img * o + grp * og) * l, og, cg, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo,
+                                (int)nthreads, act ? &e : NULL))
+                return -1;
+    return 0;
+#else
+    (void)x, (void)w, (void)bias, (void)out, (void)n, (void)c, (void)h, (void)wd, (void)o, (void)groups, (void)kh;
+    (void)kw, (void)sh, (void)sw, (void)dh, (void)dw, (void)pt, (void)pl, (void)ho, (void)wo, (void)nthreads;
+    (void)act, (void)params, (void)res;
+    return -2;
+#endif
+}
+
 /* c = epilogue(bias + a @ b) per batch item for n <= 16 columns, a packed as blocks of 16 rows (see
    sgemm_lanes_one; sa: floats per batch item's packed a); the arguments otherwise those of
    opstrata_sgemm_fma_epi_f32 (lda unused). Returns 0; -2 without the AVX-512 tiles; -3 bad arguments. */
@@ -2273,6 +2413,11 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         return opstrata_sgemm_lanes_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
                                         a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
                                         a[16], P(17, const float *), P(18, const float *));
+    case 25:
+        return opstrata_conv_gather_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
+                                        a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+                                        a[16], a[17], a[18], a[19], a[20], a[21], P(22, const float *),
+                                        P(23, const float *));
     case 23:
         return opstrata_conv_direct_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
                                         a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],

@@ -400,6 +400,39 @@ def _direct_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
     )
 
 
+def _gather_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
+    """``opstrata_conv_gather_f32`` runs this convolution: more outputs per plane than the lanes kernel's
+    limit, neither a direct one nor a plain 1x1 (whose image already is its columns)."""
+    ho, wo = g.out_hw
+    return ho * wo > LANES_MAX_N and not _direct_conv(g, x, kh, kw) and not _plain_1x1(g, kh, kw)
+
+
+def _gather_conv_args(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray, g: Any, epi: Any = None
+) -> tuple[Any, ...]:
+    """``opstrata_conv_gather_f32`` arguments: every image and group in one call, ``epi`` a parsed
+    :data:`CONV_EPILOGUES` entry (kind, constants, residual) or None."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = weight.shape
+    kind, params, res = epi if epi is not None else (0, None, None)
+    return (
+        x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data, n, c, h, wd, o, g.groups, kh, kw,
+        g.stride[0], g.stride[1], g.dilation[0], g.dilation[1], g.pads[0], g.pads[1], g.out_hw[0], g.out_hw[1],
+        native_threads(), kind, _ptr(params), _ptr(res),
+    )  # fmt: skip
+
+
+def _gather_conv_error(rc: int) -> Exception:
+    """The error of a non-zero ``opstrata_conv_gather_f32`` code."""
+    if rc == -1:
+        return MemoryError("conv2d (gathered strips, native): cannot allocate a thread's column panel")
+    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
+    return RuntimeError(
+        f"conv2d (gathered strips, native): code {rc}, {what}; expected 0 -- rebuild the native library "
+        "(opstrata.ops.native.build) or report the layer's shapes"
+    )
+
+
 def _direct_weights(weight: np.ndarray, groups: int) -> np.ndarray:
     """The weights as ``opstrata_conv_direct_f32`` reads them: per group, the (Og, Cg * kh * kw) rows in
     panels of 4, each stored (k, 4), and the last Og % 4 rows as one (k, Og % 4) panel -- a tile's weights
@@ -590,6 +623,13 @@ def conv2d_native(
             raise _direct_conv_error(rc)
         count("conv2d", "native")
         return out
+    if not depthwise and fma and _gather_conv(g, x, kh, kw):
+        out = np.empty((n, weight.shape[0], ho, wo), _F32)
+        rc = lib.opstrata_conv_gather_f32(*_gather_conv_args(x, weight, b, out, g))
+        if rc != 0:
+            raise _gather_conv_error(rc)
+        count("conv2d", "native")
+        return out
     if not depthwise:
         o, cg = weight.shape[:2]
         cols = _conv_columns(x, g, kh, kw, cg)
@@ -673,6 +713,10 @@ def _bind_conv2d_native(
         refs = (x, wt, bias, out) if epi is None else (x, wt, bias, out, epi[1], epi[2])
         args = _direct_conv_args(x, wt, weight.shape, bias, out, g, epi)
         return NativeCall(lib, "opstrata_conv_direct_f32", args, refs, _direct_conv_error)
+    if not depthwise and fma_gemm_available(lib) and _gather_conv(g, x, kh, kw_):
+        refs = (x, weight, bias, out) if epi is None else (x, weight, bias, out, epi[1], epi[2])
+        args = _gather_conv_args(x, weight, bias, out, g, epi)
+        return NativeCall(lib, "opstrata_conv_gather_f32", args, refs, _gather_conv_error)
     if not depthwise:
         steps: list[Any] = []
         cols = _conv_columns(x, g, kh, kw_, cg)  # a plain 1x1: the image is its own columns

@@ -31,7 +31,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 17  # opstrata_native_abi() of a library these bindings understand
+ABI = 18  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = (
     "-O3",
@@ -63,6 +63,7 @@ _SIGNATURES = {
     "opstrata_sgemm_fma_epi_f32": ([_P, _P, _P, _P, *[_I64] * 13, _P, _P], ctypes.c_int),
     "opstrata_conv_direct_f32": ([_P, _P, _P, _P, *[_I64] * 15, _P, _P], ctypes.c_int),
     "opstrata_sgemm_lanes_f32": ([_P, _P, _P, _P, *[_I64] * 13, _P, _P], ctypes.c_int),
+    "opstrata_conv_gather_f32": ([_P, _P, _P, _P, *[_I64] * 18, _P, _P], ctypes.c_int),
     "opstrata_sgemm_fma_fast": ([], ctypes.c_int),
     "opstrata_call_packed": ([_I64, _P], ctypes.c_int),
     "opstrata_set_sgemm": ([_P, _P, ctypes.c_int], None),

@@ -55,6 +55,7 @@ PACKED_IDS = {
     "opstrata_attention_blas_f32": 22,
     "opstrata_conv_direct_f32": 23,
     "opstrata_sgemm_lanes_f32": 24,
+    "opstrata_conv_gather_f32": 25,
 }
 
 
