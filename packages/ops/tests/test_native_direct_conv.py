@@ -118,6 +118,7 @@ def test_ops_conv2d_and_bind_take_the_direct_kernel(lib, epilogue: str) -> None:
     """A 3x3 pad-1 convolution runs on the direct kernel eagerly and bound (one native call, its epilogue
     applied as it stores), with the im2col path's bits; a strided or narrow one keeps im2col."""
     x, wt, b, _pads = _case(7, 2, 12, 40, 14, 14, 3, 3, 1, 1, 1, 1, 1)
+    wt.flags.writeable = False  # as a session's weights: packed once, one native call
     g = _check_conv(x, wt, b, 1, 1, 1, 1)
     assert nk._direct_conv(g, x, 3, 3)
     want = _im2col_gemm(lib, x, wt, b, g)
@@ -251,3 +252,34 @@ def test_ops_conv2d_and_bind_take_the_gathered_strips(lib) -> None:
     args[9] = 4  # groups not dividing 6 channels
     assert lib.opstrata_conv_gather_f32(*args) == -3
     assert "gathered strips" in str(nk._gather_conv_error(-3)) and "panel" in str(nk._gather_conv_error(-1))
+
+
+@pytest.mark.parametrize("hw", [9, 3])
+def test_a_weight_that_may_change_is_packed_again_on_every_call(lib, hw: int) -> None:
+    """The direct (9x9) and lanes (3x3) binders pack a read-only weight once (one native call) and a writeable
+    one on every call (a weight fed as a model input): a changed weight gives the new result."""
+    rng = np.random.default_rng(hw)
+    x = rng.standard_normal((1, 5, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
+    out = np.empty((1, 7, hw, hw), np.float32)
+    call = ops.bind("conv2d", x, w, padding=1, out=out)
+    call()
+    np.testing.assert_array_equal(out, ops.conv2d(x, w, padding=1))
+    w *= 2
+    call()
+    np.testing.assert_array_equal(out, ops.conv2d(x, w, padding=1))
+    frozen = w.copy()
+    frozen.flags.writeable = False
+    view = w[:, :3]
+    view.flags.writeable = False  # a read-only view of memory that can still change
+    assert (
+        nk.immutable(frozen)
+        and nk.immutable(frozen[:, :3])
+        and not nk.immutable(w)
+        and not nk.immutable(view)
+    )
+    once = ops.bind("conv2d", x, frozen, padding=1, out=out)
+    steps = getattr(once, "steps", [once])
+    assert all(isinstance(s, nk.NativeCall) for s in steps)
+    once()
+    np.testing.assert_array_equal(out, ops.conv2d(x, frozen, padding=1))

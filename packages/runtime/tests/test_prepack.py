@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opstrata.graph as og
+import opstrata.ops as ops
 from opstrata.graph.testing import ModelBuilder, random_feeds
 from opstrata.runtime import InferenceSession, SessionOptions
 from opstrata.runtime._prepack import prepack_weights
@@ -97,3 +98,46 @@ def test_a_session_on_a_fortran_ordered_matmul_weight() -> None:
     assert sch.template[sch.slot[mm.inputs[1]]].flags.c_contiguous
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ want_w, rtol=1e-5, atol=1e-6)
+
+
+def _conv_model(weight_as_input: bool):
+    b = ModelBuilder("conv", 17)
+    x = b.input("x", [1, 5, "h", "h"])
+    w = b.input("w", [7, 5, 3, 3]) if weight_as_input else b.weight([7, 5, 3, 3])
+    b.output(b.op("Relu", [b.op("Conv", [x, w], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]))
+    return b.build()
+
+
+def test_conv_weights_are_made_read_only_and_packed_once() -> None:
+    """A Conv weight held by the graph is read-only in the session (ops' conv binders then pack it once);
+    results equal the ref kernel's at every image size (direct, gathered and lanes paths)."""
+    pytest.importorskip("onnx")
+    model = _conv_model(weight_as_input=False)
+    g = og.from_onnx(model)
+    names = list(g.inputs) + list(g.initializers)
+    slot = {k: i for i, k in enumerate(names)}
+    template = [g.initializers.get(k) for k in names]
+    assert prepack_weights(g, template, slot) == 1
+    (w_name,) = [k for k, v in g.initializers.items() if v.ndim == 4]
+    assert not template[slot[w_name]].flags.writeable
+    sess = InferenceSession(model)
+    w = og.from_onnx(model).initializers[w_name]
+    for hw in (3, 9, 20):
+        x = np.random.default_rng(hw).standard_normal((1, 5, hw, hw)).astype(np.float32)
+        want = np.maximum(ops.conv2d(x, w, padding=1, device="ref"), 0)
+        for _ in range(2):  # the second run takes the bound calls
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_weight_fed_as_an_input_may_change_between_runs() -> None:
+    """A weight that is a graph input is copied into the program every run: the bound conv packs it again,
+    so a second run with other weights gives their result (as onnx's backend test cases feed them)."""
+    pytest.importorskip("onnx")
+    sess = InferenceSession(_conv_model(weight_as_input=True))
+    rng = np.random.default_rng(1)
+    for hw in (3, 9):
+        x = rng.standard_normal((1, 5, hw, hw)).astype(np.float32)
+        for _ in range(3):
+            w = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
+            want = np.maximum(ops.conv2d(x, w, padding=1, device="ref"), 0)
+            np.testing.assert_allclose(sess.run(None, {"x": x, "w": w})[0], want, rtol=1e-4, atol=1e-4)

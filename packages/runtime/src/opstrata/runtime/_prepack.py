@@ -11,6 +11,10 @@ head) gets a C-ordered copy the same way: numpy runs it as a transposed GEMM, 1.
 int8/uint8/int4/uint4 initializers of rank >= 2 (the weights of integer GEMMs and convolutions) get a read-only copy of their own: an int8
 kernel that caches its packed form per weight (opstrata.quant's) then trusts it not to change, instead
 of fingerprinting its bytes on every call. A kernel writing into one fails loudly.
+
+Float convolution weights (read only as a Conv / FusedConv weight) are made read-only the same way -- in
+place when the array owns its memory, else as a copy -- so that ops' conv binders pack them once per
+bound call (``opstrata.ops.native.kernels.immutable``) instead of on every run.
 """
 
 from __future__ import annotations
@@ -53,15 +57,37 @@ def _plain_b(n: Any, i: int) -> bool:
     return n.op_type == "MatMul" or (n.op_type == "Gemm" and not n.attrs.get("transB", 0))
 
 
+def _conv_weight(n: Any, i: int) -> bool:
+    """The weight of a Conv or of a FusedConv (Conv + its epilogue)."""
+    conv = n.domain in ("", "ai.onnx") and n.op_type == "Conv"
+    return i == 1 and (conv or (n.domain == OPSTRATA_DOMAIN and n.op_type == "FusedConv"))
+
+
+def _frozen(w: np.ndarray) -> np.ndarray:
+    """``w`` read-only: itself when it owns its memory, else a read-only copy."""
+    if w.base is None:
+        w.flags.writeable = False
+        return w
+    own = np.array(w, copy=True)
+    own.flags.writeable = False
+    return own
+
+
 def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> int:
-    """Put Fortran-ordered copies of the transposed GEMM weights, C-ordered copies of the plain ones and
-    read-only copies of int8 weights into ``template``; returns how many."""
+    """Put Fortran-ordered copies of the transposed GEMM weights, C-ordered copies of the plain ones,
+    read-only copies of int8 weights and read-only float convolution weights into ``template``; returns
+    how many."""
     count = 0
     for name, w in graph.initializers.items():
         if w.dtype.name in _INT_WEIGHTS and w.ndim >= 2 and w.size > 1:
             frozen = np.array(w, order="C", copy=True)
             frozen.flags.writeable = False
             template[slot[name]] = frozen
+            count += 1
+    for name in sorted(_only_read_as(graph, _conv_weight)):
+        w = template[slot[name]]
+        if isinstance(w, np.ndarray) and w.dtype.kind == "f" and w.ndim >= 3 and w.flags.writeable:
+            template[slot[name]] = _frozen(w)
             count += 1
     for name in sorted(_only_read_as(graph, _transposed_b)):
         w = graph.initializers[name]

@@ -433,6 +433,23 @@ def _gather_conv_error(rc: int) -> Exception:
     )
 
 
+def immutable(a: np.ndarray) -> bool:
+    """Read-only all the way down: ``a`` and every array it views are read-only and the memory at the
+    bottom is its own or a ``bytes`` object -- a weight a binder may pack once (an InferenceSession makes
+    its convolution weights so); any other is packed again on every call (a weight fed as an input)."""
+    v: Any = a
+    while isinstance(v, np.ndarray):
+        if v.flags.writeable:
+            return False
+        v = v.base
+    return v is None or isinstance(v, bytes)
+
+
+def _repack(packed: np.ndarray, pack: Any, *args: Any) -> None:
+    """``packed`` refreshed from the weight as it is now (a bound call on a weight that may change)."""
+    np.copyto(packed, pack(*args))
+
+
 def _direct_weights(weight: np.ndarray, groups: int) -> np.ndarray:
     """The weights as ``opstrata_conv_direct_f32`` reads them: per group, the (Og, Cg * kh * kw) rows in
     panels of 4, each stored (k, 4), and the last Og % 4 rows as one (k, Og % 4) panel -- a tile's weights
@@ -709,10 +726,13 @@ def _bind_conv2d_native(
     if lib is None:
         return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
     if not depthwise and fma_gemm_available(lib) and _direct_conv(g, x, kh, kw_):
-        wt = _direct_weights(weight, g.groups)  # packed once: the bound call reads this copy
+        wt = _direct_weights(weight, g.groups)  # the bound call reads this packed copy
         refs = (x, wt, bias, out) if epi is None else (x, wt, bias, out, epi[1], epi[2])
         args = _direct_conv_args(x, wt, weight.shape, bias, out, g, epi)
-        return NativeCall(lib, "opstrata_conv_direct_f32", args, refs, _direct_conv_error)
+        call = NativeCall(lib, "opstrata_conv_direct_f32", args, refs, _direct_conv_error)
+        if immutable(weight):
+            return call
+        return BoundSteps([partial(_repack, wt, _direct_weights, weight, g.groups), call])
     if not depthwise and fma_gemm_available(lib) and _gather_conv(g, x, kh, kw_):
         refs = (x, weight, bias, out) if epi is None else (x, weight, bias, out, epi[1], epi[2])
         args = _gather_conv_args(x, weight, bias, out, g, epi)
@@ -726,7 +746,9 @@ def _bind_conv2d_native(
         wm = weight.reshape(g.groups, o // g.groups, cg * kh * kw_)
         out4 = out.reshape(n, g.groups, o // g.groups, ho * wo)
         if fma_gemm_available(lib) and ho * wo <= LANES_MAX_N:  # as conv2d_native: rows in lanes
-            packed = _lanes_weights(wm)  # once: the bound calls read this copy
+            packed = _lanes_weights(wm)  # the bound calls read this packed copy
+            if not immutable(weight):
+                steps.append(partial(_repack, packed, _lanes_weights, wm))
             for img in range(n):
                 args = _lanes_conv_args(packed, wm.shape, cols, out4, bias, img, epi)
                 refs = (
