@@ -1,5 +1,6 @@
-"""Dense convolution as the runtime runs it (a bound ``ops.conv2d`` call into a preallocated output: C im2col
-where needed, then the library's AVX-512 FMA GEMM with the bias folded in) against numpy's im2col + sgemm
+"""Dense convolution as the runtime runs it (a bound ``ops.conv2d`` call into a preallocated output: the
+library's AVX-512 tiles with the bias folded in -- direct, gathered strips or rows in lanes, no im2col
+buffer -- on read-only weights packed once, as a session's) against numpy's im2col + sgemm
 (the cpu kernel), onnxruntime's Conv and torch's conv2d, on the zoo models' shapes, one thread everywhere.
 
 Run: ``PYTHONPATH=packages/ops/src python packages/ops/benchmarks/bench_conv.py [--quick] [--threads N]``.
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             rng = np.random.default_rng(0)
             x = rng.standard_normal((1, ci, hw, hw)).astype(np.float32)
             w = (rng.standard_normal((co, ci, k, k)) / np.sqrt(ci * k * k)).astype(np.float32)
+            w.flags.writeable = False  # as a session's weights: the bound call packs them once
             b = rng.standard_normal(co).astype(np.float32)
             kw = {"stride": s, "padding": pad}
             want = conv2d_cpu(x, w, b, **kw)
