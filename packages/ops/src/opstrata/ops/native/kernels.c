@@ -298,7 +298,8 @@ void opstrata_rms_norm_f32(const float *x, const float *w, float *out, int64_t r
 /* ---------------------------------------------------------------------------------------------------
    A persistent worker pool for the kernels that split their work (the convolution GEMM). pool_run(fn,
    ctx, ntasks, nthreads) runs tasks 0 .. ntasks-1 on the calling thread and up to nthreads - 1 workers,
-   each taking the next task from an atomic counter, and returns when all are done. One run at a time: a
+   each taking the next contiguous chunk of tasks from an atomic counter (see pool_work), and returns when
+   all are done. One run at a time: a
    caller finding the pool busy (another Python thread's session) runs its tasks alone, so nothing
    oversubscribes and nothing waits on another run. Workers start on first use, poll for the next run
    briefly (POOL_SPIN_NS) and then sleep on a condition variable, and are never joined (they end with the process); a forked child starts with
@@ -332,9 +333,19 @@ static void pool_after_fork_child(void) { /* the workers did not come along */
 }
 static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
 
+/* the run's tasks in contiguous chunks, one per thread it asked for: the caller takes chunk 0, the workers
+   the next ones as they join, and a thread done with its chunk takes any left. Consecutive kernels of one
+   shape then hand the same rows / strips / planes to the same thread, so a layer reads the part of its
+   input that the thread's own core wrote (not a line written by the other core: that costs ~15% at two
+   threads), and a late worker still only delays its own chunk. */
+static int64_t pool_chunk;
+static void pool_run_chunk(int64_t c) {
+    const int64_t t0 = c * pool_chunk, t1 = t0 + pool_chunk < pool_ntasks ? t0 + pool_chunk : pool_ntasks;
+    for (int64_t t = t0; t < t1; ++t) pool_job(pool_ctx, t);
+}
 static void pool_work(void) {
-    int64_t t;
-    while ((t = atomic_fetch_add(&pool_next, 1)) < pool_ntasks) pool_job(pool_ctx, t);
+    int64_t c;
+    while ((c = atomic_fetch_add(&pool_next, 1)) * pool_chunk < pool_ntasks) pool_run_chunk(c);
 }
 
 static int64_t pool_now_ns(void) {
@@ -400,12 +411,14 @@ static void pool_run(pool_fn fn, void *ctx, int64_t ntasks, int nthreads) {
     pool_job = fn;
     pool_ctx = ctx;
     pool_ntasks = ntasks;
-    atomic_store(&pool_next, 0);
+    pool_chunk = (ntasks + nthreads - 1) / nthreads;
+    atomic_store(&pool_next, 1); /* chunk 0 is the caller's */
     pool_want = nthreads - 1 < pool_started ? nthreads - 1 : pool_started;
     pool_joined = 0;
     atomic_fetch_add(&pool_gen, 1);
     pthread_cond_broadcast(&pool_wake);
     pthread_mutex_unlock(&pool_mu);
+    pool_run_chunk(0);
     pool_work();
     /* the tasks are all taken: the workers that joined finish theirs; none joins late */
     pthread_mutex_lock(&pool_mu);
@@ -469,8 +482,10 @@ static inline __attribute__((always_inline)) void dw_plane(const float *pad, con
         for (int64_t ow = 0; ow < wo; ow += VW) {
             vf acc = vsplat(b0);
             for (int64_t k = 0; k < taps; ++k) acc += vsplat(wk[k]) * vload(base + tap[k] + ow);
-            const int64_t m = wo - ow < VW ? wo - ow : VW;
-            memcpy(orow + ow, &acc, (size_t)m * sizeof(float));
+            if (wo - ow >= VW) /* a whole vector: one store (a copy of variable length is a library call) */
+                memcpy(orow + ow, &acc, sizeof acc);
+            else
+                memcpy(orow + ow, &acc, (size_t)(wo - ow) * sizeof(float));
         }
     }
 }
