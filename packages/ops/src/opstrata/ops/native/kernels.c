@@ -749,6 +749,20 @@ typedef struct {
     int64_t rdelta;
 } sg_epi;
 
+/* The epilogue an entry point's act / params / res describe (res laid out as the output c): 0, or -3 for
+   an unknown kind or its missing constants / residual. */
+static int sg_epi_from(int64_t act, const float *params, const float *res, const float *c, sg_epi *e) {
+    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
+    *e = (sg_epi){act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - c : 0};
+    if (params) {
+        e->c0 = params[0];
+        e->c1 = params[1];
+        e->c2 = params[2];
+        e->c3 = params[3];
+    }
+    return 0;
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -1478,14 +1492,8 @@ int opstrata_sgemm_fma_epi_f32(const float *a, const float *b, float *c, const f
                                int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch, int64_t sa,
                                int64_t sb, int64_t sc, int64_t sbias, int64_t nthreads, int64_t act,
                                const float *params, const float *res) {
-    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
-    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - c : 0};
-    if (params) {
-        e.c0 = params[0];
-        e.c1 = params[1];
-        e.c2 = params[2];
-        e.c3 = params[3];
-    }
+    sg_epi e;
+    if (sg_epi_from(act, params, res, c, &e)) return -3;
     for (int64_t t = 0; t < batch; ++t)
         if (sgemm_fma_one(a + t * sa, b + t * sb, c + t * sc, m, n, k, lda, ldb, ldc, bias ? bias + t * sbias : NULL,
                           (int)nthreads, act ? &e : NULL))
@@ -1501,16 +1509,10 @@ int opstrata_conv_gather_f32(const float *x, const float *w, const float *bias, 
                              int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
                              int64_t nthreads, int64_t act, const float *params, const float *res) {
 #if defined(__AVX512F__)
-    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
     if (kh < 1 || kw < 1 || groups < 1 || c % groups || o % groups || ho < 1 || wo < 1) return -3;
     if (h * wd > INT32_MAX / 2 || (ho * sh + kh * dh) * wd > INT32_MAX / 2) return -3; /* 32-bit gather offsets */
-    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - out : 0};
-    if (params) {
-        e.c0 = params[0];
-        e.c1 = params[1];
-        e.c2 = params[2];
-        e.c3 = params[3];
-    }
+    sg_epi e;
+    if (sg_epi_from(act, params, res, out, &e)) return -3;
     const int64_t cg = c / groups, og = o / groups, l = ho * wo, k = cg * kh * kw;
     for (int64_t img = 0; img < n; ++img)
         for (int64_t grp = 0; grp < groups; ++grp)
@@ -1536,16 +1538,9 @@ int opstrata_sgemm_lanes_f32(const float *ap, const float *b, float *c, const fl
                              const float *res) {
     (void)lda;
 #if defined(__AVX512F__)
-    if (n < 1 || n > SL_MAX_N || act < 0 || act > 5 || ((act == 2 || act == 3) && !params) ||
-        ((act == 4 || act == 5) && !res))
-        return -3;
-    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - c : 0};
-    if (params) {
-        e.c0 = params[0];
-        e.c1 = params[1];
-        e.c2 = params[2];
-        e.c3 = params[3];
-    }
+    if (n < 1 || n > SL_MAX_N) return -3;
+    sg_epi e;
+    if (sg_epi_from(act, params, res, c, &e)) return -3;
     for (int64_t t = 0; t < batch; ++t)
         sgemm_lanes_one(ap + t * sa, b + t * sb, c + t * sc, m, n, k, ldb, ldc, bias ? bias + t * sbias : NULL,
                         (int)nthreads, act ? &e : NULL);
@@ -1573,15 +1568,9 @@ int opstrata_conv_direct_f32(const float *x, const float *wp, const float *bias,
                              int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t nthreads, int64_t act,
                              const float *params, const float *res) {
 #if defined(__AVX512F__)
-    if (act < 0 || act > 5 || ((act == 2 || act == 3) && !params) || ((act == 4 || act == 5) && !res)) return -3;
     if (kh * kw > DC_MAX_TAPS || kh < 1 || kw < 1 || groups < 1 || c % groups || o % groups) return -3;
-    sg_epi e = {act, 0.0f, 0.0f, 0.0f, 0.0f, res ? res - out : 0};
-    if (params) {
-        e.c0 = params[0];
-        e.c1 = params[1];
-        e.c2 = params[2];
-        e.c3 = params[3];
-    }
+    sg_epi e;
+    if (sg_epi_from(act, params, res, out, &e)) return -3;
     const int64_t cg = c / groups, og = o / groups, l = ho * wd, k = cg * kh * kw;
     for (int64_t img = 0; img < n; ++img)
         for (int64_t grp = 0; grp < groups; ++grp)

@@ -400,6 +400,23 @@ def _direct_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
     )
 
 
+def _conv_error(form: str, rc: int) -> Exception:
+    """The error of a non-zero code from one of the conv entry points (``form`` names it: "direct",
+    "gathered strips", "narrow GEMM"); the Python side checks what they refuse, so -3 is a bug to report."""
+    if rc == -1:
+        return MemoryError(f"conv2d ({form}, native): cannot allocate a thread's column panel")
+    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
+    return RuntimeError(
+        f"conv2d ({form}, native): code {rc}, {what}; expected 0 -- rebuild the native library "
+        "(opstrata.ops.native.build) or report the layer's shapes"
+    )
+
+
+_direct_conv_error = partial(_conv_error, "direct")
+_gather_conv_error = partial(_conv_error, "gathered strips")
+_lanes_error = partial(_conv_error, "narrow GEMM")
+
+
 def _gather_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
     """``opstrata_conv_gather_f32`` runs this convolution: more outputs per plane than the lanes kernel's
     limit, neither a direct one nor a plain 1x1 (whose image already is its columns)."""
@@ -420,17 +437,6 @@ def _gather_conv_args(
         g.stride[0], g.stride[1], g.dilation[0], g.dilation[1], g.pads[0], g.pads[1], g.out_hw[0], g.out_hw[1],
         native_threads(), kind, _ptr(params), _ptr(res),
     )  # fmt: skip
-
-
-def _gather_conv_error(rc: int) -> Exception:
-    """The error of a non-zero ``opstrata_conv_gather_f32`` code."""
-    if rc == -1:
-        return MemoryError("conv2d (gathered strips, native): cannot allocate a thread's column panel")
-    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
-    return RuntimeError(
-        f"conv2d (gathered strips, native): code {rc}, {what}; expected 0 -- rebuild the native library "
-        "(opstrata.ops.native.build) or report the layer's shapes"
-    )
 
 
 def immutable(a: np.ndarray) -> bool:
@@ -478,15 +484,6 @@ def _direct_conv_args(
         g.dilation[0], g.dilation[1], g.pads[0], g.pads[1], g.out_hw[0], native_threads(), kind, _ptr(params),
         _ptr(res),
     )  # fmt: skip
-
-
-def _direct_conv_error(rc: int) -> Exception:
-    """The error of a non-zero ``opstrata_conv_direct_f32`` code (the Python side checks what it refuses)."""
-    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
-    return RuntimeError(
-        f"conv2d (direct, native): code {rc}, {what}; expected 0 -- rebuild the native library "
-        "(opstrata.ops.native.build) or report the layer's shapes"
-    )
 
 
 def fma_gemm_available(lib: Any) -> bool:
@@ -542,15 +539,6 @@ def _lanes_conv_args(
         og, cols_n, k, k, cols_n, cols_n, groups, packed[0].size, k * cols_n, og * cols_n, og, native_threads(),
         kind, _ptr(params), None if res is None else res[img].ctypes.data,
     )  # fmt: skip
-
-
-def _lanes_error(rc: int) -> Exception:
-    """The error of a non-zero ``opstrata_sgemm_lanes_f32`` code (the Python side checks what it refuses)."""
-    what = "a library without the AVX-512 tiles" if rc == -2 else "arguments it refused"
-    return RuntimeError(
-        f"conv2d (narrow GEMM, native): code {rc}, {what}; expected 0 -- rebuild the native library "
-        "(opstrata.ops.native.build) or report the layer's shapes"
-    )
 
 
 #: Epilogues a bound conv2d can apply as its GEMM stores each output (``ops.bind("conv2d", ...,
