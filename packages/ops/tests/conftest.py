@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,18 @@ def _isolated_registry() -> Iterator[None]:
     reset_fallback_report()
     with isolated_registry():
         yield
+
+
+@pytest.fixture(scope="module")
+def fma_lib() -> Any:
+    """The native library with its AVX-512 GEMM tiles (the conv kernels' entry points); skips without them."""
+    from opstrata.ops.native import library
+    from opstrata.ops.native.kernels import fma_gemm_available
+
+    built = library.library()
+    if built is None or not fma_gemm_available(built):
+        pytest.skip("the native library's AVX-512 tiles are not available on this machine")
+    return built
 
 
 @pytest.fixture

@@ -11,18 +11,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
-from opstrata.ops.native import library as _native
-from opstrata.ops.native.kernels import fma_gemm_available
 
 HS = (1 / 6, 0.5, 0.0, 1.0)  # the hard-swish constants the exporters write
 
 
 @pytest.fixture(scope="module")
-def lib() -> ctypes.CDLL:
-    built = _native.library()
-    if built is None or not fma_gemm_available(built):
-        pytest.skip("the native library's FMA GEMM is not available on this machine")
-    return built
+def lib(fma_lib: ctypes.CDLL) -> ctypes.CDLL:
+    return fma_lib
 
 
 def _specials(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:

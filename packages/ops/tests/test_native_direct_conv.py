@@ -20,11 +20,8 @@ from opstrata.ops.native.build import PORTABLE_CFLAGS
 
 
 @pytest.fixture(scope="module")
-def lib() -> ctypes.CDLL:
-    built = _native.library()
-    if built is None or not nk.fma_gemm_available(built):
-        pytest.skip("the native library's AVX-512 tiles are not available on this machine")
-    return built
+def lib(fma_lib: ctypes.CDLL) -> ctypes.CDLL:
+    return fma_lib
 
 
 def _direct(lib, x, w, b, g, threads: int = 1, epi=None) -> np.ndarray:

@@ -1033,14 +1033,18 @@ static void sg_task(void *ctx, int64_t t) {
 /* multiply-adds one more thread must get before the product is split (a pool run costs a few us) */
 #define SG_MIN_MACS_PER_THREAD (1 << 18)
 
+/* the threads a product of `macs` multiply-adds splits over: at most nthreads, each getting enough work */
+static inline int sg_threads(int64_t macs, int nthreads) {
+    const int nt = nthreads < 1 ? 1 : nthreads;
+    if (nt == 1 || macs / nt >= SG_MIN_MACS_PER_THREAD) return nt;
+    const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
+    return fit > 1 ? (int)fit : 1;
+}
+
 static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t lda,
                          int64_t ldb, int64_t ldc, const float *bias, int nthreads, const sg_epi *epi) {
     const int64_t macs = m * n * k;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
-        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
-        nt = fit > 1 ? (int)fit : 1;
-    }
+    const int nt = sg_threads(macs, nthreads);
     sg_job g = {a, b, NULL, bias, c, m, n, k, lda, ldb, ldc, 0, 0, epi && epi->kind ? epi : NULL};
     if (n <= SG_DOT_MAX_N) {
         float *bt = (float *)malloc((size_t)(n * k) * sizeof(float));
@@ -1203,11 +1207,7 @@ static int conv_direct_one(const float *x, const float *wp, const float *bias, f
                            int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t dh, int64_t dw, int64_t pt,
                            int64_t pl, int64_t ho, int nthreads, const sg_epi *epi) {
     const int64_t l = ho * wd, k = cg * kh * kw, macs = og * l * k;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
-        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
-        nt = fit > 1 ? (int)fit : 1;
-    }
+    const int nt = sg_threads(macs, nthreads);
     dc_job g = {wp, x, bias, out, og, l, cg, h, wd, kh, kw, dh, dw, pt, pl, 0, 0, epi};
     const int64_t strips = sg_strips(l);
     g.rows = nt > 1 && strips < 4 * nt ? 24 : og; /* row blocks of 24 keep every block's start a multiple of 4 */
@@ -1306,11 +1306,7 @@ static int conv_gather_one(const float *x, const float *w, const float *bias, fl
                            int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo, int nthreads,
                            const sg_epi *epi) {
     const int64_t l = ho * wo, k = cg * kh * kw, macs = og * l * k;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
-        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
-        nt = fit > 1 ? (int)fit : 1;
-    }
+    const int nt = sg_threads(macs, nthreads);
     const int64_t strips = sg_strips(l);
     /* whole strips per task, or with fewer strips than threads, strips cut into row blocks of 24 (each
        gathering its own panel) */
@@ -1432,11 +1428,7 @@ static void sl_task(void *ctx, int64_t t) {
 static void sgemm_lanes_one(const float *ap, const float *b, float *c, int64_t m, int64_t n, int64_t k, int64_t ldb,
                             int64_t ldc, const float *bias, int nthreads, const sg_epi *epi) {
     const int64_t macs = m * n * k, tasks = ((m + 15) / 16 + SL_TASK_BLOCKS - 1) / SL_TASK_BLOCKS;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > 1 && macs / nt < SG_MIN_MACS_PER_THREAD) {
-        const int64_t fit = macs / SG_MIN_MACS_PER_THREAD;
-        nt = fit > 1 ? (int)fit : 1;
-    }
+    const int nt = sg_threads(macs, nthreads);
     const sl_job g = {ap, b, bias, c, m, n, k, ldb, ldc, epi && epi->kind ? epi : NULL};
     pool_run(sl_task, (void *)&g, tasks, nt);
 }
