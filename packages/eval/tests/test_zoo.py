@@ -457,3 +457,23 @@ def test_interleaved_medians_takes_turns_in_blocks_with_an_untimed_first_call() 
     calls.clear()
     interleaved_medians(side("a", 0.0), side("b", 0.0), repeats=3, warmup=1)  # block 1: no untimed call
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+
+
+def test_interleaved_medians_warms_each_turn_for_warm_s_before_timing() -> None:
+    """With warm_s, a block turn makes untimed calls for that long (not just one) before its timed calls."""
+    from opstrata.eval.zoo._bench import interleaved_medians
+
+    calls: list[str] = []
+
+    def side(name: str) -> Callable[[], None]:
+        def run() -> None:
+            calls.append(name)
+            time.sleep(0.002)
+
+        return run
+
+    interleaved_medians(side("a"), side("b"), repeats=3, warmup=0, block=2, warm_s=0.02)
+    turns = [calls[i] for i in range(len(calls)) if i == 0 or calls[i] != calls[i - 1]]
+    assert turns == ["a", "b", "a", "b"]  # a b | b a | a b, neighbours merged
+    per_turn = len(calls) / 6
+    assert per_turn >= 2 + 5, per_turn  # >= 20 ms of 2 ms calls untimed, then the 2 timed ones

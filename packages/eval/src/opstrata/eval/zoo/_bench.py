@@ -18,12 +18,14 @@ def interleaved_medians(
     budget_s: float = 5.0,
     block: int = 1,
     settle_s: float = 0.0,
+    warm_s: float = 0.0,
 ) -> tuple[float, float]:
     """Median seconds of `first` and `second`, run in turns (A B, B A, ...) so drift hits both alike.
 
-    Each turn runs `block` timed calls; with `block` > 1 one untimed call starts the turn and the turn
-    waits `settle_s` first, so that a runtime whose idle workers spin after a run (onnxruntime's pool
-    spins ~25 ms) neither slows the other side's turn nor loses its own back-to-back speed. Stops after
+    Each turn runs `block` timed calls; with `block` > 1 the turn waits `settle_s` first and then makes
+    untimed calls for `warm_s` seconds (at least one), so that a runtime whose idle workers spin after a
+    run (onnxruntime's pool spins ~25 ms) neither slows the other side's turn nor loses its own
+    back-to-back speed, and both are timed at their steady state. Stops after
     `repeats` turns each or once `budget_s` is spent (at least 3 turns either way).
     """
     for _ in range(warmup):
@@ -38,7 +40,10 @@ def interleaved_medians(
             if block > 1:
                 if settle_s > 0:
                     time.sleep(settle_s)
+                warm_until = time.perf_counter() + warm_s
                 pair[k]()  # the turn's first call: the pool wakes, caches refill
+                while time.perf_counter() < warm_until:
+                    pair[k]()
             for _ in range(block):
                 t0 = time.perf_counter()
                 pair[k]()
