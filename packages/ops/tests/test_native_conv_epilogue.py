@@ -100,7 +100,8 @@ def test_threads_give_the_same_bits(lib, threads: int) -> None:
 
 def test_what_it_cannot_fuse_is_declined(lib) -> None:
     """Unknown names, wrong constants, a residual of another shape / dtype / aliasing the output, and a
-    depthwise conv (no GEMM) give None: the caller keeps its separate epilogue."""
+    depthwise conv on planes of 16+ columns (the plane loop) or with a residual give None: the caller keeps
+    its separate epilogue. (Narrower depthwise planes fuse kinds 1-3: test_native_depthwise_lanes.py.)"""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
@@ -109,6 +110,10 @@ def test_what_it_cannot_fuse_is_declined(lib) -> None:
                 ("add", np.empty((1, 8, 6, 6), np.float64)), ("add", out), "relu", ()]:  # fmt: skip
         assert ops.bind("conv2d", x, w, None, out=out, padding=1, epilogue=bad) is None, bad
     dw = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
-    assert ops.bind("conv2d", x, dw, None, out=np.empty((1, 4, 6, 6), np.float32), padding=1, groups=4,
+    wide = rng.standard_normal((1, 4, 6, 16)).astype(np.float32)
+    assert ops.bind("conv2d", wide, dw, None, out=np.empty((1, 4, 6, 16), np.float32), padding=1, groups=4,
                     epilogue=("relu",)) is None  # fmt: skip
+    res = np.zeros((1, 4, 6, 6), np.float32)
+    assert ops.bind("conv2d", x, dw, None, out=np.empty((1, 4, 6, 6), np.float32), padding=1, groups=4,
+                    epilogue=("add", res)) is None  # fmt: skip
     assert set(ops.CONV_EPILOGUES) == set(NAMES)

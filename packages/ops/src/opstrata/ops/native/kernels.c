@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 18; }
+int opstrata_native_abi(void) { return 19; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -1433,8 +1433,97 @@ static void sgemm_lanes_one(const float *ap, const float *b, float *c, int64_t m
     pool_run(sl_task, (void *)&g, tasks, nt);
 }
 
+/* Depthwise convolution with 16 channels in the lanes of a vector, for planes narrower than a vector (a
+   network's 8x8 .. 1x1 stages, where a row fills part of a vector and a plane's scratch costs more than
+   its taps): per (image, block of 16 channels), the block's pixels are gathered into a zero-padded
+   pixel-major scratch and its taps into one vector each, then every output is the bias plus its kh * kw
+   taps in row-major order (one FMA each, as the plane loop contracts them), the epilogue (kinds 1-3) and
+   one masked scatter back to the NCHW planes. Channels past c are masked off. */
+typedef struct {
+    const float *x, *w, *bias;
+    float *out;
+    int64_t n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo;
+    const sg_epi *epi;
+} dwl_args;
+
+static int depthwise_lanes16(const void *args, int64_t i0, int64_t i1) {
+    const dwl_args *g = (const dwl_args *)args;
+    const int64_t c = g->c, h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw;
+    const int64_t dh = g->dh, dw = g->dw, pt = g->pt, pl = g->pl, ho = g->ho, wo = g->wo;
+    const int64_t pix = h * wd, opix = ho * wo, taps = kh * kw, blocks = (c + 15) / 16;
+    const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1, wp = (wo - 1) * sw + (kw - 1) * dw + 1;
+    const int kind = g->epi ? (int)g->epi->kind : 0;
+    float *xt = (float *)aligned_alloc(64, (size_t)((hp * wp + taps) * 16) * sizeof(float));
+    if (!xt) return -1;
+    float *wt = xt + hp * wp * 16;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)pix));
+    const __m512i iw = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)taps));
+    const __m512i io = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)opix));
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t img = item / blocks, c0 = (item % blocks) * 16;
+        const __mmask16 m = (__mmask16)(c - c0 >= 16 ? 0xFFFF : (1u << (c - c0)) - 1);
+        const float *xc = g->x + (img * c + c0) * pix;
+        for (int64_t r = 0; r < hp; ++r) {
+            const int64_t ih = r - pt;
+            for (int64_t q = 0; q < wp; ++q) {
+                const int64_t iq = q - pl;
+                __m512 v = zero;
+                if (ih >= 0 && ih < h && iq >= 0 && iq < wd)
+                    v = _mm512_mask_i32gather_ps(zero, m, ix, xc + ih * wd + iq, 4);
+                _mm512_store_ps(xt + (r * wp + q) * 16, v);
+            }
+        }
+        for (int64_t t = 0; t < taps; ++t)
+            _mm512_store_ps(wt + t * 16, _mm512_mask_i32gather_ps(zero, m, iw, g->w + c0 * taps + t, 4));
+        const __m512 b0 = g->bias ? _mm512_maskz_loadu_ps(m, g->bias + c0) : zero;
+        float *oc = g->out + (img * c + c0) * opix;
+        for (int64_t oh = 0; oh < ho; ++oh) {
+            for (int64_t ow = 0; ow < wo; ++ow) {
+                __m512 acc = b0;
+                for (int64_t i = 0; i < kh; ++i) {
+                    const float *row = xt + ((oh * sh + i * dh) * wp + ow * sw) * 16;
+                    const float *wr = wt + i * kw * 16;
+                    for (int64_t j = 0; j < kw; ++j)
+                        acc = _mm512_fmadd_ps(_mm512_load_ps(wr + j * 16), _mm512_load_ps(row + j * dw * 16), acc);
+                }
+                if (kind) acc = sg_epi_apply(acc, kind, g->epi, NULL, m);
+                _mm512_mask_i32scatter_ps(oc + oh * wo + ow, m, io, acc, 4);
+            }
+        }
+    }
+    free(xt);
+    return 0;
+}
+
+int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bias, float *out, int64_t n,
+                                 int64_t c, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                                 int64_t nthreads, int64_t act, const float *params) {
+    sg_epi e;
+    if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
+    if (c * (h * wd > ho * wo ? h * wd : ho * wo) > INT32_MAX || c * kh * kw > INT32_MAX) return -4;
+    const dwl_args g = {x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, act ? &e : NULL};
+    return run_ranges(depthwise_lanes16, &g, n * ((c + 15) / 16), 16 * kh * kw * ho * wo, nthreads);
+}
+
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
+/* without AVX-512: the plane / channel-block loops, then the epilogue on each value */
+static float sg_epi_scalar(float h, const sg_epi *e);
+int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bias, float *out, int64_t n,
+                                 int64_t c, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                                 int64_t nthreads, int64_t act, const float *params) {
+    sg_epi e;
+    if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
+    const int rc =
+        opstrata_depthwise_conv2d_f32(x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, nthreads);
+    if (rc || !act) return rc;
+    for (int64_t i = 0; i < n * c * ho * wo; ++i) out[i] = sg_epi_scalar(out[i], &e);
+    return 0;
+}
 static inline float max_nan_f32(float a, float b);
 static inline float min_nan_f32(float a, float b);
 /* the epilogue on one value, as sg_epi_apply; the rounded product and sum kept apart by fp-contract=off */
@@ -2409,6 +2498,11 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         return opstrata_sgemm_lanes_f32(P(0, const float *), P(1, const float *), P(2, float *), P(3, const float *),
                                         a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
                                         a[16], P(17, const float *), P(18, const float *));
+    case 26:
+        return opstrata_depthwise_lanes_f32(P(0, const float *), P(1, const float *), P(2, const float *),
+                                            P(3, float *), a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                                            a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19],
+                                            P(20, const float *));
     case 25:
         return opstrata_conv_gather_f32(P(0, const float *), P(1, const float *), P(2, const float *), P(3, float *),
                                         a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],

@@ -664,16 +664,46 @@ def conv2d_native(
         count("conv2d", "native")
         return out
     out = np.empty((n, c, ho, wo), _F32)
-    rc = lib.opstrata_depthwise_conv2d_f32(
-        x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data,
-        n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo, native_threads(),
-    )  # fmt: skip
-    if rc != 0:
+    dims = (n, c, h, wd, kh, kw, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo, native_threads())
+    if _depthwise_lanes(lib, wo):
+        rc = lib.opstrata_depthwise_lanes_f32(
+            x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data, *dims, 0, None
+        )
+        if rc != 0:
+            raise _depthwise_lanes_error(rc, h, wd)
+    elif lib.opstrata_depthwise_conv2d_f32(
+        x.ctypes.data, weight.ctypes.data, _ptr(b), out.ctypes.data, *dims
+    ):
         raise MemoryError(
             f"conv2d (depthwise, native): cannot allocate a padded {h}x{wd} plane scratch buffer"
         )
     count("conv2d", "native")
     return out
+
+
+#: depthwise planes narrower than this run with 16 channels in the lanes of an AVX-512 vector
+#: (``opstrata_depthwise_lanes_f32``: EfficientNet-B0's 8x8 .. 2x2 stages 2.2-3.1x onnxruntime's time on
+#: the plane loop); wider ones keep the plane loop, whose rows fill whole vectors
+DEPTHWISE_LANES_MAX_WO = 16
+
+
+def _depthwise_lanes(lib: Any, wo: int) -> bool:
+    """Whether a depthwise convolution with ``wo`` output columns runs channels-in-lanes."""
+    return wo < DEPTHWISE_LANES_MAX_WO and fma_gemm_available(lib)
+
+
+def _depthwise_lanes_error(rc: int, h: int, wd: int) -> Exception:
+    """The error of a failed ``opstrata_depthwise_lanes_f32`` call."""
+    if rc == -1:
+        return MemoryError(
+            f"conv2d (depthwise, native): cannot allocate the padded scratch of a {h}x{wd} plane"
+        )
+    if rc == -4:
+        return ValueError(
+            f"conv2d (depthwise, native): a {h}x{wd} plane times its channels passes the 32-bit gather offsets; "
+            "split the batch or channels"
+        )
+    return ValueError(f"conv2d (depthwise, native): unknown epilogue kind (code {rc})")
 
 
 def _bind_conv2d_native(
@@ -683,7 +713,8 @@ def _bind_conv2d_native(
     """``conv2d_native(...)`` into ``out`` with its checks done once (see ops.bind): the depthwise C call,
     or the C im2col into a columns buffer kept for every call, the GEMM into ``out`` and the bias add; the
     numpy kernel's binder where the kernel delegates to it. ``epilogue`` (one of :data:`CONV_EPILOGUES`)
-    is applied by the FMA GEMM as it stores each output; None (decline) where that GEMM does not run."""
+    is applied by the FMA GEMM, or (ReLU / clip / hard-swish) the channels-in-lanes depthwise loop, as it
+    stores each output; None (decline) where neither runs."""
     kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     epi = None
     if epilogue is not None:
@@ -709,8 +740,11 @@ def _bind_conv2d_native(
     if out.shape != (n, o, ho, wo) or not out.flags.writeable or np.may_share_memory(out, x) or not x.size:
         return None
     lib = library()
-    if epi is not None and (lib is None or depthwise or not fma_gemm_available(lib)):
-        return None  # only the FMA GEMM applies an epilogue
+    lanes = depthwise and lib is not None and _depthwise_lanes(lib, wo)
+    if epi is not None and (
+        lib is None or (depthwise and not (lanes and epi[0] <= 3)) or not fma_gemm_available(lib)
+    ):
+        return None  # only the FMA GEMM and the channels-in-lanes depthwise apply an epilogue (no residual)
     if lib is None:
         return bind_conv2d(x, weight, bias, out=out, **kw) if _plain_1x1(g, kh, kw_) else None
     if not depthwise and fma_gemm_available(lib) and _direct_conv(g, x, kh, kw_):
@@ -761,6 +795,16 @@ def _bind_conv2d_native(
         return BoundSteps(steps)
     args = (x.ctypes.data, weight.ctypes.data, _ptr(bias), out.ctypes.data,
             n, c, h, wd, kh, kw_, sh, sw, dh, dw, g.pads[0], g.pads[1], ho, wo, native_threads())  # fmt: skip
+    if lanes:
+        kind, params = (0, None) if epi is None else (epi[0], epi[1])
+        refs = (x, weight, bias, out) if params is None else (x, weight, bias, out, params)
+        return NativeCall(
+            lib,
+            "opstrata_depthwise_lanes_f32",
+            (*args, kind, _ptr(params)),
+            refs,
+            lambda rc: _depthwise_lanes_error(rc, h, wd),
+        )
     return NativeCall(
         lib,
         "opstrata_depthwise_conv2d_f32",

@@ -31,7 +31,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 18  # opstrata_native_abi() of a library these bindings understand
+ABI = 19  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = (
     "-O3",
@@ -52,6 +52,7 @@ _SIGNATURES = {
     "opstrata_rms_norm_f32": ([_P, _P, _P, _I64, _I64, ctypes.c_float], None),
     "opstrata_rope_half_f32": ([_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64], None),
     "opstrata_depthwise_conv2d_f32": ([_P, _P, _P, _P, *[_I64] * 15], ctypes.c_int),
+    "opstrata_depthwise_lanes_f32": ([_P, _P, _P, _P, *[_I64] * 16, _P], ctypes.c_int),
     "opstrata_im2col_f32": ([_P, _P, *[_I64] * 15], None),
     "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 15], ctypes.c_int),
     "opstrata_attention_f32": ([*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float], ctypes.c_int),

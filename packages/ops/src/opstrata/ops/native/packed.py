@@ -56,6 +56,7 @@ PACKED_IDS = {
     "opstrata_conv_direct_f32": 23,
     "opstrata_sgemm_lanes_f32": 24,
     "opstrata_conv_gather_f32": 25,
+    "opstrata_depthwise_lanes_f32": 26,
 }
 
 
