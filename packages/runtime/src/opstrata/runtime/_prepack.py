@@ -14,7 +14,9 @@ of fingerprinting its bytes on every call. A kernel writing into one fails loudl
 
 Float convolution weights (read only as a Conv / FusedConv weight) are made read-only the same way -- in
 place when the array owns its memory, else as a copy -- so that ops' conv binders pack them once per
-bound call (``opstrata.ops.native.kernels.immutable``) instead of on every run.
+bound call (``opstrata.ops.native.kernels.immutable``) instead of on every run. The float transposed GEMM
+weights above are read-only too: ops' linear binder then packs one copy per weight for its strip tiles
+where they beat the BLAS (``opstrata.ops.native.kernels.LINEAR_PACKED_MAX_ROWS``).
 """
 
 from __future__ import annotations
@@ -74,9 +76,9 @@ def _frozen(w: np.ndarray) -> np.ndarray:
 
 
 def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> int:
-    """Put Fortran-ordered copies of the transposed GEMM weights, C-ordered copies of the plain ones,
-    read-only copies of int8 weights and read-only float convolution weights into ``template``; returns
-    how many."""
+    """Put read-only Fortran-ordered copies of the float transposed GEMM weights, C-ordered copies of the
+    plain ones, read-only copies of int8 weights and read-only float convolution weights into
+    ``template``; returns how many."""
     count = 0
     for name, w in graph.initializers.items():
         if w.dtype.name in _INT_WEIGHTS and w.ndim >= 2 and w.size > 1:
@@ -91,8 +93,10 @@ def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> 
             count += 1
     for name in sorted(_only_read_as(graph, _transposed_b)):
         w = graph.initializers[name]
-        if w.ndim == 2 and w.size > 1 and not w.flags.f_contiguous:
-            template[slot[name]] = np.asfortranarray(w)
+        if w.ndim == 2 and w.size > 1 and w.dtype.kind == "f":
+            packed = np.asfortranarray(w) if not w.flags.f_contiguous else _frozen(w)
+            packed.flags.writeable = False
+            template[slot[name]] = packed
             count += 1
     for name in sorted(
         _only_read_as(graph, _plain_b)

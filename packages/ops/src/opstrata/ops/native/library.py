@@ -53,6 +53,7 @@ _SIGNATURES = {
     "opstrata_rope_half_f32": ([_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64], None),
     "opstrata_depthwise_conv2d_f32": ([_P, _P, _P, _P, *[_I64] * 15], ctypes.c_int),
     "opstrata_depthwise_lanes_f32": ([_P, _P, _P, _P, *[_I64] * 16, _P], ctypes.c_int),
+    "opstrata_linear_packed_f32": ([_P, _P, _P, *[_I64] * 6], ctypes.c_int),
     "opstrata_im2col_f32": ([_P, _P, *[_I64] * 15], None),
     "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 15], ctypes.c_int),
     "opstrata_attention_f32": ([*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float], ctypes.c_int),

@@ -57,6 +57,7 @@ PACKED_IDS = {
     "opstrata_sgemm_lanes_f32": 24,
     "opstrata_conv_gather_f32": 25,
     "opstrata_depthwise_lanes_f32": 26,
+    "opstrata_linear_packed_f32": 27,
 }
 
 
