@@ -68,6 +68,64 @@ def test_qconv2d_equals_ops_reference_on_every_path(
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=tol, err_msg=path)
 
 
+def _depthwise_int64(x, x_zp, wt, w_zp, scale, bias, stride, pads, dilation) -> np.ndarray:
+    """The depthwise integer sum in int64, then float32 ``acc * scale (+ bias)`` rounded as the kernels do."""
+    n, c, h, w = x.shape
+    kh, kw = wt.shape[2:]
+    xp = np.pad(x.astype(np.int64) - int(x_zp), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    wc = wt.reshape(c, kh, kw).astype(np.int64) - np.asarray(w_zp, np.int64).reshape(-1, 1, 1)
+    oh = (h + pads[0] + pads[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + pads[1] + pads[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    acc = np.zeros((n, c, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            r, q = i * dilation[0], j * dilation[1]
+            tap = xp[
+                :,
+                :,
+                r : r + stride[0] * (oh - 1) + 1 : stride[0],
+                q : q + stride[1] * (ow - 1) + 1 : stride[1],
+            ]
+            acc += tap * wc[None, :, i, j, None, None]
+    out = acc.astype(np.float32) * scale.reshape(1, -1, 1, 1)
+    return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "hw", "k", "stride", "dilation"),
+    [
+        (2, 24, 20, 3, 1, 1),  # planes of 20 columns: the float plane kernel
+        (1, 40, 33, 5, 2, 1),  # stride 2: the phase-split scratch, 17 columns
+        (1, 9, 50, 3, 3, 2),  # stride 3, dilated
+        (2, 37, 8, 5, 1, 1),  # 8 columns: 16 channels in lanes, a partial block
+        (1, 20, 5, 3, 2, 1),
+        (1, 3, 2, 5, 1, 1),
+        (1, 18, 18, 17, 1, 1),  # 289 taps: past float32's exact range, the int32 kernels
+    ],
+)
+def test_depthwise_is_exact_and_the_same_on_every_path(n, c, hw, k, stride, dilation) -> None:
+    """Every depthwise kernel (float32 planes or lanes, exact while every partial sum is an integer below
+    2^24; the int32 channels-last rows) gives the int64 sum scaled as float32 -- the same bits on every path
+    and thread count, uint8 and int8 activations."""
+    r = np.random.default_rng(c * hw + k)
+    pads = (k // 2, k // 2, k // 2, k // 2)
+    for x_dt in (np.uint8, np.int8):
+        xi = np.iinfo(x_dt)
+        x = r.integers(xi.min, xi.max + 1, (n, c, hw, hw)).astype(x_dt)
+        wt = r.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
+        x_zp = np.asarray(xi.max if x_dt == np.uint8 else xi.min, x_dt)  # the largest |x - zp|: 255
+        w_zp = r.integers(-128, 128, c).astype(np.int8)
+        scale = r.uniform(1e-3, 1e-1, c).astype(np.float32)
+        bias = r.standard_normal(c).astype(np.float32)
+        geo = {"stride": [stride] * 2, "pads": list(pads), "dilation": [dilation] * 2}
+        want = _depthwise_int64(x, x_zp, wt, w_zp, scale, bias, (stride,) * 2, pads, (dilation,) * 2)
+        packed = oq.prepack_conv(wt, w_zp, c)
+        for path in _library.available_paths():
+            for threads in (1, 2):
+                got = oq.qconv2d(x, packed, x_zp, scale, bias, threads=threads, path=path, **geo)
+                np.testing.assert_array_equal(got, want, err_msg=f"{x_dt.__name__} {path} {threads}")
+
+
 @pytest.mark.parametrize(
     ("n", "c", "oc", "hw", "k", "stride"),
     [
@@ -227,6 +285,21 @@ def test_qconv_and_quantize_linear_bind_to_the_eager_kernels_bits() -> None:
     strided = np.empty((2, 16, 5, 10), np.float32)[..., ::2]
     fallback = ops.bind("qconv", x, x_zp, wt, w_zp, scale, bias, out=strided, **geo)
     assert isinstance(fallback, functools.partial)  # the eager kernel with out=: its own checks each call
+
+    # a read-only weight (a session's): the C arguments made once, the zero points still read per run
+    for w_ro, g in ((wt.copy(), 1), (r.integers(-128, 128, (8, 1, 3, 3)).astype(np.int8), 8)):
+        w_ro.flags.writeable = False
+        oc = w_ro.shape[0]
+        o = np.empty((2, oc, 5, 5), np.float32)
+        wzp = np.zeros(oc, np.int8)
+        sc, bi = scale[:oc].copy(), bias[:oc].copy()
+        fixed = ops.bind("qconv", x, x_zp, w_ro, wzp, sc, bi, out=o, **{**geo, "groups": g})
+        assert fixed is not None and fixed() is o
+        np.testing.assert_array_equal(o, ops.qconv(x, x_zp, w_ro, wzp, sc, bi, **{**geo, "groups": g}))
+        x_zp[...] = 11
+        wzp[...] = 2  # a writeable weight zero point that changes: packed again
+        fixed()
+        np.testing.assert_array_equal(o, ops.qconv(x, x_zp, w_ro, wzp, sc, bi, **{**geo, "groups": g}))
 
     f = (r.standard_normal((4, 33)) * 3).astype(np.float32)
     s, zp = np.array(0.05, np.float32), np.array(-3, np.int8)

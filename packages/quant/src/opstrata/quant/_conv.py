@@ -38,6 +38,10 @@ class PackedConv:
     dtype: np.dtype
     groups_packed: tuple[PackedWeight, ...] = ()  # the GEMM path: one per group
     centred: np.ndarray | None = None  # the depthwise path: (C, kh * kw) int16
+    centred_f32: np.ndarray | None = None  # the same as float32 (exact): the float depthwise kernels read it
+    centred_lanes: np.ndarray | None = (
+        None  # and in blocks of 16 channels, (blocks, kh * kw, 16), zero-padded
+    )
     ptrs: tuple[Any, Any, Any] | None = field(default=None, repr=False)
 
     @property
@@ -67,7 +71,14 @@ def prepack_conv(w: Any, w_zero_point: Any = None, groups: int = 1) -> PackedCon
     if groups == oc and cg == 1:  # depthwise, channel multiplier 1
         centred = (w.reshape(oc, kh * kw).astype(np.int32) - zp.reshape(-1, 1)).astype(np.int16)
         centred.flags.writeable = False
-        return PackedConv(oc, cg, kh, kw, groups, w.dtype, centred=centred)
+        as_f32 = centred.astype(np.float32)
+        lanes = np.zeros((-(-oc // 16) * 16, kh * kw), np.float32)
+        lanes[:oc] = as_f32
+        lanes = np.ascontiguousarray(lanes.reshape(-1, 16, kh * kw).transpose(0, 2, 1))
+        as_f32.flags.writeable = lanes.flags.writeable = False
+        return PackedConv(
+            oc, cg, kh, kw, groups, w.dtype, centred=centred, centred_f32=as_f32, centred_lanes=lanes
+        )
     ocg = oc // groups
     packed = []
     for g in range(groups):
@@ -117,35 +128,75 @@ def run_qconv2d(
     """The C call for checked arguments: x C-contiguous (N, C, H, W) int8/uint8, ``scale`` / ``bias``
     contiguous float32 (1 or OC / OC values), ``geometry`` from :func:`conv_geometry`, ``out`` None or a
     C-contiguous float32 array of the output shape."""
-    lib = _lib("qconv2d")
-    (sh, sw), (ph, pw, _, _), (dh, dw), (oh, ow) = geometry
-    n, c, h, w = x.shape
-    dst = np.empty((n, packed.oc, oh, ow), _F32) if out is None else out
-    signed = int(x.dtype == _S8)
-    common = (
-        scale.ctypes.data,
-        scale.size,
-        None if bias is None else bias.ctypes.data,
-        dst.ctypes.data,
-        int(threads),
-    )
-    if packed.centred is not None:
-        rc = lib.opstrata_qconv2d_depthwise(
-            n, c, h, w, x.ctypes.data, signed, x_zp, packed.kh, packed.kw, sh, sw, ph, pw, dh, dw, oh, ow,
-            packed.centred.ctypes.data, *common,
-        )  # fmt: skip
-    else:
-        assert packed.ptrs is not None
-        rc = lib.opstrata_qconv2d(
-            path_id(path, lib), n, c, h, w, x.ctypes.data, signed, x_zp, packed.oc, packed.kh, packed.kw, sh, sw,
-            ph, pw, dh, dw, oh, ow, packed.groups, *packed.ptrs, *common,
-        )  # fmt: skip
+    dst = np.empty((x.shape[0], packed.oc, *geometry[3]), _F32) if out is None else out
+    fn, head, tail = qconv_call(x, packed, scale, bias, geometry, threads, path, dst)
+    rc = fn(*head, x_zp, *tail)
     if rc != 0:
         raise QuantError(
             "qconv2d", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {x.dtype}{list(x.shape)}"
         )
     count("qconv", "native")
     return dst
+
+
+def qconv_call(
+    x: np.ndarray, packed: PackedConv, scale: np.ndarray, bias: np.ndarray | None, geometry: Geometry,
+    threads: int, path: str | None, out: np.ndarray,
+) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]]:  # fmt: skip
+    """(C function, arguments before the activation zero point, arguments after it) of one convolution
+    (``run_qconv2d``'s checked arguments, ``out`` its destination): a bound call makes it once per shape and
+    passes only the zero point, which may change between runs."""
+    lib = _lib("qconv2d")
+    (sh, sw), (ph, pw, _, _), (dh, dw), (oh, ow) = geometry
+    n, c, h, w = x.shape
+    signed = int(x.dtype == _S8)
+    common = (
+        scale.ctypes.data,
+        scale.size,
+        None if bias is None else bias.ctypes.data,
+        out.ctypes.data,
+        int(threads),
+    )
+    if packed.centred is not None:
+        wf = None if packed.centred_f32 is None else packed.centred_f32.ctypes.data
+        wl = None if packed.centred_lanes is None else packed.centred_lanes.ctypes.data
+        head = (path_id(path, lib), n, c, h, w, x.ctypes.data, signed)
+        tail = (
+            packed.kh,
+            packed.kw,
+            sh,
+            sw,
+            ph,
+            pw,
+            dh,
+            dw,
+            oh,
+            ow,
+            packed.centred.ctypes.data,
+            wf,
+            wl,
+            *common,
+        )
+        return lib.opstrata_qconv2d_depthwise, head, tail
+    assert packed.ptrs is not None
+    head = (path_id(path, lib), n, c, h, w, x.ctypes.data, signed)
+    tail = (
+        packed.oc,
+        packed.kh,
+        packed.kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dw,
+        oh,
+        ow,
+        packed.groups,
+        *packed.ptrs,
+        *common,
+    )
+    return lib.opstrata_qconv2d, head, tail
 
 
 def qconv2d(

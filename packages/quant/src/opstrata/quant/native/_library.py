@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-ABI = 4  # opstrata_qgemm_abi() of a library these bindings understand
+ABI = 5  # opstrata_qgemm_abi() of a library these bindings understand
 #: code paths by id (the C enum QG_PATH_*), slowest first
 PATHS = ("portable", "avx2", "avxvnni", "avx512vnni", "amx")
 #: forces the path of the registered kernels (``auto`` or one of :data:`PATHS`)
@@ -61,6 +61,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     ),
     "opstrata_qconv2d_depthwise": (
         [
+            _INT,  # path
             *(_I64, _I64, _I64, _I64, _P, _INT, _I32),  # N, C, H, W, x, x_signed, x_zp
             *(
                 _I64,
@@ -74,7 +75,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
                 _I64,
                 _I64,
             ),  # kh, kw, sh, sw, ph, pw, dh, dw, OH, OW
-            *(_P, _P, _I64, _P, _P, _INT),  # centred weight, scale, n, bias, out, threads
+            # the centred weight (int16; float32 or NULL; float32 in blocks of 16 channels or NULL), scale,
+            # its length, bias, out, threads
+            *(_P, _P, _P, _P, _I64, _P, _P, _INT),
         ],
         _INT,
     ),

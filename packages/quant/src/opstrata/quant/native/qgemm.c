@@ -54,7 +54,7 @@
 #define QG_HAVE_AMX 0
 #endif
 
-#define QG_ABI 4
+#define QG_ABI 5
 #define NR 64   /* columns per packed panel */
 #define KG 4    /* k per group */
 #define KPAD 64 /* K padded to this in the packed layout and A's rows (one AMX tile row of bytes) */
@@ -1387,7 +1387,10 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
 /* depthwise 2-D convolution (groups == C == OC), channels-last: the image centred by its zero point into
    an int16 (Hp, Wp, C) buffer padded with zeros, then per output pixel and tap a multiply-add of C int16
    pairs into int32 accumulators (the channel loop vectorises), scaled per channel into NCHW float32. Exact.
-   wc: the weight centred by its zero point, (C, kh * kw) int16. Threads split images x output rows. */
+   wc: the weight centred by its zero point, (C, kh * kw) int16. Threads split images x output rows.
+   opstrata_qconv2d_depthwise runs it where the float32 kernels below do not (more than QG_DW_EXACT_TAPS
+   taps, no AVX-512, or `path` portable / AVX2); wcf, the same weight as float32 (or NULL: converted per
+   call), feeds those. */
 typedef struct {
     int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, Hp, Wp;
     const uint8_t *x;
@@ -1400,6 +1403,7 @@ typedef struct {
     float *out;
     const int16_t *xp; /* (N, Hp, Wp, C) */
     int64_t r0, r1;    /* output rows (n * OH + oh) of this worker */
+    int path;          /* QG_PATH_* or -1 (see qg_dw_rows) */
 } qg_dw_job;
 
 static inline __attribute__((always_inline)) void qg_dw_rows_body(const qg_dw_job *j) {
@@ -1477,11 +1481,300 @@ static T512 void qg_dw_rows_512(const qg_dw_job *j) {
 }
 static __attribute__((target("avx2"))) void qg_dw_rows_avx2(const qg_dw_job *j) { qg_dw_rows_body(j); }
 #endif
+
+#if QG_X86
+/* Depthwise by planes (AVX-512; output rows of at least QG_DW_LANES_MAX_OW columns): each channel plane is
+   centred and converted to float32 into a zero-padded scratch split into sw column phases (phase q holds
+   the padded columns q, q + sw, ...: every tap of 16 consecutive outputs is one unaligned load, at any
+   stride), then each output row 16 columns at a time sums its taps by FMA in float32 -- exactly: every
+   product and partial sum is an integer below 2^24 (|x - zx|, |w - zw| <= 255, at most QG_DW_EXACT_TAPS
+   taps) -- and is scaled and biased as the channels-last kernel does (one multiply, then one add): the
+   same bits, without the channels-last copy of the image (a scalar transpose) or a 32-bit integer multiply
+   per tap. */
+#define QG_DW_EXACT_TAPS 258
+#define QG_DW_LANES_MAX_OW 16 /* narrower planes: channels in lanes (qg_dw_lanes) */
+typedef struct {
+    int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, cols, wq;
+    const uint8_t *x;
+    uint8_t flip;
+    int32_t za;
+    const float *wf;     /* (C, kh * kw) centred weights as float32 */
+    const int64_t *tap;  /* each tap's offset in the phase-split scratch */
+    const float *scale;
+    int64_t n_scale;
+    const float *bias;
+    float *out;
+    float *pad;          /* this worker's scratch plane: sw * hp * wq floats */
+    int64_t p0, p1;      /* planes (n * C + c) of this worker */
+} qg_dwp_job;
+
+/* the output rows of one plane from its phase-split scratch: 16 columns at a time, the taps summed in
+   order by FMA from 0 (exact), then one multiply by the scale and one add of the bias */
+static T512 inline __attribute__((always_inline)) void qg_dwp_rows(const float *pad, const int64_t *tap, const float *wk,
+                                                                 float scale, const float *bias, float *op, int64_t OH,
+                                                                 int64_t OW, int64_t sh, int64_t wq, int64_t taps) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+        const float *base = pad + oh * sh * wq;
+        for (int64_t ow = 0; ow < OW; ow += 16) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t k = 0; k < taps; ++k)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(wk[k]), _mm512_loadu_ps(base + tap[k] + ow), acc);
+            __m512 v = _mm512_mul_ps(acc, sc);
+            if (bias) v = _mm512_add_ps(v, _mm512_set1_ps(*bias));
+            const __mmask16 m = OW - ow >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (OW - ow)) - 1u);
+            _mm512_mask_storeu_ps(op + oh * OW + ow, m, v);
+        }
+    }
+}
+
+static T512 void qg_dw_planes_512(const qg_dwp_job *j) {
+    const int64_t C = j->C, H = j->H, W = j->W, sw = j->sw, hp = j->hp, cols = j->cols, wq = j->wq;
+    const int64_t OH = j->OH, OW = j->OW, taps = j->kh * j->kw;
+    const __m128i flip = _mm_set1_epi8((char)j->flip);
+    const __m512i za = _mm512_set1_epi32(j->za), flip32 = _mm512_set1_epi32(j->flip);
+    float *pad = j->pad;
+    for (int64_t p = j->p0; p < j->p1; ++p) {
+        const int64_t c = p % C;
+        const uint8_t *xp = j->x + p * H * W;
+        memset(pad, 0, sizeof(float) * (size_t)(sw * hp * wq));
+        for (int64_t q = 0; q < sw; ++q) {
+            /* phase column t holds padded column t * sw + q, i.e. input column t * sw + q - pw */
+            const int64_t t0 = j->pw - q > 0 ? (j->pw - q + sw - 1) / sw : 0;
+            int64_t t1 = W - 1 + j->pw - q >= 0 ? (W - 1 + j->pw - q) / sw + 1 : 0;
+            if (t1 > cols) t1 = cols;
+            if (t0 >= t1) continue;
+            for (int64_t r = 0; r < hp; ++r) {
+                const int64_t ih = r - j->ph;
+                if (ih < 0 || ih >= H) continue;
+                const uint8_t *src = xp + ih * W + q - j->pw;
+                float *dst = pad + (q * hp + r) * wq;
+                if (sw == 1) {
+                    for (int64_t t = t0; t < t1; t += 16) {
+                        const __mmask16 m = t1 - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (t1 - t)) - 1u);
+                        const __m128i b = _mm_xor_si128(_mm_maskz_loadu_epi8(m, src + t), flip);
+                        const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), za);
+                        _mm512_mask_storeu_ps(dst + t, m, _mm512_cvtepi32_ps(v));
+                    }
+                } else if (sw == 2) { /* the even bytes of 16 words: each word zero-extended, its low byte kept */
+                    const __m512i lo = _mm512_set1_epi32(0xFF);
+                    for (int64_t t = t0; t < t1; t += 16) {
+                        const int64_t n = t1 - t >= 16 ? 16 : t1 - t;
+                        const __mmask32 mb = (__mmask32)((1ull << (2 * n - 1)) - 1ull);
+                        const __m256i w = _mm256_maskz_loadu_epi8(mb, src + 2 * t);
+                        const __m512i b = _mm512_and_si512(_mm512_cvtepu16_epi32(w), lo);
+                        const __m512i v = _mm512_sub_epi32(_mm512_and_si512(_mm512_xor_si512(b, flip32), lo), za);
+                        _mm512_mask_storeu_ps(dst + t, (__mmask16)((1u << n) - 1u), _mm512_cvtepi32_ps(v));
+                    }
+                } else {
+                    for (int64_t t = t0; t < t1; ++t)
+                        dst[t] = (float)((int32_t)(uint8_t)(src[t * sw] ^ j->flip) - j->za);
+                }
+            }
+        }
+        const float *wk = j->wf + c * taps;
+        const float sc = j->scale[j->n_scale == 1 ? 0 : c];
+        float *op = j->out + p * OH * OW;
+        if (taps == 9) /* constant tap counts unroll, the filter stays in registers */
+            qg_dwp_rows(pad, j->tap, wk, sc, j->bias ? j->bias + c : NULL, op, OH, OW, j->sh, wq, 9);
+        else if (taps == 25)
+            qg_dwp_rows(pad, j->tap, wk, sc, j->bias ? j->bias + c : NULL, op, OH, OW, j->sh, wq, 25);
+        else
+            qg_dwp_rows(pad, j->tap, wk, sc, j->bias ? j->bias + c : NULL, op, OH, OW, j->sh, wq, taps);
+    }
+}
+static void qg_dwp_job_run(const void *j) { qg_dw_planes_512((const qg_dwp_job *)j); }
+
+/* Depthwise with 16 channels in the lanes of a vector (AVX-512; planes narrower than 16 columns, where a row
+   would fill part of a vector): per (image, block of 16 channels), the block's pixels gathered (one byte
+   per lane), centred and converted to float32 into a zero-padded pixel-major scratch, the taps gathered
+   into one vector each; every output the taps' FMA chain in float32 from 0 (exact, as the plane kernel),
+   one multiply by the scales, one add of the biases, scattered back to the NCHW planes. */
+typedef struct {
+    int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, wp;
+    const uint8_t *x;
+    uint8_t flip;
+    int32_t za;
+    const float *wf; /* (C, kh * kw) centred weights as float32 */
+    const float *wl; /* the same in blocks of 16 channels, (blocks, kh * kw, 16) zero-padded, or NULL */
+    const float *scale;
+    int64_t n_scale;
+    const float *bias;
+    float *out;
+    float *scratch; /* this worker's: hp * wp * 16 + kh * kw * 16 floats */
+    int64_t n_bytes; /* of the whole image x */
+    int64_t i0, i1;  /* items (n * blocks + block) of this worker */
+} qg_dwl_job;
+
+static T512 void qg_dw_lanes_512(const qg_dwl_job *j) {
+    const int64_t C = j->C, H = j->H, W = j->W, pix = H * W, OH = j->OH, OW = j->OW, opix = OH * OW;
+    const int64_t kh = j->kh, kw = j->kw, taps = kh * kw, hp = j->hp, wp = j->wp, blocks = (C + 15) / 16;
+    /* locals, not j's fields: for the compiler the scatters below may write those */
+    const int64_t sh = j->sh, sw = j->sw, dh = j->dh, dw = j->dw, ph = j->ph, pw = j->pw, n_bytes = j->n_bytes;
+    const uint8_t *x = j->x;
+    const float *wf = j->wf, *wl = j->wl, *bias = j->bias, *scale = j->scale;
+    const int one_scale = j->n_scale == 1;
+    float *out = j->out;
+    float *xt = j->scratch, *wt = xt + hp * wp * 16;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)pix));
+    const __m512i iw = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)taps));
+    const __m512i io = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)opix));
+    const __m512i flip32 = _mm512_set1_epi32(j->flip), lo = _mm512_set1_epi32(0xFF);
+    const __m512i za = _mm512_set1_epi32(j->za);
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t item = j->i0; item < j->i1; ++item) {
+        const int64_t img = item / blocks, c0 = (item % blocks) * 16, cn = C - c0 < 16 ? C - c0 : 16;
+        const __mmask16 m = (__mmask16)(cn == 16 ? 0xFFFF : (1u << cn) - 1u);
+        const uint8_t *xb = x + (img * C + c0) * pix; /* the block's first plane */
+        /* a 4-byte gather lane reads its byte and the 3 after it: the last bytes of the whole image go
+           through a copy instead, never read past the end */
+        const int64_t safe = n_bytes - (img * C + c0 + cn - 1) * pix - 4; /* last pixel q that may gather */
+        for (int64_t r = 0; r < hp; ++r) {
+            const int64_t ih = r - ph;
+            for (int64_t q = 0; q < wp; ++q) {
+                const int64_t iq = q - pw, at = ih * W + iq;
+                __m512 v = zero;
+                if (ih >= 0 && ih < H && iq >= 0 && iq < W) {
+                    __m512i b;
+                    if (at <= safe) {
+                        b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, ix, xb + at, 1);
+                    } else {
+                        int32_t lanes[16] = {0};
+                        for (int64_t l = 0; l < cn; ++l) lanes[l] = xb[l * pix + at];
+                        b = _mm512_loadu_si512(lanes);
+                    }
+                    b = _mm512_and_si512(_mm512_xor_si512(b, flip32), lo);
+                    v = _mm512_maskz_cvtepi32_ps(m, _mm512_sub_epi32(b, za));
+                }
+                _mm512_store_ps(xt + (r * wp + q) * 16, v);
+            }
+        }
+        const float *wb = wt; /* the block's taps, one vector each: packed once by the caller, or gathered */
+        if (wl)
+            wb = wl + (c0 / 16) * taps * 16;
+        else
+            for (int64_t t = 0; t < taps; ++t)
+                _mm512_store_ps(wt + t * 16, _mm512_mask_i32gather_ps(zero, m, iw, wf + c0 * taps + t, 4));
+        const __m512 sc = one_scale ? _mm512_set1_ps(scale[0]) : _mm512_maskz_loadu_ps(m, scale + c0);
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c0) : zero;
+        float *oc = out + (img * C + c0) * opix;
+        for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                __m512 acc = zero;
+                for (int64_t i = 0; i < kh; ++i) {
+                    const float *row = xt + ((oh * sh + i * dh) * wp + ow * sw) * 16;
+                    const float *wr = wb + i * kw * 16;
+                    for (int64_t t = 0; t < kw; ++t)
+                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t * 16), _mm512_load_ps(row + t * dw * 16), acc);
+                }
+                __m512 v = _mm512_mul_ps(acc, sc);
+                if (bias) v = _mm512_add_ps(v, bv);
+                _mm512_mask_i32scatter_ps(oc + oh * OW + ow, m, io, v, 4);
+            }
+    }
+}
+static void qg_dwl_job_run(const void *j) { qg_dw_lanes_512((const qg_dwl_job *)j); }
+
+/* the channels-in-lanes kernel for checked arguments (hp, wp: the padded extent the taps read) */
+static int qg_dw_lanes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed, int32_t x_zp,
+                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                       int64_t OH, int64_t OW, const int16_t *wc, const float *wcf, const float *wl,
+                       const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads, int64_t hp,
+                       int64_t wp) {
+    const int64_t taps = kh * kw, items = N * ((C + 15) / 16);
+    int64_t by_work = (items * 16 * OH * OW * taps) >> 18; /* ~256K multiply-adds per thread at least */
+    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
+    if (nthreads > items) nthreads = (int)items;
+    if (nthreads > 64) nthreads = 64;
+    if (nthreads < 1) nthreads = 1;
+    const size_t scratch = (size_t)(hp * wp * 16 + taps * 16);
+    float *own = wcf ? NULL : (float *)malloc(sizeof(float) * (size_t)(C * taps));
+    /* 64-byte aligned (each worker's part too: scratch is a multiple of 16 floats): every vector of the
+       scratch a whole cache line */
+    float *scr = (float *)aligned_alloc(64, sizeof(float) * scratch * (size_t)nthreads);
+    if ((!wcf && !own) || !scr) {
+        free(own);
+        free(scr);
+        return QG_ERR_NOMEM;
+    }
+    if (own)
+        for (int64_t i = 0; i < C * taps; ++i) own[i] = (float)wc[i];
+    const float *wf = wcf ? wcf : own;
+    qg_dwl_job jobs[64];
+    for (int t = 0; t < nthreads; ++t)
+        jobs[t] = (qg_dwl_job){C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, wp, x,
+                               (uint8_t)(x_signed ? 0x80 : 0), x_zp + (x_signed ? 128 : 0), wf, wl, scale, n_scale, bias,
+                               out, scr + scratch * (size_t)t, N * C * H * W, items * t / nthreads,
+                               items * (t + 1) / nthreads};
+    if (nthreads == 1)
+        qg_dw_lanes_512(&jobs[0]);
+    else
+        qg_parallel(qg_dwl_job_run, jobs, sizeof(qg_dwl_job), nthreads);
+    free(own);
+    free(scr);
+    return QG_OK;
+}
+
+/* the plane kernel for checked arguments; QG_ERR_NOMEM when its scratch cannot be allocated */
+static int qg_dw_planes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed, int32_t x_zp,
+                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                        int64_t dw, int64_t OH, int64_t OW, const int16_t *wc, const float *wcf, const float *wl,
+                        const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads) {
+    const int64_t taps = kh * kw, planes = N * C;
+    const int64_t hp = (OH - 1) * sh + (kh - 1) * dh + 1, wp = (OW - 1) * sw + (kw - 1) * dw + 1;
+    const int64_t cols = (wp + sw - 1) / sw, wq = cols + 16; /* + a vector of slack for the last partial one */
+    if (OW < QG_DW_LANES_MAX_OW && H * W * 16 <= INT32_MAX && C * taps <= INT32_MAX && C * OH * OW <= INT32_MAX)
+        return qg_dw_lanes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wc, wcf, wl, scale,
+                           n_scale, bias, out, nthreads, hp, wp);
+    int64_t by_work = (planes * OH * OW * taps) >> 18; /* ~256K multiply-adds per thread at least */
+    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
+    if (nthreads > planes) nthreads = (int)planes;
+    if (nthreads > 64) nthreads = 64;
+    if (nthreads < 1) nthreads = 1;
+    const size_t scratch = (size_t)(sw * hp * wq);
+    float *own = wcf ? NULL : (float *)malloc(sizeof(float) * (size_t)(C * taps));
+    int64_t *tap = (int64_t *)malloc(sizeof(int64_t) * (size_t)taps);
+    float *pads = (float *)malloc(sizeof(float) * scratch * (size_t)nthreads);
+    if ((!wcf && !own) || !tap || !pads) {
+        free(own);
+        free(tap);
+        free(pads);
+        return QG_ERR_NOMEM;
+    }
+    if (own)
+        for (int64_t i = 0; i < C * taps; ++i) own[i] = (float)wc[i];
+    const float *wf = wcf ? wcf : own;
+    for (int64_t i = 0; i < kh; ++i) /* where tap (i, t) of output (0, 0) sits in the phase-split scratch */
+        for (int64_t t = 0; t < kw; ++t) tap[i * kw + t] = (((t * dw) % sw) * hp + i * dh) * wq + (t * dw) / sw;
+    qg_dwp_job jobs[64];
+    for (int t = 0; t < nthreads; ++t) {
+        jobs[t] = (qg_dwp_job){C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, cols, wq, x,
+                               (uint8_t)(x_signed ? 0x80 : 0), x_zp + (x_signed ? 128 : 0), wf, tap, scale,
+                               n_scale, bias, out, pads + scratch * (size_t)t, planes * t / nthreads,
+                               planes * (t + 1) / nthreads};
+    }
+    if (nthreads == 1)
+        qg_dw_planes_512(&jobs[0]);
+    else
+        qg_parallel(qg_dwp_job_run, jobs, sizeof(qg_dwp_job), nthreads);
+    free(own);
+    free(tap);
+    free(pads);
+    return QG_OK;
+}
+#endif
 static void qg_dw_rows_base(const qg_dw_job *j) { qg_dw_rows_body(j); }
 
-static void qg_dw_rows(const qg_dw_job *j) {
+/* the channels-last rows on `path` (-1: the widest this CPU has; AVX-VNNI, AVX-512 VNNI and AMX: AVX-512
+   where present) */
+static void qg_dw_rows(const qg_dw_job *j, int path) {
 #if QG_X86
-    if (qg_avx512vnni()) {
+    if (path == QG_PATH_PORTABLE) {
+        qg_dw_rows_base(j);
+        return;
+    }
+    if (qg_avx512vnni() && path != QG_PATH_AVX2) {
         qg_dw_rows_512(j);
         return;
     }
@@ -1493,16 +1786,23 @@ static void qg_dw_rows(const qg_dw_job *j) {
     qg_dw_rows_base(j);
 }
 
-static void qg_dw_job_run(const void *j) { qg_dw_rows((const qg_dw_job *)j); }
+static void qg_dw_job_run(const void *j) { qg_dw_rows((const qg_dw_job *)j, ((const qg_dw_job *)j)->path); }
 
-int opstrata_qconv2d_depthwise(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed,
+int opstrata_qconv2d_depthwise(int path, int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed,
                                int32_t x_zp, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                                int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, const int16_t *wc,
-                               const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads) {
+                               const float *wcf, const float *wl, const float *scale, int64_t n_scale,
+                               const float *bias, float *out, int nthreads) {
     if (N < 0 || C < 1 || H < 0 || W < 0 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         OH < 0 || OW < 0 || ph < 0 || pw < 0 || (n_scale != 1 && n_scale != C))
         return QG_ERR_ARGS;
+    if (path >= QG_NPATHS || (path >= 0 && !(opstrata_qgemm_paths() & (1 << path)))) return QG_ERR_PATH;
     if (N == 0 || OH == 0 || OW == 0) return QG_OK;
+#if QG_X86
+    if (kh * kw <= QG_DW_EXACT_TAPS && qg_avx512vnni() && (path < 0 || path >= QG_PATH_AVX512VNNI))
+        return qg_dw_planes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wc, wcf, wl,
+                            scale, n_scale, bias, out, nthreads);
+#endif
     /* the padded image covers every tap of every output position (and the whole input) */
     int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
     if (Hp < H + ph) Hp = H + ph;
@@ -1531,14 +1831,14 @@ int opstrata_qconv2d_depthwise(int64_t N, int64_t C, int64_t H, int64_t W, const
                     dn[((h + ph) * Wp + w + pw) * C] = (int16_t)((int32_t)(uint8_t)(xc[h * W + w] ^ flip) - za);
         }
     qg_dw_job base = {C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, Hp, Wp, x, flip, za, wt, scale, n_scale,
-                      bias, out, xp, 0, N * OH};
+                      bias, out, xp, 0, N * OH, path};
     const int64_t rows = N * OH;
     int64_t by_work = (rows * OW * C * taps) >> 20; /* ~1M multiply-adds per thread at least */
     if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
     if (nthreads > rows) nthreads = (int)rows;
     if (nthreads > 64) nthreads = 64;
     if (nthreads <= 1) {
-        qg_dw_rows(&base);
+        qg_dw_rows(&base, path);
     } else {
         qg_dw_job jobs[64];
         for (int t = 0; t < nthreads; ++t) {
