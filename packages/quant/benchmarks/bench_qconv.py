@@ -109,6 +109,49 @@ def main() -> None:
     if ort is not None:
         head += ["ort QLinearConv ms", "int8 / ort int8", "ort fp32 ms"]
     print(format_table(head, rows))
+    print()
+    _depthwise_calls(rounds)
+
+
+#: (N, C, H, k, stride): depthwise layers of MobileNet / EfficientNet at the zoo's 64x64 input
+DEPTHWISE = [
+    (8, 72, 16, 3, 2), (8, 96, 8, 5, 1), (8, 72, 32, 3, 2), (8, 96, 16, 5, 1), (1, 32, 32, 3, 1),
+    (1, 96, 32, 3, 2), (1, 144, 16, 3, 1), (1, 240, 8, 5, 1), (1, 672, 4, 5, 1), (1, 1152, 2, 5, 1),
+]  # fmt: skip
+
+
+def _depthwise_calls(rounds: int) -> None:
+    """The int8 depthwise C call (arguments made once, as a session's bound call) against ops' bound
+    float32 depthwise call on the same shape: the kernels without Python dispatch on either side."""
+    from opstrata.quant._conv import conv_geometry, qconv_call
+
+    r = np.random.default_rng(1)
+    rows = []
+    for n, c, h, k, s in DEPTHWISE:
+        xq = r.integers(0, 256, (n, c, h, h)).astype(np.uint8)
+        w = r.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
+        packed = oq.prepack_conv(w, None, c)
+        scale, bias = np.full(c, 0.01, np.float32), r.standard_normal(c).astype(np.float32)
+        geo = conv_geometry(xq.shape, packed, s, k // 2, 1)
+        out = np.empty((n, c, *geo[3]), np.float32)
+        fn, head, tail = qconv_call(xq, packed, scale, bias, geo, 1, None, out)
+        xf = r.standard_normal((n, c, h, h)).astype(np.float32)
+        wf = (w.astype(np.float32) * 0.01).copy()
+        wf.flags.writeable = False  # as a session's weight
+        fp32 = ops.bind("conv2d", xf, wf, bias, stride=s, padding=k // 2, groups=c, out=np.empty_like(out))
+        assert fp32 is not None and fn(*head, 128, *tail) == 0
+        t = compare(
+            {"int8": lambda fn=fn, head=head, tail=tail: fn(*head, 128, *tail), "fp32": fp32}, repeats=rounds
+        )
+        us = {key: v.median * 1e6 for key, v in t.items()}
+        rows.append([f"{n}x{c}x{h}x{h} {k}x{k}/{s}", f"{geo[3][1]}", f"{us['int8']:.1f}", f"{us['fp32']:.1f}",
+                     f"{us['int8'] / us['fp32']:.2f}x"])  # fmt: skip
+    print(f"depthwise kernels alone (bound calls), one thread, {rounds} interleaved rounds")
+    print(
+        format_table(
+            ["shape (N x C x H x W, k/stride)", "out cols", "int8 us", "fp32 us", "int8 / fp32"], rows
+        )
+    )
 
 
 if __name__ == "__main__":
