@@ -106,6 +106,9 @@ def test_refuses_a_residual_or_unknown_epilogue(lib) -> None:
     for act, params in ((4, None), (5, None), (9, None), (-1, None), (2, None)):
         rc, out = _run(lib, "opstrata_depthwise_lanes_f32", x, w, None, *geo, act=act, params=params)
         assert rc == -3 and np.isnan(out).all()
+    # a plane whose lane offsets (16 x its pixels) pass 32 bits is refused before any memory is read
+    big = (1, 1, 1 << 14, 1 << 14, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, None)
+    assert lib.opstrata_depthwise_lanes_f32(x.ctypes.data, w.ctypes.data, None, x.ctypes.data, *big) == -4
     with pytest.raises(ValueError, match="epilogue"):
         raise nk._depthwise_lanes_error(-3, 4, 4)
     with pytest.raises(ValueError, match="32-bit"):

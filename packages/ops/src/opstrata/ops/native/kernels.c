@@ -1533,7 +1533,9 @@ int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bi
                                  int64_t nthreads, int64_t act, const float *params) {
     sg_epi e;
     if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
-    if (c * (h * wd > ho * wo ? h * wd : ho * wo) > INT32_MAX || c * kh * kw > INT32_MAX) return -4;
+    /* gather / scatter offsets are lane * (plane, taps, output plane) in 32 bits */
+    const int64_t widest = h * wd > ho * wo ? (h * wd > kh * kw ? h * wd : kh * kw) : (ho * wo > kh * kw ? ho * wo : kh * kw);
+    if (16 * widest > INT32_MAX) return -4;
     const dwl_args g = {x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, act ? &e : NULL};
     return run_ranges(depthwise_lanes16, &g, n * ((c + 15) / 16), 16 * kh * kw * ho * wo, nthreads);
 }

@@ -702,8 +702,8 @@ def _depthwise_lanes_error(rc: int, h: int, wd: int) -> Exception:
         )
     if rc == -4:
         return ValueError(
-            f"conv2d (depthwise, native): a {h}x{wd} plane times its channels passes the 32-bit gather offsets; "
-            "split the batch or channels"
+            f"conv2d (depthwise, native): a {h}x{wd} plane passes the 32-bit gather offsets of the "
+            "channels-in-lanes loop; run it in pieces of fewer rows"
         )
     return ValueError(f"conv2d (depthwise, native): unknown epilogue kind (code {rc})")
 

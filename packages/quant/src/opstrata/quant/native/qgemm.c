@@ -1724,7 +1724,7 @@ static int qg_dw_planes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_
     const int64_t taps = kh * kw, planes = N * C;
     const int64_t hp = (OH - 1) * sh + (kh - 1) * dh + 1, wp = (OW - 1) * sw + (kw - 1) * dw + 1;
     const int64_t cols = (wp + sw - 1) / sw, wq = cols + 16; /* + a vector of slack for the last partial one */
-    if (OW < QG_DW_LANES_MAX_OW && H * W * 16 <= INT32_MAX && C * taps <= INT32_MAX && C * OH * OW <= INT32_MAX)
+    if (OW < QG_DW_LANES_MAX_OW && 16 * H * W <= INT32_MAX && 16 * taps <= INT32_MAX && 16 * OH * OW <= INT32_MAX)
         return qg_dw_lanes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wc, wcf, wl, scale,
                            n_scale, bias, out, nthreads, hp, wp);
     int64_t by_work = (planes * OH * OW * taps) >> 18; /* ~256K multiply-adds per thread at least */
