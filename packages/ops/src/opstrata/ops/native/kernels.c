@@ -1086,24 +1086,38 @@ typedef struct {
 } dc_job;
 
 /* each tap's offset and the lanes of the (up to) 48 columns from t0 it reads inside the image (mk[3 * tap + v]:
-   vector v's lanes) */
+   vector v's lanes). Rows and columns of the 48 positions built by stepping (no division per lane), each
+   tap's lanes by four vector compares: this runs once per (strip, row block) task, and done lane by lane
+   it cost ~0.8 us, ~20% of a small layer's time at one thread and ~40% at two. */
 static void dc_taps(const dc_job *g, int64_t t0, int64_t w, int64_t *off, __mmask16 *mk) {
     const int64_t wd = g->wd;
-    int64_t row[48], col[48];
-    for (int64_t lane = 0; lane < w; ++lane) {
-        row[lane] = (t0 + lane) / wd;
-        col[lane] = (t0 + lane) % wd;
+    int32_t row[48], col[48];
+    int64_t r = t0 / wd, c = t0 % wd;
+    for (int64_t lane = 0; lane < 48; ++lane) {
+        row[lane] = (int32_t)r;
+        col[lane] = (int32_t)c;
+        if (++c == wd) {
+            c = 0;
+            ++r;
+        }
     }
+    const __m512i hv = _mm512_set1_epi32((int32_t)g->h), wv = _mm512_set1_epi32((int32_t)wd);
+    const __m512i zero = _mm512_setzero_si512();
+    __mmask16 live[3];
+    for (int v = 0; v < 3; ++v) live[v] = sg_mask(w - 16 * v);
     for (int64_t i = 0; i < g->kh; ++i)
         for (int64_t j = 0; j < g->kw; ++j) {
             const int64_t tap = i * g->kw + j, ro = i * g->dh - g->pt, co = j * g->dw - g->pl;
-            uint64_t bits = 0;
-            for (int64_t lane = 0; lane < w; ++lane) {
-                const int64_t r = row[lane] + ro, q = col[lane] + co;
-                bits |= (uint64_t)(r >= 0 && r < g->h && q >= 0 && q < wd) << lane;
+            const __m512i rov = _mm512_set1_epi32((int32_t)ro), cov = _mm512_set1_epi32((int32_t)co);
+            for (int v = 0; v < 3; ++v) {
+                const __m512i rr = _mm512_add_epi32(_mm512_loadu_si512(row + 16 * v), rov);
+                const __m512i qq = _mm512_add_epi32(_mm512_loadu_si512(col + 16 * v), cov);
+                __mmask16 m = _mm512_mask_cmpge_epi32_mask(live[v], rr, zero);
+                m = _mm512_mask_cmplt_epi32_mask(m, rr, hv);
+                m = _mm512_mask_cmpge_epi32_mask(m, qq, zero);
+                mk[3 * tap + v] = _mm512_mask_cmplt_epi32_mask(m, qq, wv);
             }
             off[tap] = ro * wd + co;
-            for (int v = 0; v < 3; ++v) mk[3 * tap + v] = (__mmask16)((bits >> (16 * v)) & 0xFFFFu);
         }
 }
 
