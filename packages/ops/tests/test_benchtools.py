@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,19 @@ def test_compare_rotates_order_and_reports_medians() -> None:
     for name, t in timings.items():
         assert t.name == name and len(t.samples) == 3
         assert t.median == statistics.median(t.samples)
+
+
+def test_compare_settles_and_warms_each_turn_untimed() -> None:
+    """With warm_s, each turn runs its candidate untimed for that long before the timed block."""
+    calls: dict[str, int] = {"a": 0, "b": 0}
+
+    def run(n: str) -> None:
+        calls[n] += 1
+        time.sleep(0.002)
+
+    timings = compare({n: (lambda n=n: run(n)) for n in "ab"}, repeats=2, warmup=0, number=1, warm_s=0.02)
+    assert all(len(t.samples) == 2 for t in timings.values())
+    assert all(c >= 2 * (1 + 5) for c in calls.values()), calls  # >= 20 ms of 2 ms calls per turn, + 1 timed
 
 
 def test_format_table_is_markdown() -> None:

@@ -32,9 +32,20 @@ def _time_once(fn: Callable[[], object], number: int) -> float:
 
 
 def compare(
-    candidates: dict[str, Callable[[], object]], *, repeats: int = 7, number: int = 1, warmup: int = 1
+    candidates: dict[str, Callable[[], object]],
+    *,
+    repeats: int = 7,
+    number: int = 1,
+    warmup: int = 1,
+    settle_s: float = 0.0,
+    warm_s: float = 0.0,
 ) -> dict[str, Timing]:
-    """Time each candidate ``repeats`` times, rotating which goes first each round; return medians."""
+    """Time each candidate ``repeats`` times, rotating which goes first each round; return medians.
+
+    With ``settle_s`` / ``warm_s`` each timed turn first waits ``settle_s`` and then runs its candidate
+    untimed for ``warm_s`` seconds: a multi-threaded runtime whose idle workers spin after a call
+    (onnxruntime's, ~25 ms) then cannot hold a core through the next candidate's turn, and each is timed
+    at its steady state (what the zoo's ``--bench`` does)."""
     names = list(candidates)
     for name in names:
         for _ in range(warmup):
@@ -43,6 +54,11 @@ def compare(
     for r in range(repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
+            if settle_s > 0:
+                time.sleep(settle_s)
+            until = time.perf_counter() + warm_s
+            while time.perf_counter() < until:
+                candidates[name]()
             samples[name].append(_time_once(candidates[name], number))
     return {n: Timing(n, statistics.median(s), tuple(s)) for n, s in samples.items()}
 
