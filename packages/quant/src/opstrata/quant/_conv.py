@@ -21,7 +21,15 @@ from ._errors import QuantError
 from ._qgemm import _ERRORS, PackedWeight, _lib, prepack_weight
 from .native._library import count, path_id
 
-__all__ = ["PackedConv", "conv_geometry", "prepack_conv", "qconv2d", "run_qconv2d"]
+__all__ = [
+    "PackedConv",
+    "conv_geometry",
+    "prepack_conv",
+    "qconv2d",
+    "qconv_call",
+    "run_qconv2d",
+    "run_qconv_call",
+]
 
 _U8, _S8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
 
@@ -129,14 +137,22 @@ def run_qconv2d(
     contiguous float32 (1 or OC / OC values), ``geometry`` from :func:`conv_geometry`, ``out`` None or a
     C-contiguous float32 array of the output shape."""
     dst = np.empty((x.shape[0], packed.oc, *geometry[3]), _F32) if out is None else out
-    fn, head, tail = qconv_call(x, packed, scale, bias, geometry, threads, path, dst)
+    return run_qconv_call(qconv_call(x, packed, scale, bias, geometry, threads, path, dst), x_zp, x, dst)
+
+
+def run_qconv_call(
+    call: tuple[Any, tuple[Any, ...], tuple[Any, ...]], x_zp: int, x: np.ndarray, out: np.ndarray
+) -> np.ndarray:
+    """Make a :func:`qconv_call` with activation zero point ``x_zp``; ``out`` (its destination) back, or a
+    QuantError naming the code and ``x``."""
+    fn, head, tail = call
     rc = fn(*head, x_zp, *tail)
     if rc != 0:
         raise QuantError(
             "qconv2d", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {x.dtype}{list(x.shape)}"
         )
     count("qconv", "native")
-    return dst
+    return out
 
 
 def qconv_call(
@@ -157,45 +173,15 @@ def qconv_call(
         out.ctypes.data,
         int(threads),
     )
+    head = (path_id(path, lib), n, c, h, w, x.ctypes.data, signed)
+    geo = (sh, sw, ph, pw, dh, dw, oh, ow)
     if packed.centred is not None:
         wf = None if packed.centred_f32 is None else packed.centred_f32.ctypes.data
         wl = None if packed.centred_lanes is None else packed.centred_lanes.ctypes.data
-        head = (path_id(path, lib), n, c, h, w, x.ctypes.data, signed)
-        tail = (
-            packed.kh,
-            packed.kw,
-            sh,
-            sw,
-            ph,
-            pw,
-            dh,
-            dw,
-            oh,
-            ow,
-            packed.centred.ctypes.data,
-            wf,
-            wl,
-            *common,
-        )
+        tail = (packed.kh, packed.kw, *geo, packed.centred.ctypes.data, wf, wl, *common)
         return lib.opstrata_qconv2d_depthwise, head, tail
     assert packed.ptrs is not None
-    head = (path_id(path, lib), n, c, h, w, x.ctypes.data, signed)
-    tail = (
-        packed.oc,
-        packed.kh,
-        packed.kw,
-        sh,
-        sw,
-        ph,
-        pw,
-        dh,
-        dw,
-        oh,
-        ow,
-        packed.groups,
-        *packed.ptrs,
-        *common,
-    )
+    tail = (packed.oc, packed.kh, packed.kw, *geo, packed.groups, *packed.ptrs, *common)
     return lib.opstrata_qconv2d, head, tail
 
 

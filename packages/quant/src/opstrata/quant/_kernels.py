@@ -27,9 +27,9 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from ._conv import conv_geometry, prepack_conv, qconv_call, run_qconv2d
+from ._conv import conv_geometry, prepack_conv, qconv_call, run_qconv2d, run_qconv_call
 from ._errors import QuantError
-from ._qgemm import _ERRORS, PackedWeight, dynamic_qgemm, prepack_weight, qgemm
+from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
 from ._wonly import dq_matmul, prepack_dq_weight
 from .native._library import count, library
 
@@ -370,21 +370,14 @@ def _bind_qconv_native(
         # a session's weight: packed once, its C arguments made once; each run passes the activation zero
         # point (and checks that the weight's, a small array a session may leave writeable, is unchanged)
         packed = _packed_conv(w, w_zero_point, groups)
-        fn, head, tail = qconv_call(x, packed, sc, bi, geometry, threads, None, out)
+        prepared = qconv_call(x, packed, sc, bi, geometry, threads, None, out)
         wzp = None if w_zero_point is None else np.asarray(w_zero_point)
         wzp_bytes = None if wzp is None else wzp.tobytes()
 
         def fixed() -> np.ndarray:
             if wzp is not None and wzp.tobytes() != wzp_bytes:
                 return call()  # the weight's zero point changed: packed again
-            rc = fn(*head, 0 if zp is None else int(zp.reshape(())), *tail)
-            if rc != 0:
-                raise QuantError(
-                    "qconv2d",
-                    f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {x.dtype}{list(x.shape)}",
-                )
-            count("qconv", "native")
-            return out
+            return run_qconv_call(prepared, 0 if zp is None else int(zp.reshape(())), x, out)
 
         fixed.keep = (packed, sc, bi, x, out)  # type: ignore[attr-defined]
         return fixed

@@ -1541,35 +1541,8 @@ static int depthwise_lanes16(const void *args, int64_t i0, int64_t i1) {
     return 0;
 }
 
-int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bias, float *out, int64_t n,
-                                 int64_t c, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
-                                 int64_t nthreads, int64_t act, const float *params) {
-    sg_epi e;
-    if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
-    /* gather / scatter offsets are lane * (plane, taps, output plane) in 32 bits */
-    const int64_t widest = h * wd > ho * wo ? (h * wd > kh * kw ? h * wd : kh * kw) : (ho * wo > kh * kw ? ho * wo : kh * kw);
-    if (16 * widest > INT32_MAX) return -4;
-    const dwl_args g = {x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, act ? &e : NULL};
-    return run_ranges(depthwise_lanes16, &g, n * ((c + 15) / 16), 16 * kh * kw * ho * wo, nthreads);
-}
-
 int opstrata_sgemm_fma_fast(void) { return 1; }
 #else
-/* without AVX-512: the plane / channel-block loops, then the epilogue on each value */
-static float sg_epi_scalar(float h, const sg_epi *e);
-int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bias, float *out, int64_t n,
-                                 int64_t c, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
-                                 int64_t nthreads, int64_t act, const float *params) {
-    sg_epi e;
-    if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
-    const int rc =
-        opstrata_depthwise_conv2d_f32(x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, nthreads);
-    if (rc || !act) return rc;
-    for (int64_t i = 0; i < n * c * ho * wo; ++i) out[i] = sg_epi_scalar(out[i], &e);
-    return 0;
-}
 static inline float max_nan_f32(float a, float b);
 static inline float min_nan_f32(float a, float b);
 /* the epilogue on one value, as sg_epi_apply; the rounded product and sum kept apart by fp-contract=off */
@@ -1612,6 +1585,30 @@ static int sgemm_fma_one(const float *a, const float *b, float *c, int64_t m, in
 }
 int opstrata_sgemm_fma_fast(void) { return 0; }
 #endif
+
+/* The channels-in-lanes depthwise convolution (depthwise_lanes16) with epilogue kinds 1-3 applied as each
+   output is stored; without AVX-512, the plane / channel-block loops and then the epilogue on each value.
+   Returns 0, -1 out of memory, -3 a bad kind, -4 offsets past 32 bits. */
+int opstrata_depthwise_lanes_f32(const float *x, const float *w, const float *bias, float *out, int64_t n,
+                                 int64_t c, int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t ho, int64_t wo,
+                                 int64_t nthreads, int64_t act, const float *params) {
+    sg_epi e;
+    if (act > 3 || sg_epi_from(act, params, NULL, out, &e)) return -3;
+#if defined(__AVX512F__)
+    /* gather / scatter offsets are lane * (plane, taps, output plane) in 32 bits */
+    const int64_t widest = h * wd > ho * wo ? (h * wd > kh * kw ? h * wd : kh * kw) : (ho * wo > kh * kw ? ho * wo : kh * kw);
+    if (16 * widest > INT32_MAX) return -4;
+    const dwl_args g = {x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, act ? &e : NULL};
+    return run_ranges(depthwise_lanes16, &g, n * ((c + 15) / 16), 16 * kh * kw * ho * wo, nthreads);
+#else
+    const int rc =
+        opstrata_depthwise_conv2d_f32(x, w, bias, out, n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo, nthreads);
+    if (rc || !act) return rc;
+    for (int64_t i = 0; i < n * c * ho * wo; ++i) out[i] = sg_epi_scalar(out[i], &e);
+    return 0;
+#endif
+}
 
 /* c = epilogue(bias + a @ b) per batch item; act / params / res: sg_epi's kind, c0..c3 (kinds 2, 3) and the
    residual laid out as c (kinds 4, 5); unused ones may be NULL. Returns 0, -1 out of memory, -3 a bad kind. */

@@ -1389,8 +1389,8 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
    pairs into int32 accumulators (the channel loop vectorises), scaled per channel into NCHW float32. Exact.
    wc: the weight centred by its zero point, (C, kh * kw) int16. Threads split images x output rows.
    opstrata_qconv2d_depthwise runs it where the float32 kernels below do not (more than QG_DW_EXACT_TAPS
-   taps, no AVX-512, or `path` portable / AVX2); wcf, the same weight as float32 (or NULL: converted per
-   call), feeds those. */
+   taps, no AVX-512, `path` portable / AVX2, or wcf / wl NULL); wcf and wl, the same weight as float32
+   ((C, kh * kw), and in blocks of 16 channels: PackedConv.centred_f32 / centred_lanes), feed those. */
 typedef struct {
     int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, Hp, Wp;
     const uint8_t *x;
@@ -1595,13 +1595,12 @@ typedef struct {
     const uint8_t *x;
     uint8_t flip;
     int32_t za;
-    const float *wf; /* (C, kh * kw) centred weights as float32 */
-    const float *wl; /* the same in blocks of 16 channels, (blocks, kh * kw, 16) zero-padded, or NULL */
+    const float *wl; /* centred weights as float32 in blocks of 16 channels, (blocks, kh * kw, 16) zero-padded */
     const float *scale;
     int64_t n_scale;
     const float *bias;
     float *out;
-    float *scratch; /* this worker's: hp * wp * 16 + kh * kw * 16 floats */
+    float *scratch; /* this worker's: hp * wp * 16 floats */
     int64_t n_bytes; /* of the whole image x */
     int64_t i0, i1;  /* items (n * blocks + block) of this worker */
 } qg_dwl_job;
@@ -1612,13 +1611,12 @@ static T512 void qg_dw_lanes_512(const qg_dwl_job *j) {
     /* locals, not j's fields: for the compiler the scatters below may write those */
     const int64_t sh = j->sh, sw = j->sw, dh = j->dh, dw = j->dw, ph = j->ph, pw = j->pw, n_bytes = j->n_bytes;
     const uint8_t *x = j->x;
-    const float *wf = j->wf, *wl = j->wl, *bias = j->bias, *scale = j->scale;
+    const float *wl = j->wl, *bias = j->bias, *scale = j->scale;
     const int one_scale = j->n_scale == 1;
     float *out = j->out;
-    float *xt = j->scratch, *wt = xt + hp * wp * 16;
+    float *xt = j->scratch;
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)pix));
-    const __m512i iw = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)taps));
     const __m512i io = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)opix));
     const __m512i flip32 = _mm512_set1_epi32(j->flip), lo = _mm512_set1_epi32(0xFF);
     const __m512i za = _mm512_set1_epi32(j->za);
@@ -1650,12 +1648,7 @@ static T512 void qg_dw_lanes_512(const qg_dwl_job *j) {
                 _mm512_store_ps(xt + (r * wp + q) * 16, v);
             }
         }
-        const float *wb = wt; /* the block's taps, one vector each: packed once by the caller, or gathered */
-        if (wl)
-            wb = wl + (c0 / 16) * taps * 16;
-        else
-            for (int64_t t = 0; t < taps; ++t)
-                _mm512_store_ps(wt + t * 16, _mm512_mask_i32gather_ps(zero, m, iw, wf + c0 * taps + t, 4));
+        const float *wb = wl + (c0 / 16) * taps * 16; /* the block's taps, one vector each */
         const __m512 sc = one_scale ? _mm512_set1_ps(scale[0]) : _mm512_maskz_loadu_ps(m, scale + c0);
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c0) : zero;
         float *oc = out + (img * C + c0) * opix;
@@ -1676,75 +1669,64 @@ static T512 void qg_dw_lanes_512(const qg_dwl_job *j) {
 }
 static void qg_dwl_job_run(const void *j) { qg_dw_lanes_512((const qg_dwl_job *)j); }
 
-/* the channels-in-lanes kernel for checked arguments (hp, wp: the padded extent the taps read) */
-static int qg_dw_lanes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed, int32_t x_zp,
-                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
-                       int64_t OH, int64_t OW, const int16_t *wc, const float *wcf, const float *wl,
-                       const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads, int64_t hp,
-                       int64_t wp) {
-    const int64_t taps = kh * kw, items = N * ((C + 15) / 16);
-    int64_t by_work = (items * 16 * OH * OW * taps) >> 18; /* ~256K multiply-adds per thread at least */
+/* the threads `items` items of `macs` multiply-adds in all split over: at most nthreads (and 64), each with
+   ~256K multiply-adds at least */
+static int qg_dw_threads(int64_t macs, int64_t items, int nthreads) {
+    const int64_t by_work = macs >> 18;
     if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
     if (nthreads > items) nthreads = (int)items;
     if (nthreads > 64) nthreads = 64;
-    if (nthreads < 1) nthreads = 1;
-    const size_t scratch = (size_t)(hp * wp * 16 + taps * 16);
-    float *own = wcf ? NULL : (float *)malloc(sizeof(float) * (size_t)(C * taps));
+    return nthreads < 1 ? 1 : nthreads;
+}
+
+/* the channels-in-lanes kernel for checked arguments (hp, wp: the padded extent the taps read) */
+static int qg_dw_lanes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed, int32_t x_zp,
+                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                       int64_t OH, int64_t OW, const float *wl, const float *scale, int64_t n_scale, const float *bias,
+                       float *out, int nthreads, int64_t hp, int64_t wp) {
+    const int64_t items = N * ((C + 15) / 16);
+    nthreads = qg_dw_threads(items * 16 * OH * OW * kh * kw, items, nthreads);
+    const size_t scratch = (size_t)(hp * wp * 16);
     /* 64-byte aligned (each worker's part too: scratch is a multiple of 16 floats): every vector of the
        scratch a whole cache line */
     float *scr = (float *)aligned_alloc(64, sizeof(float) * scratch * (size_t)nthreads);
-    if ((!wcf && !own) || !scr) {
-        free(own);
-        free(scr);
-        return QG_ERR_NOMEM;
-    }
-    if (own)
-        for (int64_t i = 0; i < C * taps; ++i) own[i] = (float)wc[i];
-    const float *wf = wcf ? wcf : own;
+    if (!scr) return QG_ERR_NOMEM;
     qg_dwl_job jobs[64];
     for (int t = 0; t < nthreads; ++t)
         jobs[t] = (qg_dwl_job){C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, wp, x,
-                               (uint8_t)(x_signed ? 0x80 : 0), x_zp + (x_signed ? 128 : 0), wf, wl, scale, n_scale, bias,
+                               (uint8_t)(x_signed ? 0x80 : 0), x_zp + (x_signed ? 128 : 0), wl, scale, n_scale, bias,
                                out, scr + scratch * (size_t)t, N * C * H * W, items * t / nthreads,
                                items * (t + 1) / nthreads};
     if (nthreads == 1)
         qg_dw_lanes_512(&jobs[0]);
     else
         qg_parallel(qg_dwl_job_run, jobs, sizeof(qg_dwl_job), nthreads);
-    free(own);
     free(scr);
     return QG_OK;
 }
 
-/* the plane kernel for checked arguments; QG_ERR_NOMEM when its scratch cannot be allocated */
+/* the float32 kernels for checked arguments (wf: the centred weights (C, kh * kw), wl: the same in blocks
+   of 16 channels): planes narrower than QG_DW_LANES_MAX_OW in lanes, the others plane by plane;
+   QG_ERR_NOMEM when a scratch cannot be allocated */
 static int qg_dw_planes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t *x, int x_signed, int32_t x_zp,
                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
-                        int64_t dw, int64_t OH, int64_t OW, const int16_t *wc, const float *wcf, const float *wl,
-                        const float *scale, int64_t n_scale, const float *bias, float *out, int nthreads) {
+                        int64_t dw, int64_t OH, int64_t OW, const float *wf, const float *wl, const float *scale,
+                        int64_t n_scale, const float *bias, float *out, int nthreads) {
     const int64_t taps = kh * kw, planes = N * C;
     const int64_t hp = (OH - 1) * sh + (kh - 1) * dh + 1, wp = (OW - 1) * sw + (kw - 1) * dw + 1;
     const int64_t cols = (wp + sw - 1) / sw, wq = cols + 16; /* + a vector of slack for the last partial one */
     if (OW < QG_DW_LANES_MAX_OW && 16 * H * W <= INT32_MAX && 16 * taps <= INT32_MAX && 16 * OH * OW <= INT32_MAX)
-        return qg_dw_lanes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wc, wcf, wl, scale,
-                           n_scale, bias, out, nthreads, hp, wp);
-    int64_t by_work = (planes * OH * OW * taps) >> 18; /* ~256K multiply-adds per thread at least */
-    if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
-    if (nthreads > planes) nthreads = (int)planes;
-    if (nthreads > 64) nthreads = 64;
-    if (nthreads < 1) nthreads = 1;
+        return qg_dw_lanes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wl, scale, n_scale,
+                           bias, out, nthreads, hp, wp);
+    nthreads = qg_dw_threads(planes * OH * OW * taps, planes, nthreads);
     const size_t scratch = (size_t)(sw * hp * wq);
-    float *own = wcf ? NULL : (float *)malloc(sizeof(float) * (size_t)(C * taps));
     int64_t *tap = (int64_t *)malloc(sizeof(int64_t) * (size_t)taps);
     float *pads = (float *)malloc(sizeof(float) * scratch * (size_t)nthreads);
-    if ((!wcf && !own) || !tap || !pads) {
-        free(own);
+    if (!tap || !pads) {
         free(tap);
         free(pads);
         return QG_ERR_NOMEM;
     }
-    if (own)
-        for (int64_t i = 0; i < C * taps; ++i) own[i] = (float)wc[i];
-    const float *wf = wcf ? wcf : own;
     for (int64_t i = 0; i < kh; ++i) /* where tap (i, t) of output (0, 0) sits in the phase-split scratch */
         for (int64_t t = 0; t < kw; ++t) tap[i * kw + t] = (((t * dw) % sw) * hp + i * dh) * wq + (t * dw) / sw;
     qg_dwp_job jobs[64];
@@ -1758,7 +1740,6 @@ static int qg_dw_planes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_
         qg_dw_planes_512(&jobs[0]);
     else
         qg_parallel(qg_dwp_job_run, jobs, sizeof(qg_dwp_job), nthreads);
-    free(own);
     free(tap);
     free(pads);
     return QG_OK;
@@ -1799,9 +1780,9 @@ int opstrata_qconv2d_depthwise(int path, int64_t N, int64_t C, int64_t H, int64_
     if (path >= QG_NPATHS || (path >= 0 && !(opstrata_qgemm_paths() & (1 << path)))) return QG_ERR_PATH;
     if (N == 0 || OH == 0 || OW == 0) return QG_OK;
 #if QG_X86
-    if (kh * kw <= QG_DW_EXACT_TAPS && qg_avx512vnni() && (path < 0 || path >= QG_PATH_AVX512VNNI))
-        return qg_dw_planes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wc, wcf, wl,
-                            scale, n_scale, bias, out, nthreads);
+    if (wcf && wl && kh * kw <= QG_DW_EXACT_TAPS && qg_avx512vnni() && (path < 0 || path >= QG_PATH_AVX512VNNI))
+        return qg_dw_planes(N, C, H, W, x, x_signed, x_zp, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, wcf, wl, scale,
+                            n_scale, bias, out, nthreads);
 #endif
     /* the padded image covers every tap of every output position (and the whole input) */
     int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
