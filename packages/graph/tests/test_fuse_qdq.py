@@ -465,3 +465,56 @@ def test_weight_only_dq_read_elsewhere_is_folded_not_fused() -> None:
     m.graph.output.append(oh.make_tensor_value_info("w", T.FLOAT, None))  # the float weight is an output
     g, _ = og.optimize(og.from_onnx(m), 2)
     assert "DequantMatMul" not in _ops(g)
+
+
+def _relu_quantize_model(zp: Any, scale: Any, *, relu_also_output: bool = False) -> Any:
+    """x -> Relu -> QuantizeLinear(scale, zp) -> y (codes)."""
+    inits = [nh.from_array(np.asarray(scale, np.float32), "s")]
+    q_in = ["r", "s"]
+    if zp is not None:
+        inits.append(nh.from_array(np.asarray(zp), "zp"))
+        q_in.append("zp")
+    zdt = np.asarray(zp).dtype if zp is not None else np.dtype(np.uint8)
+    outs = [oh.make_tensor_value_info("y", oh.np_dtype_to_tensor_dtype(zdt), None)]
+    if relu_also_output:
+        outs.append(oh.make_tensor_value_info("r", T.FLOAT, None))
+    g = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["r"], name="relu"), oh.make_node("QuantizeLinear", q_in, ["y"], name="q")],
+        "relu_q", [oh.make_tensor_value_info("x", T.FLOAT, ["n", 4])], outs, inits,
+    )  # fmt: skip
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+_SPECIALS = np.array([[np.nan, -np.inf, np.inf, -0.0], [0.0, -1e-30, 1e30, -1e30]], np.float32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    zp=st.sampled_from([np.uint8(0), np.int8(-128), None, np.zeros(1, np.uint8)]),
+    scale=st.floats(0.0001220703125, 8.0, width=32), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_relu_before_quantize_with_the_lowest_zero_point_is_dropped_with_equal_codes(zp, scale, seed) -> None:
+    m = _relu_quantize_model(zp, scale)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["QuantizeLinear"] and report.matched("drop_relu_before_quantize") == 1
+    x = np.random.default_rng(seed).standard_normal((6, 4)).astype(np.float32) * np.float32(scale * 300)
+    x = np.concatenate([x, _SPECIALS])
+    want = _run(m, 0, x)
+    got = og.run_graph(fused, {"x": x})["y"]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("zp", "scale", "also_output"),
+    [
+        (np.uint8(3), 0.1, False),  # a zero point above the lowest code: Relu's zeros are not saturation's
+        (np.int8(0), 0.1, False),
+        (np.uint8(0), -0.1, False),  # a negative scale flips the order
+        (np.uint8(0), 0.1, True),  # the Relu's output is read elsewhere
+    ],
+)
+def test_relu_before_quantize_stays_where_dropping_it_would_change_results(zp, scale, also_output) -> None:
+    m = _relu_quantize_model(zp, scale, relu_also_output=also_output)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["Relu", "QuantizeLinear"] and report.matched("drop_relu_before_quantize") == 0

@@ -3,7 +3,9 @@ results as the unpacked calls, failures that name the call inside a batch."""
 
 from __future__ import annotations
 
+import ctypes
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -329,3 +331,43 @@ def test_softmax_binds_the_native_row_loop_with_the_kernels_bits() -> None:
     np.testing.assert_array_equal(out, ops.softmax(x, axis=-1))
     assert ops.bind("softmax", x, out=out, axis=1) is None  # not the last axis: the kernel's own path
     assert ops.bind("softmax", x[..., ::2], out=np.empty((2, 3, 5, 17), np.float32), axis=-1) is None
+
+
+_PACKED_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64))
+
+
+def test_a_foreign_entry_point_runs_inside_a_batch_in_order() -> None:
+    """``ops.foreign_call``: another library's ``int fn(const int64_t *args)`` (here a ctypes callback)
+    runs from ops' batch between ops' own calls, with its packed arguments, in order; a non-zero code
+    stops the batch there and raises the call's own error, named by its index."""
+    _x, (a, b, _c), calls = _chain()
+    seen: list[tuple[int, ...]] = []
+    codes = [0]
+
+    def entry(args: Any) -> int:
+        seen.append((args[0], args[1], float(b[0, 0]) == float(b[0, 0])))
+        return codes[0]
+
+    fn = _PACKED_ENTRY(entry)
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    foreign = ops.foreign_call(
+        address,
+        [7, a.ctypes.data],
+        (fn, a),
+        lambda rc: ValueError(f"the entry said {rc}"),
+        result=a,
+        name="entry",
+    )
+    assert isinstance(foreign, ops.NativeCall) and foreign.name == "entry"
+    assert foreign() is a and seen == [(7, a.ctypes.data, True)]
+    runner, owners = ops.merge_bound_calls([calls[0], foreign, calls[1], calls[2]])
+    assert len(runner) == 1 and owners == [[0, 1, 2, 3]]
+    b[...] = np.nan
+    runner[0]()
+    assert seen[-1] == (7, a.ctypes.data, False)  # ran after the VM, before the layer norm wrote b
+    assert not np.isnan(b).any()
+    codes[0] = 5
+    with pytest.raises(ops.NativeBatchError) as info:
+        runner[0]()
+    assert info.value.index == 1 and str(info.value.__cause__) == "the entry said 5"
+    assert ops.foreign_call(0, [], None) is None  # no address: nothing to call

@@ -1,5 +1,6 @@
 """quant's native int8 convolution (ops' ``qconv``: the dequantizing QDQ Conv) against ops' fp32
-``conv2d`` on the same shapes, with onnxruntime's fp32 Conv and int8 QLinearConv beside them.
+``conv2d`` on the same shapes, both as the bound calls a session makes (checks done once, outputs
+preallocated), with onnxruntime's fp32 Conv and int8 QLinearConv beside them.
 
 Run: ``python packages/quant/benchmarks/bench_qconv.py [--quick] [--repeats N]``.
 One thread everywhere (set before numpy / onnxruntime load). Shapes: ResNet-18's and MobileNet's
@@ -90,10 +91,15 @@ def main() -> None:
         got = ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, **geo)
         want = ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, device="ref", **geo)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
-        cands: dict[str, Callable[[], object]] = {
-            "int8": lambda xq=xq, w=w, scale=scale, bias=bias, geo=geo: ops.qconv(xq, np.uint8(3), w, np.int8(0), scale, bias, **geo),
-            "fp32": lambda xf=xf, wf=wf, bias=bias, s=s, p=p, g=g: ops.conv2d(xf, wf, bias, stride=s, padding=p, groups=g),
-        }  # fmt: skip
+        # bound calls into preallocated outputs, as a session runs them (read-only weights and zero points)
+        x_zp, w_zp = np.array(3, np.uint8), np.zeros(oc, np.int8)
+        wf.flags.writeable = w_zp.flags.writeable = False
+        int8 = ops.bind("qconv", xq, x_zp, w, w_zp, scale, bias, out=np.empty_like(got), stride=[s] * 2,
+                        pads=[p] * 4, dilation=[1, 1], groups=g)  # fmt: skip
+        fp32 = ops.bind("conv2d", xf, wf, bias, out=np.empty_like(got), stride=s, padding=p, groups=g)
+        assert int8 is not None and fp32 is not None
+        np.testing.assert_array_equal(int8(), got)
+        cands: dict[str, Callable[[], object]] = {"int8": int8, "fp32": fp32}
         if ort is not None:
             ort_f, ort_q = _ort_conv(wf, bias, s, p, g, False), _ort_conv(w, bias, s, p, g, True)
             cands["ort fp32"] = lambda f=ort_f, xf=xf: f(xf)
@@ -103,7 +109,8 @@ def main() -> None:
         if ort is not None:
             row += [f"{ms['ort int8']:.3f}", f"{ms['int8'] / ms['ort int8']:.2f}x", f"{ms['ort fp32']:.3f}"]
         rows.append(row)
-    print(f"int8 conv (ops.qconv -> opstrata.quant) vs fp32, one thread, {rounds} interleaved rounds; "
+    print(f"int8 conv (ops.bind('qconv') -> opstrata.quant) vs fp32 (ops.bind('conv2d')), bound calls, one thread, "
+          f"{rounds} interleaved rounds; "
           f"{platform.machine()}, native paths {oq.native_status().paths}")  # fmt: skip
     head = ["shape", "int8 ms", "fp32 ms", "int8 speed-up"]
     if ort is not None:

@@ -238,9 +238,12 @@ def test_quantized_cnn_runs_its_convs_as_native_qconv() -> None:
     held = feeds((4, 3, 16, 16), 2, seed=9)
     oq.reset_native_stats()
     ours = np.concatenate([sess.run(None, f)[0] for f in held])
-    assert oq.native_status().calls["qconv"]["native"] == 4
+    calls = oq.native_status().calls.get("qconv", {"native": 0, "numpy": 0})
+    assert calls["numpy"] == 0
     if _runtime_binds_qconv():  # the steady-state run: QConv / QuantizeLinear on their bound C calls
-        _assert_bound_qconv(sess)
+        _assert_bound_qconv(sess)  # (a call inside ops' native batch is not counted)
+    else:
+        assert calls["native"] == 4
     theirs = run_ort(qm.model, held, level="none")[0]
     np.testing.assert_allclose(ours, theirs, atol=0.05 * float(np.abs(theirs).max()))
     assert isinstance(InferenceSession(qm.model), InferenceSession)
@@ -257,9 +260,13 @@ def _runtime_binds_qconv() -> bool:
 def _assert_bound_qconv(sess: Any) -> None:
     (bound,) = sess._bound.values()
     kinds = {
-        sess._schedule.steps[i].node.op_type: getattr(c, "__qualname__", type(c).__name__)
+        sess._schedule.steps[i].node.op_type: c.name if isinstance(c, ops.NativeCall) else c.__qualname__
         for i, c in zip(bound.index, bound.calls, strict=True)
     }
+    if hasattr(ops, "foreign_call"):  # ops >= 0.4.56 and a runtime freezing zero points: C calls in a batch
+        if kinds["QConv"] == "opstrata_qconv2d_packed":
+            assert kinds["QuantizeLinear"] == "opstrata_quantize_linear_packed", kinds
+            return
     assert kinds["QConv"].startswith("_bind_qconv_native"), kinds
     assert kinds["QuantizeLinear"].startswith("_bind_quantize_linear_native"), kinds
 
@@ -311,3 +318,106 @@ def test_qconv_and_quantize_linear_bind_to_the_eager_kernels_bits() -> None:
     qcall()
     np.testing.assert_array_equal(q, ops.quantize_linear(f, s, zp))
     assert ops.bind("quantize_linear", f, s, zp, out=np.empty(f.shape, np.uint8)) is None  # dtype mismatch
+
+
+@pytest.mark.skipif(
+    not hasattr(ops, "foreign_call"), reason="opstrata-ops without foreign calls (before 0.4.56)"
+)
+@pytest.mark.parametrize("groups", [1, 8])
+def test_bound_qconv_and_quantize_linear_are_native_calls_that_batch_with_ops(groups: int) -> None:
+    """A read-only weight with read-only zero points (a session's): the bound QConv is one packed C call
+    (``ops.foreign_call``) and so is QuantizeLinear; merged into one ops.NativeBatch with an ops kernel
+    between them they give the eager kernels' bits, and the activation zero point / scale are still read
+    when the batch runs."""
+    r = np.random.default_rng(11)
+    x = r.integers(0, 256, (2, 8, 9, 9)).astype(np.uint8)
+    w = r.integers(-128, 128, (16, 8 // groups, 3, 3)).astype(np.int8)
+    wzp = np.zeros(16, np.int8)
+    w.flags.writeable = wzp.flags.writeable = False
+    x_zp = np.array(3, np.uint8)
+    scale, bias = r.uniform(1e-3, 1e-2, 16).astype(np.float32), r.standard_normal(16).astype(np.float32)
+    geo = {"stride": [2, 2], "pads": [1, 1, 1, 1], "dilation": [1, 1], "groups": groups}
+    conv_out = np.empty((2, 16, 5, 5), np.float32)
+    act = np.empty_like(conv_out)
+    q = np.empty(conv_out.shape, np.uint8)
+    y_scale, y_zp = np.array(0.02, np.float32), np.array(7, np.uint8)
+    qconv = ops.bind("qconv", x, x_zp, w, wzp, scale, bias, out=conv_out, **geo)
+    relu = ops.bind("bias_act", conv_out, None, None, out=act, act="relu")
+    quant = ops.bind("quantize_linear", act, y_scale, y_zp, out=q)
+    assert isinstance(qconv, ops.NativeCall) and qconv.name == "opstrata_qconv2d_packed"
+    assert isinstance(quant, ops.NativeCall) and quant.name == "opstrata_quantize_linear_packed"
+    assert qconv() is conv_out and quant() is q  # alone, each returns its destination
+    runner, owners = ops.merge_bound_calls([qconv, relu, quant])
+    assert len(runner) == 1 and isinstance(runner[0], ops.NativeBatch) and owners == [[0, 1, 2]]
+
+    def eager() -> np.ndarray:
+        y = ops.qconv(x, x_zp, w, wzp, scale, bias, **geo)
+        return ops.quantize_linear(np.where(y < 0, np.float32(0), y), y_scale, y_zp)
+
+    for zx, ys, yz in ((3, 0.02, 7), (200, 0.005, 0), (0, float("nan"), 9)):
+        x_zp[...], y_scale[...], y_zp[...] = zx, ys, yz  # read when the batch runs
+        q[...] = 123
+        runner[0]()
+        np.testing.assert_array_equal(q, eager())
+    np.testing.assert_array_equal(conv_out, ops.qconv(x, x_zp, w, wzp, scale, bias, **geo))
+
+    # an int8 activation: its zero point read as int8
+    xs = (x.astype(np.int16) - 128).astype(np.int8)
+    zs = np.array(-5, np.int8)
+    signed = ops.bind("qconv", xs, zs, w, wzp, scale, bias, out=conv_out, **geo)
+    assert isinstance(signed, ops.NativeCall)
+    signed()
+    np.testing.assert_array_equal(conv_out, ops.qconv(xs, zs, w, wzp, scale, bias, **geo))
+
+
+def test_qconv_native_call_failure_names_the_kernel_and_input() -> None:
+    """A packed call the C code refuses (here a code path id no CPU has) raises a QuantError naming
+    qconv2d, the failure and the activation -- alone and from inside a native batch."""
+    if not hasattr(ops, "foreign_call"):
+        pytest.skip("opstrata-ops without foreign calls (before 0.4.56)")
+    from opstrata.quant._conv import conv_geometry, prepack_conv, qconv_call, qconv_native_call
+
+    r = np.random.default_rng(2)
+    x = r.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)
+    packed = prepack_conv(r.integers(-128, 128, (8, 4, 3, 3)).astype(np.int8), None, 1)
+    geometry = conv_geometry(x.shape, packed, [1, 1], [1, 1, 1, 1], [1, 1])
+    sc, out = np.full(8, 0.01, np.float32), np.empty((1, 8, 6, 6), np.float32)
+    fn, head, tail = qconv_call(x, packed, sc, None, geometry, 1, None, out)
+    bad = qconv_native_call((fn, (99, *head[1:]), tail), None, x, (packed, sc, out), out)
+    assert bad is not None
+    with pytest.raises(oq.QuantError, match=r"qconv2d.*code path is not available.*uint8\[1, 4, 6, 6\]"):
+        bad()
+    (batch,), _ = ops.merge_bound_calls([bad, bad])
+    with pytest.raises(ops.NativeBatchError) as err:
+        batch()
+    assert err.value.index == 0 and isinstance(err.value.__cause__, oq.QuantError)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2), c_per_group=st.integers(16, 40), groups=st.sampled_from([1, 2]), oc=st.integers(1, 70),
+    h=st.integers(1, 20), w=st.integers(1, 20), k=st.sampled_from([1, 3]), stride=st.integers(1, 2),
+    pad=st.integers(0, 1), x_dt=st.sampled_from([np.uint8, np.int8]), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_wide_channel_convolutions_give_the_exact_integer_sums(
+    n, c_per_group, groups, oc, h, w, k, stride, pad, x_dt, seed
+) -> None:
+    """16+ channels per group: the image goes channels-last in 16 x 16 byte blocks (any leftover channels
+    and pixels byte by byte), 1x1 stride-1 convolutions straight from it with rows padded to the K groups,
+    others through the patch rows; with scale 1 the output is the integer sum itself, exactly, on every
+    code path and at two threads."""
+    if h + 2 * pad < k or w + 2 * pad < k:
+        return
+    r = np.random.default_rng(seed)
+    xi = np.iinfo(x_dt)
+    c, oc = c_per_group * groups, oc * groups
+    x = r.integers(xi.min, xi.max + 1, (n, c, h, w)).astype(x_dt)
+    wt = r.integers(-127, 128, (oc, c_per_group, k, k)).astype(np.int8)
+    x_zp = np.asarray(r.integers(xi.min, xi.max + 1), x_dt)
+    geo = {"stride": [stride] * 2, "pads": [pad] * 4, "dilation": [1, 1]}
+    want = ops.qconv(x, x_zp, wt, None, np.float32(1.0), None, groups=groups, device="ref", **geo)
+    packed = oq.prepack_conv(wt, None, groups)
+    for path in _library.available_paths():
+        for threads in (1, 2):
+            got = oq.qconv2d(x, packed, x_zp, np.float32(1.0), None, path=path, threads=threads, **geo)
+            np.testing.assert_array_equal(got, want, err_msg=f"{path} threads={threads}")

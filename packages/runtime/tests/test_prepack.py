@@ -145,3 +145,28 @@ def test_a_conv_weight_fed_as_an_input_may_change_between_runs() -> None:
             w = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
             want = np.maximum(ops.conv2d(x, w, padding=1, device="ref"), 0)
             np.testing.assert_allclose(sess.run(None, {"x": x, "w": w})[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_integer_initializers_of_every_rank_are_read_only_copies() -> None:
+    """int8 weights and their zero points -- per channel (1-D) and per tensor (scalars) -- get read-only
+    copies of their own, so an int8 kernel may bind them once (opstrata.quant's convolution as one C call);
+    float vectors are left as they are."""
+    g = og.Graph()
+    inits = {
+        "w": np.arange(24, dtype=np.int8).reshape(4, 6),
+        "w_zp": np.zeros(4, np.int8),
+        "x_zp": np.array(3, np.uint8),
+        "scale": np.ones(4, np.float32),
+    }
+    for k, v in inits.items():
+        g.initializers[k] = v
+    names = list(inits)
+    slot = {k: i for i, k in enumerate(names)}
+    template = [inits[k] for k in names]
+    assert prepack_weights(g, template, slot) == 3
+    for k in ("w", "w_zp", "x_zp"):
+        got = template[slot[k]]
+        assert not got.flags.writeable and got.base is None and got is not inits[k]
+        np.testing.assert_array_equal(got, inits[k])
+        assert inits[k].flags.writeable  # the graph's own array is untouched
+    assert template[slot["scale"]] is inits["scale"]

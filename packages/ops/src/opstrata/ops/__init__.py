@@ -312,6 +312,7 @@ from .native.packed import (
     bind_concat as bind_concat,
     bind_copy as bind_copy,
     bind_take as bind_take,
+    foreign_call as foreign_call,
     merge_bound_calls as merge_bound_calls,
 )
 from .tune.autotune import (
@@ -460,6 +461,7 @@ __all__ = [
     "float32",
     "float64",
     "floor",
+    "foreign_call",
     "gather",
     "gather_elements",
     "gather_nd",

@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+import opstrata.ops as ops
+
 from ._errors import QuantError
 from ._qgemm import _ERRORS, PackedWeight, _lib, prepack_weight
-from .native._library import count, path_id
+from .native._library import count, entry_address, path_id
 
 __all__ = [
     "PackedConv",
@@ -27,6 +29,7 @@ __all__ = [
     "prepack_conv",
     "qconv2d",
     "qconv_call",
+    "qconv_native_call",
     "run_qconv2d",
     "run_qconv_call",
 ]
@@ -183,6 +186,36 @@ def qconv_call(
     assert packed.ptrs is not None
     tail = (packed.oc, packed.kh, packed.kw, *geo, packed.groups, *packed.ptrs, *common)
     return lib.opstrata_qconv2d, head, tail
+
+
+def qconv_native_call(
+    call: tuple[Any, tuple[Any, ...], tuple[Any, ...]],
+    x_zero_point: np.ndarray | None,
+    x: np.ndarray,
+    keep: tuple[Any, ...],
+    result: np.ndarray | None = None,
+) -> Any:
+    """A :func:`qconv_call` as one ``opstrata.ops.foreign_call`` (the library's packed entry point): the
+    runtime merges it into a native batch with the ops around it. The activation zero point is read through
+    its address when the call runs (``x_zero_point``: one value of x's dtype, or None for 0). None with an
+    opstrata-ops without foreign calls (< 0.4.56) or a zero point of another dtype; ``keep`` holds the arrays
+    the C arguments point into; calling it returns ``result`` (the destination)."""
+    foreign = getattr(ops, "foreign_call", None)
+    if foreign is None or (
+        x_zero_point is not None and (x_zero_point.dtype != x.dtype or x_zero_point.size != 1)
+    ):
+        return None
+    fn, head, tail = call
+    lib = _lib("qconv2d")
+    entry = fn.__name__ + "_packed"
+    zp_addr = 0 if x_zero_point is None else x_zero_point.ctypes.data
+    shape = f"{x.dtype}{list(x.shape)}"
+
+    def error(rc: int) -> QuantError:
+        return QuantError("qconv2d", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {shape}")
+
+    args = [ctypes.addressof(a) if isinstance(a, ctypes.Array) else a for a in (*head, zp_addr, *tail)]
+    return foreign(entry_address(lib, entry), args, (keep, x_zero_point, tail), error, result, name=entry)
 
 
 def qconv2d(

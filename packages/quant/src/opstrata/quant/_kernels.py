@@ -27,11 +27,11 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from ._conv import conv_geometry, prepack_conv, qconv_call, run_qconv2d, run_qconv_call
+from ._conv import conv_geometry, prepack_conv, qconv_call, qconv_native_call, run_qconv2d, run_qconv_call
 from ._errors import QuantError
 from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
 from ._wonly import dq_matmul, prepack_dq_weight
-from .native._library import count, library
+from .native._library import count, entry_address, library
 
 __all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
 
@@ -372,6 +372,10 @@ def _bind_qconv_native(
         packed = _packed_conv(w, w_zero_point, groups)
         prepared = qconv_call(x, packed, sc, bi, geometry, threads, None, out)
         wzp = None if w_zero_point is None else np.asarray(w_zero_point)
+        if wzp is None or _immutable(wzp):  # nothing that can change: one C call from ops' native batch
+            native = qconv_native_call(prepared, zp, x, (packed, sc, bi, x, out, wzp), out)
+            if native is not None:
+                return native
         wzp_bytes = None if wzp is None else wzp.tobytes()
 
         def fixed() -> np.ndarray:
@@ -439,6 +443,24 @@ def _bind_quantize_linear_native(
     if not fits:
         return None
     lib, signed = library(), int(dtype == _S8)
+    foreign = getattr(ops, "foreign_call", None)  # opstrata-ops >= 0.4.56
+    if foreign is not None and (zp is None or zp.dtype == dtype):
+        # one packed C call that reads the scale and zero point when it runs: ops' native batches merge it
+        args = [
+            x.ctypes.data,
+            x.size,
+            scale.ctypes.data,
+            0 if zp is None else zp.ctypes.data,
+            signed,
+            out.ctypes.data,
+        ]
+        native = foreign(
+            entry_address(lib, "opstrata_quantize_linear_packed"), args, (x, scale, zp, out),
+            lambda rc: QuantError("quantize_linear", f"the native kernel failed with code {rc} for x {x.dtype}{list(x.shape)}"),
+            out, name="opstrata_quantize_linear_packed",
+        )  # fmt: skip
+        if native is not None:
+            return native
 
     def call() -> np.ndarray:
         z = 0 if zp is None else int(zp.reshape(()))

@@ -8,9 +8,10 @@ session holds such weights twice; the values, shapes and dtypes are unchanged. T
 of a MatMul (or a Gemm without transB) that a folded Transpose left Fortran-ordered (GPT-2's tied LM
 head) gets a C-ordered copy the same way: numpy runs it as a transposed GEMM, 1.5x slower at 32x64x1000.
 
-int8/uint8/int4/uint4 initializers of rank >= 2 (the weights of integer GEMMs and convolutions) get a read-only copy of their own: an int8
-kernel that caches its packed form per weight (opstrata.quant's) then trusts it not to change, instead
-of fingerprinting its bytes on every call. A kernel writing into one fails loudly.
+int8/uint8/int4/uint4 initializers (the weights of integer GEMMs and convolutions, and their zero points)
+get a read-only copy of their own: an int8 kernel that caches its packed form per weight (opstrata.quant's)
+then trusts it not to change, instead of fingerprinting its bytes on every call, and binds a convolution
+whose weight zero points cannot change as one native call. A kernel writing into one fails loudly.
 
 Float convolution weights (read only as a Conv / FusedConv weight) are made read-only the same way -- in
 place when the array owns its memory, else as a copy -- so that ops' conv binders pack them once per
@@ -81,7 +82,7 @@ def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> 
     ``template``; returns how many."""
     count = 0
     for name, w in graph.initializers.items():
-        if w.dtype.name in _INT_WEIGHTS and w.ndim >= 2 and w.size > 1:
+        if w.dtype.name in _INT_WEIGHTS:
             frozen = np.array(w, order="C", copy=True)
             frozen.flags.writeable = False
             template[slot[name]] = frozen

@@ -12,6 +12,10 @@ weight with a per-tensor or per-output-column ``DequantizeLinear`` (no blocks) f
 ``MatMul`` or of a ``Gemm`` with transA=0, alpha=beta=1 and a constant bias. Constant folding leaves
 such weight dequantizations alone (:func:`is_fusable_weight_dq`) so this pass still sees them.
 
+``drop_relu_before_quantize`` removes a ``Relu`` whose only reader is a ``QuantizeLinear`` with a positive
+scale and the lowest code as zero point (onnxruntime's ReluQuantFusion): saturation does the Relu's job,
+with the same codes for every input (NaN and -inf included).
+
 ``fuse_qdq_conv`` does the same for ``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``ai.opstrata::QConv``: the exact
 int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per output channel.
 """
@@ -27,6 +31,7 @@ from .._ir import OPSTRATA_DOMAIN, Graph, Node
 from .pattern import Matcher, is_onnx
 
 __all__ = [
+    "drop_relu_before_quantize",
     "fuse_dequant_matmul",
     "fuse_dynamic_qmatmul",
     "fuse_qdq_conv",
@@ -263,6 +268,36 @@ def fuse_qdq_conv(graph: Graph) -> Graph:
     """``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``QConv(x_q, x_zp, W_q, W_zp)`` with the Conv's window
     attributes, ``scale`` (x_scale * W_scale, scalar or per output channel) and ``bias``."""
     return _rewrite_each(graph, ("Conv",), _fuse_conv)
+
+
+def _relu_into_quantize(g: Graph, m: Matcher, relu: Node) -> Rewrite | None:
+    q = _only(m, relu.outputs[0], "QuantizeLinear")
+    if q is None or q.inputs[0] != relu.outputs[0] or len(q.inputs) < 2:
+        return None
+    scale = m.const(q.inputs[1])
+    if scale is None or scale.dtype.kind != "f" or scale.size == 0 or not bool(np.all(scale > 0)):
+        return None
+    if len(q.inputs) > 2 and q.inputs[2]:
+        zp = m.const(q.inputs[2])
+        if zp is None or zp.dtype.kind not in "iu" or zp.dtype.itemsize > 2:
+            return None  # a computed zero point, or float8 / int32 codes
+        lowest = np.iinfo(zp.dtype).min
+        if zp.size == 0 or not bool(np.all(zp == lowest)):
+            return None
+    elif q.attrs.get("output_dtype"):
+        return None  # another code type with zero point 0: not its lowest code in general
+    # Q(Relu(x)) = Q(x): every x <= 0 (-inf included) rounds to <= 0 and saturates to the zero point, the
+    # lowest code, which is Q(0); Relu passes x > 0 and NaN through unchanged
+    fused = Node(
+        "QuantizeLinear", [relu.inputs[0], *q.inputs[1:]], q.outputs, dict(q.attrs), q.name, q.domain
+    )
+    return [relu, q], [fused]
+
+
+def drop_relu_before_quantize(graph: Graph) -> Graph:
+    """``QuantizeLinear(Relu(x), scale > 0, zero_point = the lowest code)`` -> ``QuantizeLinear(x, ...)``
+    where the Relu's output has no other reader: the same codes, one pass over the tensor fewer."""
+    return _rewrite_each(graph, ("Relu",), _relu_into_quantize)
 
 
 def fuse_dequant_matmul(graph: Graph) -> Graph:

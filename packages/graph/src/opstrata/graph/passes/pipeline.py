@@ -132,7 +132,13 @@ def _extended() -> list[tuple[str, Pass]]:
     from .fuse_gelu import fuse_gelu
     from .fuse_linear import fuse_linear
     from .fuse_norm import fuse_layer_norm, fuse_rms_norm
-    from .fuse_qdq import fuse_dequant_matmul, fuse_dynamic_qmatmul, fuse_qdq_conv, fuse_qdq_matmul
+    from .fuse_qdq import (
+        drop_relu_before_quantize,
+        fuse_dequant_matmul,
+        fuse_dynamic_qmatmul,
+        fuse_qdq_conv,
+        fuse_qdq_matmul,
+    )
     from .fuse_rotary import fuse_rotary
     from .fuse_skip_norm import fuse_skip_norm
     from .transpose import fold_transposes
@@ -141,6 +147,7 @@ def _extended() -> list[tuple[str, Pass]]:
         ("fold_conv_batchnorm", fold_conv_batchnorm),
         ("fuse_qdq_matmul", fuse_qdq_matmul),
         ("fuse_qdq_conv", fuse_qdq_conv),
+        ("drop_relu_before_quantize", drop_relu_before_quantize),
         ("fuse_dequant_matmul", fuse_dequant_matmul),
         ("fuse_dynamic_qmatmul", fuse_dynamic_qmatmul),
         ("fuse_layer_norm", fuse_layer_norm),

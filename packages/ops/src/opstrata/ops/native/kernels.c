@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 19; }
+int opstrata_native_abi(void) { return 20; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -2719,6 +2719,9 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         }
         return 0;
     }
+    case 28: /* another library's packed entry point, int fn(const int64_t *args): a[0] its address, its
+                arguments from a[1] on -- so a batch can run kernels of several native libraries in order */
+        return ((int (*)(const int64_t *))(intptr_t)a[0])(a + 1);
     default:
         return -1000; /* an unknown id: the bindings and the library disagree */
     }

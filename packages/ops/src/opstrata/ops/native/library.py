@@ -31,7 +31,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 19  # opstrata_native_abi() of a library these bindings understand
+ABI = 20  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = (
     "-O3",

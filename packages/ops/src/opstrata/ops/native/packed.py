@@ -26,6 +26,7 @@ __all__ = [
     "NativeBatchError",
     "NativeCall",
     "flatten",
+    "foreign_call",
     "pack_args",
 ]
 
@@ -58,6 +59,7 @@ PACKED_IDS = {
     "opstrata_conv_gather_f32": 25,
     "opstrata_depthwise_lanes_f32": 26,
     "opstrata_linear_packed_f32": 27,
+    "opstrata_call_foreign": 28,
 }
 
 
@@ -107,6 +109,28 @@ class NativeCall:
         if self.error is not None:
             return self.error(rc)
         return RuntimeError(f"{self.name}: native call failed with code {rc}")
+
+
+def foreign_call(
+    address: int,
+    args: Sequence[Any],
+    keep: Any,
+    error: Callable[[int], Exception] | None = None,
+    result: Any = None,
+    name: str = "opstrata_call_foreign",
+) -> NativeCall | None:
+    """A :class:`NativeCall` of another native library's packed entry point ``int fn(const int64_t
+    *args)`` at ``address``, with ``args`` packed as :func:`pack_args` does: it merges into a
+    :class:`NativeBatch` with ops' own calls, so a run alternating kernels of two libraries stays one C
+    loop (the upper layers register such kernels: opstrata.quant's int8 convolution). None without ops'
+    native library. ``keep`` must hold every array the pointers point into for as long as the call lives.
+    """
+    lib = library()
+    if lib is None or not address:
+        return None
+    call = NativeCall(lib, "opstrata_call_foreign", [int(address), *args], keep, error, result)
+    call.name = name  # the foreign kernel's name, for error messages
+    return call
 
 
 class NativeBatchError(RuntimeError):

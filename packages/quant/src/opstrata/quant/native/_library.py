@@ -28,6 +28,7 @@ __all__ = [
     "available_paths",
     "best_path",
     "count",
+    "entry_address",
     "library",
     "native_status",
     "path_id",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-ABI = 5  # opstrata_qgemm_abi() of a library these bindings understand
+ABI = 6  # opstrata_qgemm_abi() of a library these bindings understand
 #: code paths by id (the C enum QG_PATH_*), slowest first
 PATHS = ("portable", "avx2", "avxvnni", "avx512vnni", "amx")
 #: forces the path of the registered kernels (``auto`` or one of :data:`PATHS`)
@@ -90,6 +91,10 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
         _INT,
     ),
     "opstrata_quantize_linear": ([_P, _I64, ctypes.c_float, _I32, _INT, _P], _INT),
+    # the packed entry points ops' native batches call (one int64 block of the arguments above)
+    "opstrata_qconv2d_packed": ([_P], _INT),
+    "opstrata_qconv2d_depthwise_packed": ([_P], _INT),
+    "opstrata_quantize_linear_packed": ([_P], _INT),
     "opstrata_dynamic_qgemm": (
         [
             *(_INT, _I64, _I64, _I64, _P, _INT),  # path, M, N, K, x, per_row
@@ -117,7 +122,11 @@ LIBRARY: Any = (
         "opstrata_quant_qgemm",
         SOURCE,
         _SIGNATURES,
-        cflags=(*ops.native.build.PORTABLE_CFLAGS, "-pthread"),
+        cflags=(
+            *ops.native.build.PORTABLE_CFLAGS,
+            "-pthread",
+            "-ffp-contract=off",
+        ),  # epilogues round as numpy
         abi=("opstrata_qgemm_abi", ABI),
         what="quant int8 kernels",
     )
@@ -137,6 +146,12 @@ def library() -> ctypes.CDLL | None:
     if LIBRARY is None:
         return None
     return LIBRARY.get(stacklevel=4)
+
+
+def entry_address(lib: ctypes.CDLL, name: str) -> int:
+    """The address of the library's exported function ``name`` (a packed entry point that ops' native
+    batches call through ``opstrata.ops.foreign_call``)."""
+    return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
 
 
 def available_paths(lib: ctypes.CDLL | None = None) -> list[str]:

@@ -54,7 +54,7 @@
 #define QG_HAVE_AMX 0
 #endif
 
-#define QG_ABI 5
+#define QG_ABI 6
 #define NR 64   /* columns per packed panel */
 #define KG 4    /* k per group */
 #define KPAD 64 /* K padded to this in the packed layout and A's rows (one AMX tile row of bytes) */
@@ -698,26 +698,61 @@ static inline __attribute__((always_inline)) T512 void qg_epi_f32_rows_512(const
    image: per output channel, 16 rows at a time as one vector (the tile's column read with a gather) and
    stored as one run of the channel's plane; the same integer and float operations per value as the
    row-wise form, so the same bits */
+/* r[i] = row i of a 16 x 16 int32 block -> r[c] = column c (unpacks within 128-bit lanes, then lane shuffles) */
+static inline __attribute__((always_inline)) T512 void qg_transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) { /* u[4i + k], lane L: column 4L + k of rows 4i..4i+3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        t[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        t[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        t[8 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        t[12 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    }
+    for (int k = 0; k < 4; ++k) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+        r[4 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xdd);
+    }
+}
+
 static inline __attribute__((always_inline)) T512 void qg_epi_f32_planes_512(const qg_epi *e, const int32_t *t,
                                                                              int mr, int64_t r0, int64_t c0,
                                                                              int nc, int64_t first,
-                                                                             const int zb_zero) {
+                                                                             const int zb_zero, const int za_same) {
     float *out = (float *)e->out + first;
     const int64_t ocs = e->ocs;
     const int relu = e->relu, asr = e->a_scale_rows, sbc = e->b_scale_cols;
     const float *bias = e->bias;
     const __m512 zero = _mm512_setzero_ps();
-    const __m512i rows = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(NR));
     for (int rb = 0; rb < mr; rb += 16) {
-        const __mmask16 m = mr - rb >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (mr - rb)) - 1u);
+        const int nr = mr - rb >= 16 ? 16 : mr - rb;
+        const __mmask16 m = nr == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
         const __m512i za = _mm512_maskz_loadu_epi32(m, e->zae + r0 + rb);
         const __m512i rt = _mm512_maskz_loadu_epi32(m, e->rterm + r0 + rb);
         const __m512 sa = asr ? _mm512_maskz_loadu_ps(m, e->a_scale + r0 + rb) : _mm512_set1_ps(e->a_scale[0]);
+        __m512i col[16];
         for (int c = 0; c < nc; ++c) {
             const int64_t cc = c0 + c;
-            __m512i acc = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, rows, t + rb * NR + c, 4);
-            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(za, _mm512_set1_epi32(e->colsum[cc])));
+            if ((c & 15) == 0) { /* the next 16 columns of these rows, transposed: one vector per column */
+                const int w = nc - c >= 16 ? 16 : nc - c;
+                const __mmask16 cm = w == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+                for (int i = 0; i < 16; ++i)
+                    col[i] = i < nr ? _mm512_maskz_loadu_epi32(cm, t + (rb + i) * NR + c) : _mm512_setzero_si512();
+                qg_transpose16_epi32(col);
+            }
+            __m512i acc = col[c & 15];
+            acc = _mm512_sub_epi32(acc, za_same ? _mm512_set1_epi32(e->zae[0] * e->colsum[cc])
+                                                : _mm512_mullo_epi32(za, _mm512_set1_epi32(e->colsum[cc])));
             if (!zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->zbe[cc]), rt));
             const __m512 sc = _mm512_mul_ps(sa, _mm512_set1_ps(e->b_scale[sbc ? cc : 0]));
             __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), sc);
@@ -743,10 +778,12 @@ static T512 void qg_epi_f32_512(const qg_epi *e, const int32_t *t, int mr, int64
     for (int r = 0; r < mr;) { /* NCHW: the tile's rows in runs of one image's consecutive pixels */
         const int64_t i = r0 + r, next_image = (i / e->ocs + 1) * e->ocs;
         const int len = (int)(next_image - i < mr - r ? next_image - i : mr - r);
-        if (e->zb_zero)
-            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 1);
+        if (e->zb_zero && e->za_same)
+            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 1, 1);
+        else if (e->zb_zero)
+            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 1, 0);
         else
-            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 0);
+            qg_epi_f32_planes_512(e, t + r * NR, len, i, c0, nc, qg_row_base(e, i), 0, 0);
         r += len;
     }
 }
@@ -1272,6 +1309,181 @@ int opstrata_dynamic_qgemm(int path, int64_t M, int64_t N, int64_t K, const floa
 
 /* ------------------------------------------------------------------ 2-D convolution */
 
+/* One NCHW image's planes laid out channels-last: dst[q * ld + c] = x[c * HW + q] ^ flip for c < C, q < HW,
+   and 0 for C <= c < ld (a GEMM row padded to its K groups). Blocks of 16 channels x 16 pixels go through a
+   16x16 byte transpose in SSE2 registers (baseline x86-64); leftover channels and pixels byte by byte. */
+#if QG_X86
+static inline void qg_transpose16x16(__m128i r[16]) {
+    __m128i a[16], b[16], c[16];
+    for (int i = 0; i < 8; ++i) {
+        a[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) { /* rows 4i..4i+3: pixel quarters 0..3 */
+        b[4 * i] = _mm_unpacklo_epi16(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm_unpackhi_epi16(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm_unpacklo_epi16(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm_unpackhi_epi16(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; ++h) /* rows 8h..8h+7: pixel pairs */
+        for (int k = 0; k < 4; ++k) {
+            c[8 * h + 2 * k] = _mm_unpacklo_epi32(b[8 * h + k], b[8 * h + 4 + k]);
+            c[8 * h + 2 * k + 1] = _mm_unpackhi_epi32(b[8 * h + k], b[8 * h + 4 + k]);
+        }
+    for (int k = 0; k < 8; ++k) { /* pixel 2k, 2k + 1: all 16 rows */
+        r[2 * k] = _mm_unpacklo_epi64(c[k], c[k + 8]);
+        r[2 * k + 1] = _mm_unpackhi_epi64(c[k], c[k + 8]);
+    }
+}
+#endif
+
+static void qg_channels_last(const uint8_t *x, int64_t C, int64_t HW, uint8_t flip, uint8_t *dst, int64_t ld) {
+    int64_t c0 = 0;
+#if QG_X86
+    const __m128i vflip = _mm_set1_epi8((char)flip);
+    for (; c0 + 16 <= C; c0 += 16) {
+        int64_t q0 = 0;
+        for (; q0 + 16 <= HW; q0 += 16) {
+            __m128i r[16];
+            for (int i = 0; i < 16; ++i)
+                r[i] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(x + (c0 + i) * HW + q0)), vflip);
+            qg_transpose16x16(r);
+            for (int i = 0; i < 16; ++i) _mm_storeu_si128((__m128i *)(dst + (q0 + i) * ld + c0), r[i]);
+        }
+        for (; q0 < HW; ++q0)
+            for (int64_t c = c0; c < c0 + 16; ++c) dst[q0 * ld + c] = x[c * HW + q0] ^ flip;
+    }
+#endif
+    for (int64_t c = c0; c < C; ++c)
+        for (int64_t q = 0; q < HW; ++q) dst[q * ld + c] = x[c * HW + q] ^ flip;
+    if (ld > C)
+        for (int64_t q = 0; q < HW; ++q) memset(dst + q * ld + C, 0, (size_t)(ld - C));
+}
+
+#if QG_X86
+/* qg_rows_nchw_taps for 16 output pixels at a time: per group of 16 taps, each tap's 16 pixels as one vector
+   (a 16-byte load at stride 1, the even bytes of 32 at stride 2, else byte by byte -- also where the run
+   leaves the image), then a 16 x 16 byte transpose makes them 16 bytes of 16 rows. */
+static void qg_rows_nchw_taps_16(const uint8_t *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t cg,
+                                 int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                                 int64_t dw, int64_t OH, int64_t OW, uint8_t flip, uint8_t pad, uint8_t *rows,
+                                 int64_t kp) {
+    const int64_t K = kh * kw * cg, HW = H * W, kgroups = (K + 15) / 16;
+    int64_t tap_shift[1024], tap_dy[1024], tap_plane[1024]; /* iw = ow * sw + shift, ih = oh * sh - ph + dy */
+    const uint8_t *tap_row[1024]; /* per output row: the tap's input row, NULL above / below the image */
+    for (int64_t t = 0; t < K; ++t) {
+        tap_shift[t] = t / cg % kw * dw - pw;
+        tap_dy[t] = t / (kw * cg) * dh;
+        tap_plane[t] = t % cg * HW;
+    }
+    const __m128i vflip = _mm_set1_epi8((char)flip), evens = _mm_set1_epi16(0x00FF), zero = _mm_setzero_si128();
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            uint8_t *base = rows + (n * OH + oh) * OW * kp;
+            for (int64_t t = 0; t < K; ++t) {
+                const int64_t ih = oh * sh - ph + tap_dy[t];
+                tap_row[t] = ih >= 0 && ih < H ? x + n * C * HW + tap_plane[t] + ih * W : NULL;
+            }
+            for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+                const int nb = OW - ow0 < 16 ? (int)(OW - ow0) : 16;
+                for (int64_t tg = 0; tg < kgroups; ++tg) {
+                    __m128i v[16];
+                    for (int t = 0; t < 16; ++t) {
+                        const int64_t k = tg * 16 + t;
+                        if (k >= K) {
+                            v[t] = zero;
+                            continue;
+                        }
+                        const int64_t iw0 = ow0 * sw + tap_shift[k];
+                        const uint8_t *row = tap_row[k];
+                        const int inside = row && iw0 >= 0 && iw0 + 15 * sw < W;
+                        if (inside && sw == 1) {
+                            v[t] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(row + iw0)), vflip);
+                        } else if (inside && sw == 2 && iw0 + 32 <= W) {
+                            const __m128i lo = _mm_and_si128(_mm_loadu_si128((const __m128i *)(row + iw0)), evens);
+                            const __m128i hi = _mm_and_si128(_mm_loadu_si128((const __m128i *)(row + iw0 + 16)), evens);
+                            v[t] = _mm_xor_si128(_mm_packus_epi16(lo, hi), vflip);
+                        } else {
+                            uint8_t b[16];
+                            for (int q = 0; q < 16; ++q) {
+                                const int64_t iw = iw0 + q * sw;
+                                b[q] = q < nb && row && iw >= 0 && iw < W ? (uint8_t)(row[iw] ^ flip) : pad;
+                            }
+                            v[t] = _mm_loadu_si128((const __m128i *)b);
+                        }
+                    }
+                    qg_transpose16x16(v);
+                    for (int q = 0; q < nb; ++q) _mm_storeu_si128((__m128i *)(base + (ow0 + q) * kp + tg * 16), v[q]);
+                }
+                for (int q = 0; q < nb; ++q) /* past the tap groups: zeros up to the padded K */
+                    for (int64_t o = kgroups * 16; o < kp; o += 16)
+                        _mm_storeu_si128((__m128i *)(base + (ow0 + q) * kp + o), zero);
+            }
+        }
+}
+#endif
+
+/* The GEMM rows of a convolution over NCHW planes (few channels per group: no channels-last copy), rows of kp
+   bytes ordered (tap i, tap j, channel), the padding zero point pad where a tap leaves the image and 0 past
+   K = kh * kw * cg. x points at the group's first plane of image 0 (images C planes apart). Loops tap by tap
+   over runs of output pixels, with the in-image range of each tap computed once, so the inner loop is a
+   strided byte copy. */
+static void qg_rows_nchw_taps(const uint8_t *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t cg, int64_t kh,
+                              int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                              int64_t OH, int64_t OW, uint8_t flip, uint8_t pad, uint8_t *rows, int64_t kp) {
+    const int64_t K = kh * kw * cg, HW = H * W;
+#if QG_X86
+    if (K <= kp && K <= 1024) {
+        qg_rows_nchw_taps_16(x, N, C, H, W, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, flip, pad, rows, kp);
+        return;
+    }
+#endif
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            uint8_t *base = rows + (n * OH + oh) * OW * kp;
+            for (int64_t i = 0; i < kh; ++i) {
+                const int64_t ih = oh * sh - ph + i * dh;
+                for (int64_t j = 0; j < kw; ++j) {
+                    const int64_t shift = j * dw - pw; /* iw = ow * sw + shift */
+                    int64_t lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+                    int64_t hi = W - 1 - shift < 0 ? 0 : (W - 1 - shift) / sw + 1;
+                    if (ih < 0 || ih >= H) lo = hi = 0;
+                    if (hi > OW) hi = OW;
+                    if (lo > hi) lo = hi;
+                    const int64_t at = ih * W + shift; /* + ow * sw: the tap's input in its plane */
+                    for (int64_t c = 0; c < cg; ++c) {
+                        uint8_t *d = base + (i * kw + j) * cg + c;
+                        const uint8_t *plane = x + (n * C + c) * HW;
+                        int64_t ow = 0;
+                        for (; ow < lo; ++ow) d[ow * kp] = pad;
+                        for (; ow < hi; ++ow) d[ow * kp] = plane[at + ow * sw] ^ flip;
+                        for (; ow < OW; ++ow) d[ow * kp] = pad;
+                    }
+                }
+            }
+            if (kp > K)
+                for (int64_t ow = 0; ow < OW; ++ow) memset(base + ow * kp + K, 0, (size_t)(kp - K));
+        }
+}
+
+/* rterm[r] = (sum of the first K bytes of row r) - K * za: the activation-side zero-point term of each row.
+   The rows hold zeros from K up to the padded kp (<= lda), so whole 16-byte chunks are summed up to there. */
+static void qg_row_terms(const uint8_t *a, int64_t lda, int64_t M, int64_t K, int64_t kp, int32_t za, int32_t *rterm) {
+    const int64_t kz = (K + 15) / 16 * 16 <= kp ? (K + 15) / 16 * 16 : 0; /* chunked up to here */
+    for (int64_t r = 0; r < M; ++r) {
+        const uint8_t *ar = a + r * lda;
+        uint64_t sum = 0;
+        int64_t k = 0;
+#if QG_X86
+        __m128i acc = _mm_setzero_si128();
+        for (; k < kz; k += 16) acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(ar + k)), _mm_setzero_si128()));
+        sum = (uint64_t)_mm_cvtsi128_si64(acc) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc));
+#endif
+        for (; k < K; ++k) sum += ar[k];
+        rterm[r] = (int32_t)((uint32_t)sum - (uint32_t)K * (uint32_t)za);
+    }
+}
+
 /* x (N, C, H, W) int8/uint8 NCHW (x_signed: int8, moved to uint8 by + 128 with its zero point) convolved
    with a weight packed per group as a (kh * kw * C/g, OC/g) GEMM operand (rows ordered tap-major: (i, j, c)),
    scaled per output channel (scale) + bias, into out (N, OC, OH, OW) float32. Each image is laid out
@@ -1293,13 +1505,15 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
     const int64_t cg = C / groups, ocg = OC / groups, K = kh * kw * cg, kp = qg_kpad(K), P = OH * OW, M = N * P;
     const uint8_t flip = x_signed ? 0x80 : 0;
     const int32_t za = x_zp + (x_signed ? 128 : 0);
+    /* a 1x1, stride-1, unpadded convolution of one group multiplies the channels-last image directly, its
+       rows padded to the K groups (kp) where C is not a multiple of them */
     const int direct = groups == 1 && kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
-                       dh == 1 && dw == 1 && OH == H && OW == W && K == kp && path != QG_PATH_AVX2;
-    const int64_t img = H * W * C;
+                       dh == 1 && dw == 1 && OH == H && OW == W && path != QG_PATH_AVX2;
+    const int64_t img = H * W * C, ldh = direct ? kp : C; /* channels-last row stride */
     /* a few channels per group (the RGB stem): the patches read the NCHW image tap by tap, no channels-last
        copy (a byte-wise transpose of the whole image cost more than the convolution) */
     const int nchw_taps = !direct && cg < 16;
-    uint8_t *xh = nchw_taps ? NULL : (uint8_t *)malloc((size_t)(N * img > 0 ? N * img : 1));
+    uint8_t *xh = nchw_taps ? NULL : (uint8_t *)malloc((size_t)(N * H * W * ldh > 0 ? N * H * W * ldh : 1));
     uint8_t *rows = direct ? NULL : (uint8_t *)malloc((size_t)(M * kp));
     int32_t *rt = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)M);
     uint16_t *a16 = path == QG_PATH_AVX2 ? (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(M * kp)) : NULL;
@@ -1312,24 +1526,25 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
     }
     int32_t *zae = rt, *rterm = rt + M;
     for (int64_t i = 0; i < M; ++i) zae[i] = za;
-    for (int64_t n = 0; n < N && !nchw_taps; ++n) { /* channels-last: xh[n][(h * W + w) * C + c] */
-        const uint8_t *xn = x + n * img;
-        uint8_t *dn = xh + n * img;
-        for (int64_t c = 0; c < C; ++c)
-            for (int64_t q = 0; q < H * W; ++q) dn[q * C + c] = xn[c * H * W + q] ^ flip;
-    }
+    for (int64_t n = 0; n < N && !nchw_taps; ++n) /* channels-last: xh[n][(h * W + w) * ldh + c] */
+        qg_channels_last(x + n * img, C, H * W, flip, xh + n * H * W * ldh, ldh);
     const float one = 1.0f;
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t *a = xh;
-        int64_t lda = C;
-        if (!direct) {
+        int64_t lda = ldh;
+        if (nchw_taps) { /* a few channels per group (the RGB stem): tap by tap, a run of output pixels each */
+            qg_rows_nchw_taps(x + g * cg * H * W, N, C, H, W, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, flip,
+                              (uint8_t)za, rows, kp);
+            a = rows;
+            lda = kp;
+        } else if (!direct) {
             for (int64_t n = 0; n < N; ++n)
                 for (int64_t oh = 0; oh < OH; ++oh)
                     for (int64_t ow = 0; ow < OW; ++ow) {
                         uint8_t *dst = rows + ((n * OH + oh) * OW + ow) * kp;
-                        const uint8_t *src = nchw_taps ? x + n * img + g * cg * H * W : xh + n * img + g * cg;
+                        const uint8_t *src = xh + n * img + g * cg;
                         const int64_t iw0 = ow * sw - pw;
-                        const int whole_rows = !nchw_taps && groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
+                        const int whole_rows = groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
                         for (int64_t i = 0; i < kh; ++i) {
                             const int64_t ih = oh * sh - ph + i * dh;
                             if (ih < 0 || ih >= H) { /* a kernel row above or below the image */
@@ -1346,9 +1561,6 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
                                 const int64_t iw = ow * sw - pw + j * dw;
                                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
                                     memset(dst, (int)za, (size_t)cg);
-                                } else if (nchw_taps) { /* a few channels (the RGB stem): one per plane */
-                                    const uint8_t *sp = src + ih * W + iw;
-                                    for (int64_t c = 0; c < cg; ++c) dst[c] = sp[c * H * W] ^ flip;
                                 } else {
                                     memcpy(dst, src + (ih * W + iw) * C, (size_t)cg);
                                 }
@@ -1359,12 +1571,7 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
             a = rows;
             lda = kp;
         }
-        for (int64_t r = 0; r < M; ++r) {
-            const uint8_t *ar = a + r * lda;
-            uint32_t sum = 0;
-            for (int64_t k = 0; k < K; ++k) sum += ar[k];
-            rterm[r] = (int32_t)(sum - (uint32_t)K * (uint32_t)za);
-        }
+        qg_row_terms(a, lda, M, K, kp, za, rterm);
         const float *sg = n_scale == 1 ? scale : scale + g * ocg;
         qg_epi e = {QG_OUT_F32, out + g * ocg * P, 1, colsum[g], zbe[g], zae, rterm, &one, 0, sg, n_scale != 1,
                     bias ? bias + g * ocg : NULL, 0, 0, P, OC * P, 0, 0};
@@ -1586,10 +1793,11 @@ static T512 void qg_dw_planes_512(const qg_dwp_job *j) {
 static void qg_dwp_job_run(const void *j) { qg_dw_planes_512((const qg_dwp_job *)j); }
 
 /* Depthwise with 16 channels in the lanes of a vector (AVX-512; planes narrower than 16 columns, where a row
-   would fill part of a vector): per (image, block of 16 channels), the block's pixels gathered (one byte
-   per lane), centred and converted to float32 into a zero-padded pixel-major scratch, the taps gathered
-   into one vector each; every output the taps' FMA chain in float32 from 0 (exact, as the plane kernel),
-   one multiply by the scales, one add of the biases, scattered back to the NCHW planes. */
+   would fill part of a vector): per (image, block of 16 channels), the block's pixels -- 16 x 16 bytes of
+   its planes transposed at a time -- centred and converted to float32 into a zero-padded pixel-major
+   scratch, the taps one vector each; every output the taps' FMA chain in float32 from 0 (exact, as the
+   plane kernel), one multiply by the scales, one add of the biases; 16 outputs transposed back to the NCHW
+   planes at a time. */
 typedef struct {
     int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, wp;
     const uint8_t *x;
@@ -1601,70 +1809,96 @@ typedef struct {
     const float *bias;
     float *out;
     float *scratch; /* this worker's: hp * wp * 16 floats */
-    int64_t n_bytes; /* of the whole image x */
-    int64_t i0, i1;  /* items (n * blocks + block) of this worker */
+    int64_t i0, i1; /* items (n * blocks + block) of this worker */
 } qg_dwl_job;
 
 static T512 void qg_dw_lanes_512(const qg_dwl_job *j) {
     const int64_t C = j->C, H = j->H, W = j->W, pix = H * W, OH = j->OH, OW = j->OW, opix = OH * OW;
     const int64_t kh = j->kh, kw = j->kw, taps = kh * kw, hp = j->hp, wp = j->wp, blocks = (C + 15) / 16;
-    /* locals, not j's fields: for the compiler the scatters below may write those */
-    const int64_t sh = j->sh, sw = j->sw, dh = j->dh, dw = j->dw, ph = j->ph, pw = j->pw, n_bytes = j->n_bytes;
+    /* locals, not j's fields: for the compiler the stores below may write those */
+    const int64_t sh = j->sh, sw = j->sw, dh = j->dh, dw = j->dw, ph = j->ph, pw = j->pw;
     const uint8_t *x = j->x;
     const float *wl = j->wl, *bias = j->bias, *scale = j->scale;
     const int one_scale = j->n_scale == 1;
     float *out = j->out;
     float *xt = j->scratch;
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)pix));
-    const __m512i io = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)opix));
-    const __m512i flip32 = _mm512_set1_epi32(j->flip), lo = _mm512_set1_epi32(0xFF);
+    const __m128i flip8 = _mm_set1_epi8((char)j->flip);
     const __m512i za = _mm512_set1_epi32(j->za);
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t item = j->i0; item < j->i1; ++item) {
         const int64_t img = item / blocks, c0 = (item % blocks) * 16, cn = C - c0 < 16 ? C - c0 : 16;
         const __mmask16 m = (__mmask16)(cn == 16 ? 0xFFFF : (1u << cn) - 1u);
         const uint8_t *xb = x + (img * C + c0) * pix; /* the block's first plane */
-        /* a 4-byte gather lane reads its byte and the 3 after it: the last bytes of the whole image go
-           through a copy instead, never read past the end */
-        const int64_t safe = n_bytes - (img * C + c0 + cn - 1) * pix - 4; /* last pixel q that may gather */
+        /* the padded scratch: zeros where the taps read outside the image ... */
         for (int64_t r = 0; r < hp; ++r) {
             const int64_t ih = r - ph;
-            for (int64_t q = 0; q < wp; ++q) {
-                const int64_t iq = q - pw, at = ih * W + iq;
-                __m512 v = zero;
-                if (ih >= 0 && ih < H && iq >= 0 && iq < W) {
-                    __m512i b;
-                    if (at <= safe) {
-                        b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, ix, xb + at, 1);
-                    } else {
-                        int32_t lanes[16] = {0};
-                        for (int64_t l = 0; l < cn; ++l) lanes[l] = xb[l * pix + at];
-                        b = _mm512_loadu_si512(lanes);
-                    }
-                    b = _mm512_and_si512(_mm512_xor_si512(b, flip32), lo);
-                    v = _mm512_maskz_cvtepi32_ps(m, _mm512_sub_epi32(b, za));
+            for (int64_t q = 0; q < wp; ++q)
+                if (ih < 0 || ih >= H || q < pw || q - pw >= W) _mm512_store_ps(xt + (r * wp + q) * 16, zero);
+        }
+        /* ... and the image, 16 pixels of the block's planes at a time: 16 x 16 bytes transposed to one
+           vector of channels per pixel, centred by the zero point as float32 (lanes past C: 0) */
+        int64_t ih = 0, iw = 0;
+        for (int64_t q0 = 0; q0 < pix; q0 += 16) {
+            const int nq = pix - q0 < 16 ? (int)(pix - q0) : 16;
+            const __mmask16 qm = (__mmask16)(nq == 16 ? 0xFFFF : (1u << nq) - 1u);
+            __m128i b[16];
+            for (int l = 0; l < 16; ++l)
+                b[l] = l < cn ? _mm_xor_si128(_mm_maskz_loadu_epi8(qm, xb + l * pix + q0), flip8) : _mm_setzero_si128();
+            qg_transpose16x16(b);
+            for (int i = 0; i < nq; ++i) {
+                if (ih + ph < hp && iw + pw < wp) {
+                    const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b[i]), za);
+                    _mm512_store_ps(xt + ((ih + ph) * wp + iw + pw) * 16, _mm512_maskz_cvtepi32_ps(m, v));
                 }
-                _mm512_store_ps(xt + (r * wp + q) * 16, v);
+                if (++iw == W) {
+                    iw = 0;
+                    ++ih;
+                }
             }
         }
         const float *wb = wl + (c0 / 16) * taps * 16; /* the block's taps, one vector each */
         const __m512 sc = one_scale ? _mm512_set1_ps(scale[0]) : _mm512_maskz_loadu_ps(m, scale + c0);
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c0) : zero;
         float *oc = out + (img * C + c0) * opix;
-        for (int64_t oh = 0; oh < OH; ++oh)
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                __m512 acc = zero;
-                for (int64_t i = 0; i < kh; ++i) {
-                    const float *row = xt + ((oh * sh + i * dh) * wp + ow * sw) * 16;
-                    const float *wr = wb + i * kw * 16;
-                    for (int64_t t = 0; t < kw; ++t)
-                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t * 16), _mm512_load_ps(row + t * dw * 16), acc);
+        /* 16 output pixels at a time, then transposed: one store of 16 pixels per channel plane */
+        int64_t oh = 0, ow = 0;
+        for (int64_t o0 = 0; o0 < opix; o0 += 16) {
+            const int no = opix - o0 < 16 ? (int)(opix - o0) : 16;
+            const __mmask16 om = (__mmask16)(no == 16 ? 0xFFFF : (1u << no) - 1u);
+            __m512i t[16];
+            for (int i = no; i < 16; ++i) t[i] = _mm512_setzero_si512();
+            for (int i0 = 0; i0 < no; i0 += 4) { /* four outputs' chains interleaved (each in its own order) */
+                const float *at[4];
+                for (int k = 0; k < 4; ++k) {
+                    at[k] = xt + (oh * sh * wp + ow * sw) * 16; /* past no: a valid pixel, its result unused */
+                    if (i0 + k < no && ++ow == OW) {
+                        ow = 0;
+                        if (++oh == OH) oh = 0;
+                    }
                 }
-                __m512 v = _mm512_mul_ps(acc, sc);
-                if (bias) v = _mm512_add_ps(v, bv);
-                _mm512_mask_i32scatter_ps(oc + oh * OW + ow, m, io, v, 4);
+                __m512 acc0 = zero, acc1 = zero, acc2 = zero, acc3 = zero;
+                for (int64_t a = 0; a < kh; ++a) {
+                    const int64_t dy = a * dh * wp * 16;
+                    const float *wr = wb + a * kw * 16;
+                    for (int64_t u = 0; u < kw; ++u) {
+                        const __m512 wv = _mm512_loadu_ps(wr + u * 16);
+                        const int64_t d = dy + u * dw * 16;
+                        acc0 = _mm512_fmadd_ps(wv, _mm512_load_ps(at[0] + d), acc0);
+                        acc1 = _mm512_fmadd_ps(wv, _mm512_load_ps(at[1] + d), acc1);
+                        acc2 = _mm512_fmadd_ps(wv, _mm512_load_ps(at[2] + d), acc2);
+                        acc3 = _mm512_fmadd_ps(wv, _mm512_load_ps(at[3] + d), acc3);
+                    }
+                }
+                const __m512 accs[4] = {acc0, acc1, acc2, acc3};
+                for (int k = 0; k < 4 && i0 + k < no; ++k) {
+                    __m512 v = _mm512_mul_ps(accs[k], sc);
+                    if (bias) v = _mm512_add_ps(v, bv);
+                    t[i0 + k] = _mm512_castps_si512(v);
+                }
             }
+            qg_transpose16_epi32(t);
+            for (int64_t l = 0; l < cn; ++l) _mm512_mask_storeu_ps(oc + l * opix + o0, om, _mm512_castsi512_ps(t[l]));
+        }
     }
 }
 static void qg_dwl_job_run(const void *j) { qg_dw_lanes_512((const qg_dwl_job *)j); }
@@ -1695,7 +1929,7 @@ static int qg_dw_lanes(int64_t N, int64_t C, int64_t H, int64_t W, const uint8_t
     for (int t = 0; t < nthreads; ++t)
         jobs[t] = (qg_dwl_job){C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, hp, wp, x,
                                (uint8_t)(x_signed ? 0x80 : 0), x_zp + (x_signed ? 128 : 0), wl, scale, n_scale, bias,
-                               out, scr + scratch * (size_t)t, N * C * H * W, items * t / nthreads,
+                               out, scr + scratch * (size_t)t, items * t / nthreads,
                                items * (t + 1) / nthreads};
     if (nthreads == 1)
         qg_dw_lanes_512(&jobs[0]);
@@ -2098,3 +2332,47 @@ int opstrata_dqgemm(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx
     qg_parallel(qg_dqmm_job_run, jobs, sizeof(qg_dq_job), nthreads);
     return QG_OK;
 }
+
+/* ------------------------------------------------------------------ packed entry points (ops' native batches)
+
+   int fn(const int64_t *a): the arguments of the function above as one int64 block (pointers as addresses),
+   so that ops' opstrata_call_packed can run them from a batch of bound calls (its "foreign" id) beside its own
+   kernels. The activation zero point is read through a pointer when the call runs (a[7] / a[3]: its address,
+   0 for none), as the Python binding read it on every run. */
+#define QG_PTR(i, T) ((T)(intptr_t)a[i])
+
+static int32_t qg_zero_point_at(int64_t addr, int is_signed) {
+    if (!addr) return 0;
+    return is_signed ? (int32_t)*(const int8_t *)(intptr_t)addr : (int32_t)*(const uint8_t *)(intptr_t)addr;
+}
+
+int opstrata_qconv2d_packed(const int64_t *a) {
+    return opstrata_qconv2d((int)a[0], a[1], a[2], a[3], a[4], QG_PTR(5, const uint8_t *), (int)a[6],
+                            qg_zero_point_at(a[7], (int)a[6]), a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+                            a[16], a[17], a[18], a[19], QG_PTR(20, const int8_t *const *),
+                            QG_PTR(21, const int32_t *const *), QG_PTR(22, const int32_t *const *),
+                            QG_PTR(23, const float *), a[24], QG_PTR(25, const float *), QG_PTR(26, float *), (int)a[27]);
+}
+
+int opstrata_qconv2d_depthwise_packed(const int64_t *a) {
+    return opstrata_qconv2d_depthwise((int)a[0], a[1], a[2], a[3], a[4], QG_PTR(5, const uint8_t *), (int)a[6],
+                                      qg_zero_point_at(a[7], (int)a[6]), a[8], a[9], a[10], a[11], a[12], a[13],
+                                      a[14], a[15], a[16], a[17], QG_PTR(18, const int16_t *), QG_PTR(19, const float *),
+                                      QG_PTR(20, const float *), QG_PTR(21, const float *), a[22],
+                                      QG_PTR(23, const float *), QG_PTR(24, float *), (int)a[25]);
+}
+
+/* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs. A NaN scale makes every
+   value NaN, which the reference (ops' kernel: division, rint, + zero point, NaN -> 0, saturation) turns
+   into 0: the same here, where the eager entry point refuses it. */
+int opstrata_quantize_linear_packed(const int64_t *a) {
+    const float s = *QG_PTR(2, const float *);
+    const int is_signed = (int)a[4];
+    if (!(s == s)) {
+        if (a[1] > 0) memset(QG_PTR(5, uint8_t *), 0, (size_t)a[1]);
+        return QG_OK;
+    }
+    return opstrata_quantize_linear(QG_PTR(0, const float *), a[1], s, qg_zero_point_at(a[3], is_signed), is_signed,
+                                    QG_PTR(5, uint8_t *));
+}
+#undef QG_PTR
