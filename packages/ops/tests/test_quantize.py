@@ -455,3 +455,49 @@ def test_dequant_matmul_errors_name_the_argument() -> None:
         ops.dequant_matmul(x, np.ones((5, 3), np.int8), np.float32(1))
     with pytest.raises(OpError, match=r"dequant_matmul.*out"):
         ops.dequant_matmul(x, w, np.float32(1), out=np.empty((2, 4), np.float32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lead=st.sampled_from([(), (1,), (3,), (2, 3)]), k=st.integers(1, 40), n=st.integers(1, 20),
+    a_dt=st.sampled_from([np.uint8, np.int8]), w_dt=st.sampled_from([np.int8, np.uint8]),
+    per_column=st.booleans(), with_bias=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_qmatmul_is_the_exact_integer_product_scaled_once(
+    lead, k, n, a_dt, w_dt, per_column, with_bias, seed
+) -> None:
+    """qmatmul = (a - a_zp) @ (w - w_zp) in exact integers, then float32 ``acc * scale`` and ``+ bias`` each
+    rounded once (the QDQ MatMul / Gemm that graph's QMatMul stands for), on every device, into ``out`` too."""
+    r = np.random.default_rng(seed)
+    ai, wi = np.iinfo(a_dt), np.iinfo(w_dt)
+    a = r.integers(ai.min, ai.max + 1, (*lead, k)).astype(a_dt)
+    w = r.integers(wi.min, wi.max + 1, (k, n)).astype(w_dt)
+    a_zp = np.asarray(r.integers(ai.min, ai.max + 1), a_dt)
+    w_zp = r.integers(wi.min, wi.max + 1, n if per_column else ()).astype(w_dt)
+    scale = r.uniform(1e-3, 1e-1, n if per_column else ()).astype(np.float32)
+    bias = r.standard_normal(n).astype(np.float32) if with_bias else None
+    acc = (a.astype(np.int64) - int(a_zp)) @ (w.astype(np.int64) - w_zp.astype(np.int64))
+    want = acc.astype(np.float32) * scale
+    if bias is not None:
+        want = want + bias
+    for device in DEVICES:
+        got = ops.qmatmul(a, a_zp, w, w_zp, scale, bias, device=device)
+        assert got.dtype == np.float32 and got.shape == (*lead, n)
+        np.testing.assert_array_equal(got, want, err_msg=device)
+        out = np.full((*lead, n), np.nan, np.float32)
+        assert ops.qmatmul(a, a_zp, w, w_zp, scale, bias, out=out, device=device) is out
+        np.testing.assert_array_equal(out, want, err_msg=device)
+
+
+def test_qmatmul_errors_name_the_argument_and_the_fix() -> None:
+    a, w = np.ones((2, 4), np.uint8), np.ones((4, 3), np.int8)
+    with pytest.raises(OpError, match=r"qmatmul.*a"):
+        ops.qmatmul(a.astype(np.float32), 0, w, 0, np.float32(1))
+    with pytest.raises(OpError, match=r"qmatmul.*w.*\(K, N\)"):
+        ops.qmatmul(a, 0, np.ones((5, 3), np.int8), 0, np.float32(1))
+    with pytest.raises(OpError, match=r"qmatmul.*scale"):
+        ops.qmatmul(a, 0, w, 0, np.ones(2, np.float32))
+    with pytest.raises(OpError, match=r"qmatmul.*bias"):
+        ops.qmatmul(a, 0, w, 0, np.float32(1), np.ones(4, np.float32))
+    with pytest.raises(OpError, match=r"qmatmul.*out.*\[2, 3\]"):
+        ops.qmatmul(a, 0, w, 0, np.float32(1), out=np.empty((2, 3), np.float64))

@@ -249,12 +249,15 @@ def test_quantized_cnn_runs_its_convs_as_native_qconv() -> None:
     assert isinstance(InferenceSession(qm.model), InferenceSession)
 
 
-def _runtime_binds_qconv() -> bool:
-    """opstrata-runtime >= 0.5.33 binds QConv / QuantizeLinear steps through ops.bind (older: per node)."""
+def _runtime_version() -> tuple[int, ...]:
     from importlib.metadata import version
 
-    parts = tuple(int(p) for p in version("opstrata-runtime").split(".")[:3])
-    return parts >= (0, 5, 33)
+    return tuple(int(p) for p in version("opstrata-runtime").split(".")[:3])
+
+
+def _runtime_binds_qconv() -> bool:
+    """opstrata-runtime >= 0.5.33 binds QConv / QuantizeLinear steps through ops.bind (older: per node)."""
+    return _runtime_version() >= (0, 5, 33)
 
 
 def _assert_bound_qconv(sess: Any) -> None:
@@ -266,6 +269,8 @@ def _assert_bound_qconv(sess: Any) -> None:
     if hasattr(ops, "foreign_call"):  # ops >= 0.4.56 and a runtime freezing zero points: C calls in a batch
         if kinds["QConv"] == "opstrata_qconv2d_packed":
             assert kinds["QuantizeLinear"] == "opstrata_quantize_linear_packed", kinds
+            if "QMatMul" in kinds and hasattr(ops, "qmatmul") and _runtime_version() >= (0, 5, 40):
+                assert kinds["QMatMul"] == "opstrata_qgemm_packed", kinds  # the quantized head too
             return
     assert kinds["QConv"].startswith("_bind_qconv_native"), kinds
     assert kinds["QuantizeLinear"].startswith("_bind_quantize_linear_native"), kinds

@@ -234,6 +234,7 @@ from .kernels.quantize import (
     qconv as qconv,
     qlinear_conv as qlinear_conv,
     qlinear_matmul as qlinear_matmul,
+    qmatmul as qmatmul,
     quantize_linear as quantize_linear,
     token_quantize as token_quantize,
 )
@@ -536,6 +537,7 @@ __all__ = [
     "qconv",
     "qlinear_conv",
     "qlinear_matmul",
+    "qmatmul",
     "quantize_linear",
     "reduce_l1",
     "reduce_l2",

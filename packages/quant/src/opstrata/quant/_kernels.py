@@ -1,6 +1,7 @@
 """quant's native int8 kernels registered into opstrata.ops on ``cpu``: ``matmul_integer`` (ONNX
 MatMulInteger), ``qlinear_matmul`` (ONNX QLinearMatMul), ``dynamic_quantize_linear`` (ONNX
-DynamicQuantizeLinear) and ``dynamic_qmatmul`` (the three fused, with the float epilogue).
+DynamicQuantizeLinear), ``dynamic_qmatmul`` (the three fused, with the float epilogue), ``qmatmul`` and
+``qconv`` (graph's fused QDQ MatMul / Conv), ``quantize_linear`` and ``dequant_matmul`` (weight-only).
 
 Importing opstrata.quant registers them at :data:`KERNEL_PRIORITY`, above ops' numpy kernels (priority
 0), which stay registered: each native kernel hands what it does not cover (a batched ``b``, per-row
@@ -29,9 +30,9 @@ import opstrata.ops as ops
 
 from ._conv import conv_geometry, prepack_conv, qconv_call, qconv_native_call, run_qconv2d, run_qconv_call
 from ._errors import QuantError
-from ._qgemm import PackedWeight, dynamic_qgemm, prepack_weight, qgemm
+from ._qgemm import _ERRORS, _OUT_F32, PackedWeight, dynamic_qgemm, prepack_weight, qgemm
 from ._wonly import dq_matmul, prepack_dq_weight
-from .native._library import count, entry_address, library
+from .native._library import count, entry_address, library, path_id
 
 __all__ = ["KERNEL_PRIORITY", "get_qgemm_threads", "install", "set_qgemm_threads", "uninstall"]
 
@@ -311,6 +312,79 @@ def _qconv_fits(
     )  # fmt: skip
 
 
+def _qmatmul_fits(a: np.ndarray, w: np.ndarray, a_zp: Any, w_zp: Any, scale: Any, bias: Any) -> bool:
+    """What the native ``qmatmul`` covers: ``matmul_integer``'s operands with a per-tensor activation zero
+    point, finite float scales (one or per column) and a finite float bias per column."""
+    if not _mm_fits(a, w, a_zp, w_zp) or (a_zp is not None and np.asarray(a_zp).size != 1):
+        return False
+    n = w.shape[1]
+    return _float_scale(scale, (1, n)) and (
+        bias is None or (np.shape(bias) == (n,) and _float_scale(bias, (n,)))
+    )
+
+
+def _qmatmul_native(
+    a: Any, a_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *, out: Any = None
+) -> np.ndarray:
+    """ops' ``qmatmul`` on the native int8 GEMM with its float32 epilogue (``(float)acc * scale + bias``,
+    rounded as ops' reference); what it does not cover goes to ops' kernel."""
+    a, w = np.asarray(a), np.asarray(w)
+    lib = library() if _qmatmul_fits(a, w, a_zero_point, w_zero_point, scale, bias) else None
+    if lib is None:
+        count("qmatmul", "numpy")
+        return _displaced["qmatmul"](a, a_zero_point, w, w_zero_point, scale, bias, out=out)
+    a2 = a.reshape(-1, a.shape[-1])
+    dst = None if out is None or not out.flags.c_contiguous else out.reshape(-1, w.shape[1])
+    y = qgemm(a2, _pack(w, w_zero_point), a_zero_point, a_scale=np.float32(1.0), b_scale=scale, bias=bias,
+              threads=_threads(), out=dst)  # fmt: skip
+    count("qmatmul", "native")
+    if out is None:
+        return y.reshape(*a.shape[:-1], w.shape[1])
+    if dst is None:
+        np.copyto(out, y.reshape(out.shape))
+    return out
+
+
+def _bind_qmatmul_native(
+    a: Any, a_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *, out: Any
+) -> Any:
+    """``_qmatmul_native(..., out=out)`` as one packed C call (``opstrata_qgemm_packed`` through
+    ``ops.foreign_call``) for a session's operands: the weight and both zero points read-only (the
+    weight packed once, the activation's zero point widened once), ``a`` and ``out`` C-contiguous. None
+    otherwise (the eager kernel then runs, per call)."""
+    foreign = getattr(ops, "foreign_call", None)
+    if foreign is None or not all(type(v) is np.ndarray for v in (a, w, out)) or library() is None:
+        return None
+    if not (a.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable and out.dtype == _F32):
+        return None
+    if not _qmatmul_fits(a, w, a_zero_point, w_zero_point, scale, bias) or a.size == 0:
+        return None
+    zps = [np.asarray(z) for z in (a_zero_point, w_zero_point) if z is not None]
+    if not (_immutable(w) and all(type(z) is np.ndarray and _immutable(z) for z in zps)):
+        return None
+    n, k = w.shape[1], w.shape[0]
+    m = a.size // k
+    if out.shape != (*a.shape[:-1], n) or np.may_share_memory(out, a):
+        return None
+    packed = _pack(w, w_zero_point)
+    za = np.asarray([0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(()))], np.int32)
+    sa = np.ones(1, _F32)
+    sb = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
+    bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
+    lib = library()
+    args = [
+        path_id(None, lib), m, n, k, a.ctypes.data, k, int(a.dtype == _S8), za.ctypes.data, 1, *packed.ptrs,
+        _OUT_F32, out.ctypes.data, n, sa.ctypes.data, 1, sb.ctypes.data, sb.size,
+        0 if bi is None else bi.ctypes.data, 0, 0, _threads(),
+    ]  # fmt: skip
+    shape = f"{a.dtype}{list(a.shape)}"
+    return foreign(
+        entry_address(lib, "opstrata_qgemm_packed"), args, (a, packed, za, sa, sb, bi, out),
+        lambda rc: QuantError("qmatmul", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for a {shape}"),
+        out, name="opstrata_qgemm_packed",
+    )  # fmt: skip
+
+
 def _qconv_native(
     x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *,
     stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
@@ -519,6 +593,7 @@ def _dequant_matmul_native(
 
 #: op -> (native kernel, the dtypes it registers for: those of the op's first argument)
 _qconv_native.binder = _bind_qconv_native  # type: ignore[attr-defined]  # ops.bind: checks once
+_qmatmul_native.binder = _bind_qmatmul_native  # type: ignore[attr-defined]
 _quantize_linear_native.binder = _bind_quantize_linear_native  # type: ignore[attr-defined]
 
 _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
@@ -527,6 +602,7 @@ _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "dynamic_quantize_linear": (_dynamic_quantize_linear_native, (_F32,)),
     "dynamic_qmatmul": (_dynamic_qmatmul_native, (_F32,)),
     "qconv": (_qconv_native, _INT8S),
+    "qmatmul": (_qmatmul_native, _INT8S),
     "quantize_linear": (_quantize_linear_native, (_F32,)),
     "dequant_matmul": (_dequant_matmul_native, (_F32,)),
 }

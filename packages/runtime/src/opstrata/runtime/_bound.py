@@ -149,7 +149,8 @@ def _prebound(
     * FusedElementwise on cpu: the generated kernel (the native VM's C call with its pointers resolved:
       one ctypes call per run);
     * MatMul, an activation-free Linear, Attention, the norms (RMSNorm, LayerNormalization and the
-      Skip forms, the residual sum then the norm) and RotaryHalf: ``ops.bind`` (the kernel's checks done
+      Skip forms, the residual sum then the norm), RotaryHalf and the fused QDQ QConv / QMatMul /
+      QuantizeLinear: ``ops.bind`` (the kernel's checks done
       once: the BLAS call and the in-place bias add, or the native C call; the same arithmetic as the
       path it replaces, so the same bits).
     """
@@ -272,6 +273,12 @@ def _prebound(
         )  # fmt: skip
     if key == (OPSTRATA_DOMAIN, "QConv") and len(static) == 4 and "scale" in node.attrs:
         return _bind_qconv(sch, node, static, dsts[0])
+    if key == (OPSTRATA_DOMAIN, "QMatMul") and len(static) == 4 and "scale" in node.attrs:
+        if not hasattr(ops, "qmatmul"):  # opstrata-ops < 0.4.57: the per-node path
+            return None
+        return ops.bind(
+            "qmatmul", *static, node.attrs["scale"], node.attrs.get("bias"), out=dsts[0], device=sch.device
+        )
     if key == (OPSTRATA_DOMAIN, "RotaryHalf") and len(static) == 3:
         return ops.bind("rope_rotate_half", *static, out=dsts[0], device=sch.device)
     if key == (OPSTRATA_DOMAIN, "Attention") and 3 <= len(static) <= 4:

@@ -173,7 +173,10 @@ def _qmatmul_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 
 
 def _run_qmatmul(n: Node, x: list[Arr]) -> list[Arr]:
-    """``matmul_integer(a, w, a_zp, w_zp) * scale (+ bias)``: the exact int32 product, scaled once."""
+    """``matmul_integer(a, w, a_zp, w_zp) * scale (+ bias)``: the exact int32 product, scaled once
+    (``ops.qmatmul``, one op a native kernel runs, where opstrata-ops has it: >= 0.4.57)."""
+    if hasattr(ops, "qmatmul"):
+        return [ops.qmatmul(x[0], x[1], x[2], x[3], n.attrs["scale"], n.attrs.get("bias"))]
     acc = ops.matmul_integer(x[0], x[2], x[1], x[3])
     y = acc.astype(np.float32) * n.attrs["scale"]
     bias = n.attrs.get("bias")
@@ -284,7 +287,7 @@ define(
 register_export("ConvInteger", _export_window)
 register_export("QLinearConv", _export_window)
 define(
-    "QMatMul", OPSTRATA_DOMAIN, shape=_qmatmul_rule, kernel=_run_qmatmul, uses=("matmul_integer",),
+    "QMatMul", OPSTRATA_DOMAIN, shape=_qmatmul_rule, kernel=_run_qmatmul, uses=("qmatmul",),
     onnx=False, dtypes="int8/uint8 -> float32",
     doc="a QDQ MatMul/Gemm fused: (a_q, a_zp, w_q (K, N), w_zp), attrs scale, bias; exact int32 product, scaled once",
 )  # fmt: skip

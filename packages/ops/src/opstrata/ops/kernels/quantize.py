@@ -43,6 +43,7 @@ __all__ = [
     "matmul_integer",
     "qlinear_conv",
     "qlinear_matmul",
+    "qmatmul",
     "quantize_linear",
 ]
 
@@ -746,6 +747,76 @@ def qconv(
             op, "out", "a writeable float32 array of the result's shape", got, fix="pass a matching out"
         )
     return call(op, x, x_zero_point, w, w_zero_point, scale, bias, out=out, **kw)
+
+
+def _qmatmul_with(
+    matmul_integer: Any,
+) -> Any:
+    """The ``qmatmul`` kernel over a ``matmul_integer`` kernel (the reference's or the BLAS one)."""
+
+    def kernel(
+        a: Any, a_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any = None, *, out: Any = None
+    ) -> np.ndarray:
+        acc = matmul_integer(a, w, a_zero_point, w_zero_point)
+        y = acc.astype(float32) * np.asarray(scale, float32)
+        if bias is not None:
+            y = y + np.asarray(bias, float32)
+        if out is not None:
+            np.copyto(out, y)
+            return out
+        return y.astype(float32, copy=False)
+
+    return kernel
+
+
+register("qmatmul", device="ref", dtypes=MM_DTYPES)(_qmatmul_with(_matmul_integer))
+register("qmatmul", device="cpu", dtypes=MM_DTYPES)(_qmatmul_with(_matmul_integer_blas))
+
+
+def qmatmul(
+    a: Any,
+    a_zero_point: Any,
+    w: Any,
+    w_zero_point: Any,
+    scale: Any,
+    bias: Any = None,
+    *,
+    out: np.ndarray | None = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """A dequantizing integer matmul: ``(a - a_zp) @ (w - w_zp)`` exactly in int32, times ``scale``
+    (``a_scale * w_scale``: a scalar or one per column), plus a float ``bias`` per column, as float32 --
+    what ``MatMul(DequantizeLinear(a_q), DequantizeLinear(w_q))`` (+ a Gemm's bias) computes in a QDQ
+    model, as one op a native kernel can run on int8 (graph's ``ai.opstrata::QMatMul``). ``a`` (..., K),
+    ``w`` (K, N); ``out``: a float32 array of the result's shape to write into.
+
+    >>> qmatmul(np.full((1, 2), 3, np.uint8), np.uint8(1), np.ones((2, 1), np.int8), np.int8(0), np.float32(0.5)).tolist()
+    [[2.0]]
+    """
+    op = "qmatmul"
+    a, w = _check_int8(op, "a", a), _check_int8(op, "w", w)
+    if w.ndim != 2 or a.ndim < 1 or a.shape[-1] != w.shape[0]:
+        raise OpError(op, "w", f"(K, N) with K = a's last dim {a.shape[-1] if a.ndim else '?'}",
+                      f"shape {w.shape}", fix="pass a (..., K) and w (K, N)")  # fmt: skip
+    n = w.shape[1]
+    sc = np.asarray(scale)
+    if sc.dtype.kind != "f" or sc.size not in (1, n) or sc.ndim > 1:
+        raise OpError(op, "scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
+    if bias is not None and np.shape(bias) != (n,):
+        raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+    if out is None:
+        return call(op, a, a_zero_point, w, w_zero_point, scale, bias, device=device)
+    want = (*a.shape[:-1], n)
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != float32
+        or not out.flags.writeable
+        or out.shape != want
+    ):
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OpError(op, "out", f"a writeable float32 array of shape {list(want)}", got,
+                      fix="pass a matching out")  # fmt: skip
+    return call(op, a, a_zero_point, w, w_zero_point, scale, bias, out=out, device=device)
 
 
 def _dequant_matmul(

@@ -95,6 +95,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "opstrata_qconv2d_packed": ([_P], _INT),
     "opstrata_qconv2d_depthwise_packed": ([_P], _INT),
     "opstrata_quantize_linear_packed": ([_P], _INT),
+    "opstrata_qgemm_packed": ([_P], _INT),
     "opstrata_dynamic_qgemm": (
         [
             *(_INT, _I64, _I64, _I64, _P, _INT),  # path, M, N, K, x, per_row

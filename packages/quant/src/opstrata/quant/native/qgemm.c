@@ -2362,6 +2362,14 @@ int opstrata_qconv2d_depthwise_packed(const int64_t *a) {
                                       QG_PTR(23, const float *), QG_PTR(24, float *), (int)a[25]);
 }
 
+int opstrata_qgemm_packed(const int64_t *a) {
+    return opstrata_qgemm((int)a[0], a[1], a[2], a[3], QG_PTR(4, const uint8_t *), a[5], (int)a[6],
+                          QG_PTR(7, const int32_t *), a[8], QG_PTR(9, const int8_t *), QG_PTR(10, const int32_t *),
+                          QG_PTR(11, const int32_t *), (int)a[12], QG_PTR(13, void *), a[14], QG_PTR(15, const float *),
+                          a[16], QG_PTR(17, const float *), a[18], QG_PTR(19, const float *), (int)a[20], (int32_t)a[21],
+                          (int)a[22]);
+}
+
 /* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs. A NaN scale makes every
    value NaN, which the reference (ops' kernel: division, rint, + zero point, NaN -> 0, saturation) turns
    into 0: the same here, where the eager entry point refuses it. */
