@@ -84,15 +84,21 @@ def _fingerprint(b: np.ndarray) -> int:
     return int(lib.opstrata_qgemm_fingerprint(b.ctypes.data, ld, b.shape[0], b.shape[1]))
 
 
-def _immutable(b: np.ndarray) -> bool:
+def _immutable_fallback(b: np.ndarray) -> bool:
     """Read-only all the way down: b and every array it views are read-only and the memory at the bottom
-    is b's own or a ``bytes`` object (a read-only view of a writeable array can still change)."""
+    is b's own or a ``bytes`` object (a read-only view of a writeable array can still change). What
+    ``opstrata.ops.native.kernels.immutable`` decides, for an opstrata-ops without it (< 0.4.44)."""
     x: Any = b
     while isinstance(x, np.ndarray):
         if x.flags.writeable:
             return False
         x = x.base
     return x is None or isinstance(x, bytes)
+
+
+_immutable: Callable[[np.ndarray], bool] = (
+    getattr(getattr(getattr(ops, "native", None), "kernels", None), "immutable", None) or _immutable_fallback
+)
 
 
 def _cached(b: np.ndarray, layout: tuple[Any, ...], build: Callable[[], Any]) -> Any:

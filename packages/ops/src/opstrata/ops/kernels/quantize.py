@@ -418,6 +418,34 @@ register("dynamic_qmatmul", device="ref", dtypes=(float32,))(_dynamic_qmatmul_wi
 register("dynamic_qmatmul", device="cpu", dtypes=(float32,))(_dynamic_qmatmul_with(_matmul_integer_blas))
 
 
+def _check_matmul_epilogue(op: str, scale_name: str, scale: Any, bias: Any, n: int) -> None:
+    """A float scale (scalar or one per column) and an optional bias of one value per column, for n columns."""
+    sc = np.asarray(scale)
+    if sc.dtype.kind != "f" or sc.size not in (1, n) or sc.ndim > 1:
+        raise OpError(op, scale_name, f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
+    if bias is not None and np.shape(bias) != (n,):
+        raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+
+
+def _check_float_out(
+    op: str, out: Any, want: tuple[int, ...], operand: np.ndarray, operand_name: str
+) -> None:
+    """``out``: a writeable float32 array of shape ``want``, apart from ``operand``'s memory."""
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != float32
+        or out.shape != want
+        or not out.flags.writeable
+    ):
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OpError(
+            op, "out", f"a writeable float32 array of shape {list(want)}", got, fix="pass a matching out"
+        )
+    if np.may_share_memory(out, operand):
+        raise OpError(op, "out", f"memory apart from {operand_name}", f"an array overlapping {operand_name}",
+                      fix="pass a separate out")  # fmt: skip
+
+
 def dynamic_qmatmul(
     x: Any,
     b: Any,
@@ -448,25 +476,11 @@ def dynamic_qmatmul(
         raise OpError(op, "b", f"a 2-D (K={x.shape[-1] if x.ndim else '?'}, N) weight", f"shape {b.shape}",
                       fix="pass x (..., K) and b (K, N)")  # fmt: skip
     n = b.shape[1]
-    sc = np.asarray(b_scale)
-    if sc.dtype.kind != "f" or sc.size not in (1, n) or sc.ndim > 1:
-        raise OpError(op, "b_scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
-    if bias is not None and np.shape(bias) != (n,):
-        raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+    _check_matmul_epilogue(op, "b_scale", b_scale, bias, n)
     kw: dict[str, Any] = {"per_token": True} if per_token else {}  # kernels without the option still fit
     if out is None:
         return call(op, x, b, b_scale, b_zero_point, bias, device=device, **kw)
-    want = (*x.shape[:-1], n)
-    if (
-        not isinstance(out, np.ndarray)
-        or out.dtype != float32
-        or out.shape != want
-        or not out.flags.writeable
-    ):
-        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise OpError(op, "out", f"a writeable float32 array of shape {want}", got, fix="pass a matching out")
-    if np.may_share_memory(out, x):
-        raise OpError(op, "out", "memory apart from x", "an array overlapping x", fix="pass a separate out")
+    _check_float_out(op, out, (*x.shape[:-1], n), x, "x")
     return call(op, x, b, b_scale, b_zero_point, bias, out=out, device=device, **kw)
 
 
@@ -799,23 +813,10 @@ def qmatmul(
         raise OpError(op, "w", f"(K, N) with K = a's last dim {a.shape[-1] if a.ndim else '?'}",
                       f"shape {w.shape}", fix="pass a (..., K) and w (K, N)")  # fmt: skip
     n = w.shape[1]
-    sc = np.asarray(scale)
-    if sc.dtype.kind != "f" or sc.size not in (1, n) or sc.ndim > 1:
-        raise OpError(op, "scale", f"a float scalar or ({n},) per column", f"{sc.dtype}{list(sc.shape)}")
-    if bias is not None and np.shape(bias) != (n,):
-        raise OpError(op, "bias", f"shape ({n},)", str(np.shape(bias)))
+    _check_matmul_epilogue(op, "scale", scale, bias, n)
     if out is None:
         return call(op, a, a_zero_point, w, w_zero_point, scale, bias, device=device)
-    want = (*a.shape[:-1], n)
-    if (
-        not isinstance(out, np.ndarray)
-        or out.dtype != float32
-        or not out.flags.writeable
-        or out.shape != want
-    ):
-        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise OpError(op, "out", f"a writeable float32 array of shape {list(want)}", got,
-                      fix="pass a matching out")  # fmt: skip
+    _check_float_out(op, out, (*a.shape[:-1], n), a, "a")
     return call(op, a, a_zero_point, w, w_zero_point, scale, bias, out=out, device=device)
 
 

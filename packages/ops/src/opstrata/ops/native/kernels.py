@@ -390,13 +390,13 @@ def _plain_1x1(g: Any, kh: int, kw: int) -> bool:
 
 def _direct_conv(g: Any, x: np.ndarray, kh: int, kw: int) -> bool:
     """``opstrata_conv_direct_f32`` runs this convolution: stride 1, output rows as wide as the input's (the
-    3x3 pad-1 layers), more outputs per plane than the narrow products' limit (16), at most 64 taps, and
-    not a plain 1x1 (whose image already is its columns)."""
+    3x3 pad-1 layers), more outputs per plane than the narrow products' limit (:data:`LANES_MAX_N`), at
+    most 64 taps, and not a plain 1x1 (whose image already is its columns)."""
     ho, wo = g.out_hw
     return (
         g.stride == (1, 1)
         and wo == x.shape[3]
-        and ho * wo > 16
+        and ho * wo > LANES_MAX_N
         and kh * kw <= 64
         and not _plain_1x1(g, kh, kw)
     )
