@@ -130,6 +130,7 @@ def _needs_dynamic_qmatmul_node() -> None:
         pytest.skip("ai.opstrata::DynamicQMatMul needs opstrata-graph >= 0.4.6")
 
 
+@pytest.mark.filterwarnings("ignore::opstrata.runtime.SlowKernelWarning")  # the reference kernels on purpose
 def test_dynamic_qmatmul_writes_its_arena_view_with_a_read_only_weight(monkeypatch) -> None:
     from opstrata.runtime._into import _kernels_take_out
 
@@ -177,6 +178,7 @@ def test_dynamic_qmatmul_keeps_the_generic_path_when_a_kernel_takes_no_out(monke
         ops.unregister("dynamic_qmatmul", device="cpu", kernel=no_out)
 
 
+@pytest.mark.filterwarnings("ignore::opstrata.runtime.SlowKernelWarning")  # the reference kernels on purpose
 def test_qconv_writes_its_arena_view(monkeypatch) -> None:
     """A QDQ Conv fused to ai.opstrata::QConv writes its arena view through ops.qconv(..., out=); the
     result equals the allocator path and the unfused QDQ graph."""

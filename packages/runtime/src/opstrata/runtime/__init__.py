@@ -18,6 +18,7 @@ from ._errors import (
 )
 from ._flops import node_flops as node_flops
 from ._generate import DecoderRunner as DecoderRunner, GenerateOutput as GenerateOutput, generate as generate
+from ._int8_kernels import SlowKernelWarning as SlowKernelWarning
 from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
@@ -48,6 +49,7 @@ __all__ = [
     "Profiler",
     "RuntimeFailure",
     "SessionOptions",
+    "SlowKernelWarning",
     "ThreadSettings",
     "__version__",
     "generate",

@@ -30,6 +30,7 @@ from ._bound import BoundProgram, bind_arena, merge_native, release, run_bound
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
 from ._gemm_threads import ThreadPlan, thread_plan, with_switches
+from ._int8_kernels import warn_reference_int8_kernels
 from ._options import SessionOptions
 from ._profiler import Profiler
 from ._streams import (
@@ -154,6 +155,7 @@ class InferenceSession:
         with self._policy():
             self.plan = _load(model, opts.graph_optimization_level, device)
         self.graph = self.plan.graph
+        warn_reference_int8_kernels(self.graph, device)  # a QDQ model without native int8 kernels: say so
         self.allocator = CachingAllocator(opts.memory_limit_bytes)
         self._schedule = Schedule(self.graph, self.plan.bindings, device)
         # per input-shape signature: (arena or None = not plannable -> allocator, value template)

@@ -2084,15 +2084,29 @@ static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, fl
     qg_ql_body(x, n, s, z, lo, hi, y);
 }
 #if QG_X86
+/* The quotient as x * (1 / s), as qg_dq_apply_512 does: within 1.5 * 2^-23 * |x / s| of fl(x / s), which for
+   |x / s| <= 1024 is below 2^-12, so lanes more than 2^-12 from a half-integer round as the division does and
+   the others are divided; past 1024 both saturate (|z| <= 255). Scales without a normal, finite reciprocal
+   divide every lane. The bytes are those of rint(x / s) + z, saturated, NaN -> 0. */
 static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    const __m512 rcp = _mm512_set1_ps(1.0f / s), magic = _mm512_set1_ps(QG_MAGIC);
+    const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 4096.0f); /* |q - rint(q)| above it: next to a tie */
+    const int divide_all = !(fabsf(s) >= 1.17549435e-38f && fabsf(1.0f / s) < 3.0e38f);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
-        const __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
-        __m512 q = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
-        q = _mm512_maskz_mov_ps(ok, _mm512_min_ps(_mm512_max_ps(q, vlo), vhi)); /* NaN -> 0 */
-        _mm512_mask_cvtepi32_storeu_epi8(y + i, m, _mm512_cvttps_epi32(q));
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 q = _mm512_mul_ps(xv, rcp);
+        __m512 r = _mm512_sub_ps(_mm512_add_ps(q, magic), magic); /* rint(q), ties to even (|q| < 2^22) */
+        const __mmask16 tie = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, r)), near, _CMP_GT_OQ);
+        if (tie | divide_all) {
+            q = divide_all ? _mm512_div_ps(xv, vs) : _mm512_mask_div_ps(q, tie, xv, vs);
+            r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        }
+        const __mmask16 ok = _mm512_cmp_ps_mask(r, r, _CMP_ORD_Q);
+        __m512 v = _mm512_add_ps(r, vz);
+        v = _mm512_maskz_mov_ps(ok, _mm512_min_ps(_mm512_max_ps(v, vlo), vhi)); /* NaN -> 0 */
+        _mm512_mask_cvtepi32_storeu_epi8(y + i, m, _mm512_cvttps_epi32(v));
     }
 }
 #endif
