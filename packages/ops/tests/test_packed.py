@@ -371,3 +371,19 @@ def test_a_foreign_entry_point_runs_inside_a_batch_in_order() -> None:
         runner[0]()
     assert info.value.index == 1 and str(info.value.__cause__) == "the entry said 5"
     assert ops.foreign_call(0, [], None) is None  # no address: nothing to call
+
+
+def test_native_pool_address_runs_another_librarys_tasks_once_each() -> None:
+    """``ops.native_pool_address()``: ops' persistent pool as a C entry point other native libraries call
+    (``void pool_run(void (*fn)(void *, int64_t), void *ctx, int64_t ntasks, int nthreads)``); every task
+    runs exactly once, on the caller and the workers."""
+    address = ops.native_pool_address()
+    assert address != 0
+    task = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+    pool_run = ctypes.CFUNCTYPE(None, task, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)(address)
+    seen: list[int] = []
+    cb = task(lambda ctx, t: seen.append(int(t)))
+    for ntasks, threads in ((1, 1), (8, 2), (37, 4)):
+        seen.clear()
+        pool_run(cb, None, ntasks, threads)
+        assert sorted(seen) == list(range(ntasks))

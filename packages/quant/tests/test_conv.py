@@ -463,3 +463,27 @@ def test_wide_channel_convolutions_give_the_exact_integer_sums(
         for threads in (1, 2):
             got = oq.qconv2d(x, packed, x_zp, np.float32(1.0), None, path=path, threads=threads, **geo)
             np.testing.assert_array_equal(got, want, err_msg=f"{path} threads={threads}")
+
+
+def test_threads_split_over_ops_pool_or_their_own_threads_with_the_same_bits() -> None:
+    """With ops' worker pool handed over (opstrata-ops >= 0.4.59) the jobs run on its workers; without it
+    on threads started per call -- the same bits either way, and as one thread."""
+    lib = _library.library()
+    r = np.random.default_rng(4)
+    x = r.integers(0, 256, (8, 32, 32, 32)).astype(np.uint8)  # enough work for two threads on both
+    wt = r.integers(-128, 128, (48, 32, 3, 3)).astype(np.int8)
+    dw = r.integers(-128, 128, (32, 1, 3, 3)).astype(np.int8)
+    geo = {"stride": [1, 1], "pads": [1, 1, 1, 1], "dilation": [1, 1]}
+    cases = [(oq.prepack_conv(wt, None, 1), np.full(48, 0.01, np.float32)),
+             (oq.prepack_conv(dw, None, 32), np.full(32, 0.01, np.float32))]  # fmt: skip
+    want = [oq.qconv2d(x, p, np.uint8(7), s, None, threads=1, **geo) for p, s in cases]
+    try:
+        for pool in ("ops", "own threads"):
+            if pool != "ops":
+                lib.opstrata_qgemm_set_pool(None)
+            for (p, s), w in zip(cases, want, strict=True):
+                np.testing.assert_array_equal(
+                    oq.qconv2d(x, p, np.uint8(7), s, None, threads=2, **geo), w, err_msg=pool
+                )
+    finally:
+        _library._share_pool(lib)

@@ -315,6 +315,7 @@ from .native.packed import (
     bind_take as bind_take,
     foreign_call as foreign_call,
     merge_bound_calls as merge_bound_calls,
+    native_pool_address as native_pool_address,
 )
 from .tune.autotune import (
     AutotuneCacheWarning as AutotuneCacheWarning,
@@ -526,6 +527,7 @@ __all__ = [
     "mod",
     "mul",
     "native_cache_dir",
+    "native_pool_address",
     "native_status",
     "neg",
     "nll_loss",

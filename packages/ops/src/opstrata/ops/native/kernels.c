@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 20; }
+int opstrata_native_abi(void) { return 21; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -430,6 +430,13 @@ static void pool_run(pool_fn fn, void *ctx, int64_t ntasks, int nthreads) {
         pthread_mutex_unlock(&pool_mu);
     }
     pthread_mutex_unlock(&pool_busy); /* the workers' writes came before their (seq_cst) pool_left update */
+}
+
+/* pool_run for another native library's kernels (opstrata.quant's int8 convolutions and GEMMs): the same
+   persistent workers, so a process holds one pool whichever library's kernels split their work, and a call
+   pays no thread start. */
+void opstrata_pool_run(void (*fn)(void *, int64_t), void *ctx, int64_t ntasks, int nthreads) {
+    pool_run(fn, ctx, ntasks, nthreads);
 }
 
 /* Independent items (image planes, channel blocks) split into chunks over the pool: fn(args, i0, i1) does

@@ -31,7 +31,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 20  # opstrata_native_abi() of a library these bindings understand
+ABI = 21  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = (
     "-O3",
@@ -69,6 +69,7 @@ _SIGNATURES = {
     "opstrata_sgemm_fma_fast": ([], ctypes.c_int),
     "opstrata_call_packed": ([_I64, _P], ctypes.c_int),
     "opstrata_set_sgemm": ([_P, _P, ctypes.c_int], None),
+    "opstrata_pool_run": ([_P, _P, _I64, ctypes.c_int], None),
     "opstrata_call_batch": ([_P, _I64, _P], ctypes.c_int),
     "opstrata_ew_run_f32": (
         [_P, _I64, _P, _I64, _I64, _P, _P, _P, _I64, _P, _I64, ctypes.c_int, _P, _I64, _I64],

@@ -27,6 +27,7 @@ __all__ = [
     "NativeCall",
     "flatten",
     "foreign_call",
+    "native_pool_address",
     "pack_args",
 ]
 
@@ -131,6 +132,17 @@ def foreign_call(
     call = NativeCall(lib, "opstrata_call_foreign", [int(address), *args], keep, error, result)
     call.name = name  # the foreign kernel's name, for error messages
     return call
+
+
+def native_pool_address() -> int:
+    """The address of ``void opstrata_pool_run(void (*fn)(void *, int64_t), void *ctx, int64_t ntasks, int
+    nthreads)``: ops' persistent worker pool, for another native library to split its kernels' work over
+    (opstrata.quant's int8 kernels) -- one pool per process, no thread started per call. 0 without ops'
+    native library."""
+    import ctypes
+
+    lib = library()
+    return 0 if lib is None else int(ctypes.cast(lib.opstrata_pool_run, ctypes.c_void_p).value or 0)
 
 
 class NativeBatchError(RuntimeError):

@@ -96,6 +96,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "opstrata_qconv2d_depthwise_packed": ([_P], _INT),
     "opstrata_quantize_linear_packed": ([_P], _INT),
     "opstrata_qgemm_packed": ([_P], _INT),
+    "opstrata_qgemm_set_pool": ([_P], None),
     "opstrata_dynamic_qgemm": (
         [
             *(_INT, _I64, _I64, _I64, _P, _INT),  # path, M, N, K, x, per_row
@@ -146,7 +147,21 @@ def library() -> ctypes.CDLL | None:
     ``opstrata.ops.NativeBuildError`` under ``OPSTRATA_NATIVE=on`` when the build fails."""
     if LIBRARY is None:
         return None
-    return LIBRARY.get(stacklevel=4)
+    lib = LIBRARY.get(stacklevel=4)
+    if lib is not None and _pooled.get("lib") is not lib:
+        _pooled["lib"] = lib
+        _share_pool(lib)
+    return lib
+
+
+_pooled: dict[str, Any] = {}
+
+
+def _share_pool(lib: ctypes.CDLL) -> None:
+    """Hand ops' persistent worker pool to the library (opstrata-ops >= 0.4.59): its kernels split work over
+    those workers instead of starting threads per call. Without it they keep their own threads."""
+    address = ops.native_pool_address() if hasattr(ops, "native_pool_address") else 0
+    lib.opstrata_qgemm_set_pool(address or None)
 
 
 def entry_address(lib: ctypes.CDLL, name: str) -> int:

@@ -911,9 +911,32 @@ static void *qg_task_main(void *arg) {
     return NULL;
 }
 
-/* fn on each of n jobs (job i at (char *)jobs + i * stride): job 0 on this thread, the others on threads
-   started here and joined before returning; a thread that cannot start has its job done here */
+/* opstrata-ops' persistent worker pool (its opstrata_pool_run), when the bindings hand it over: the jobs
+   then run on its workers instead of threads started per call */
+typedef void (*qg_pool_task_fn)(void *, int64_t);
+typedef void (*qg_pool_fn)(qg_pool_task_fn, void *, int64_t, int);
+static qg_pool_fn qg_pool;
+void opstrata_qgemm_set_pool(void *pool_run) { qg_pool = (qg_pool_fn)pool_run; }
+
+typedef struct {
+    qg_job_fn fn;
+    const char *jobs;
+    size_t stride;
+} qg_pool_ctx;
+static void qg_pool_task(void *ctx, int64_t t) {
+    const qg_pool_ctx *c = (const qg_pool_ctx *)ctx;
+    c->fn(c->jobs + (size_t)t * c->stride);
+}
+
+/* fn on each of n jobs (job i at (char *)jobs + i * stride), all done before returning: on ops' pool when
+   set (a busy pool runs them all on this thread), else job 0 on this thread and the others on threads
+   started here and joined (a thread that cannot start has its job done here) */
 static void qg_parallel(qg_job_fn fn, const void *jobs, size_t stride, int n) {
+    if (qg_pool && n > 1) {
+        qg_pool_ctx c = {fn, (const char *)jobs, stride};
+        qg_pool(qg_pool_task, &c, n > 64 ? 64 : n, n > 64 ? 64 : n);
+        return;
+    }
     qg_task tasks[64];
     pthread_t tid[64];
     int started[64] = {0};
