@@ -1507,6 +1507,74 @@ static void qg_row_terms(const uint8_t *a, int64_t lda, int64_t M, int64_t K, in
     }
 }
 
+/* The patch rows of images [n0, n1) from the channels-last images xh (row stride C): per output pixel kh * kw
+   runs of cg channels (the zero point where a tap leaves the image), then zeros up to kp. */
+static void qg_rows_channels_last(const uint8_t *xh, int64_t n0, int64_t n1, int64_t C, int64_t H, int64_t W,
+                                  int64_t cg, int64_t g, int64_t groups, int64_t kh, int64_t kw, int64_t sh,
+                                  int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW,
+                                  int32_t za, uint8_t *rows, int64_t kp) {
+    const int64_t img = H * W * C, K = kh * kw * cg;
+    for (int64_t n = n0; n < n1; ++n)
+        for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                uint8_t *dst = rows + ((n * OH + oh) * OW + ow) * kp;
+                const uint8_t *src = xh + n * img + g * cg;
+                const int64_t iw0 = ow * sw - pw;
+                const int whole_rows = groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
+                for (int64_t i = 0; i < kh; ++i) {
+                    const int64_t ih = oh * sh - ph + i * dh;
+                    if (ih < 0 || ih >= H) { /* a kernel row above or below the image */
+                        memset(dst, (int)za, (size_t)(kw * cg));
+                        dst += kw * cg;
+                        continue;
+                    }
+                    if (whole_rows) { /* kw taps of all channels: one contiguous channels-last run */
+                        memcpy(dst, src + (ih * W + iw0) * C, (size_t)(kw * C));
+                        dst += kw * C;
+                        continue;
+                    }
+                    for (int64_t j = 0; j < kw; ++j, dst += cg) {
+                        const int64_t iw = ow * sw - pw + j * dw;
+                        if (iw < 0 || iw >= W)
+                            memset(dst, (int)za, (size_t)cg);
+                        else
+                            memcpy(dst, src + (ih * W + iw) * C, (size_t)cg);
+                    }
+                }
+                memset(dst, 0, (size_t)(kp - K));
+            }
+}
+
+/* one thread's share of a convolution's GEMM operand: images [n0, n1) laid out channels-last (transpose:
+   group 0 only, the copy serves every group), their patch rows for group g (unless direct) and row sums */
+typedef struct {
+    const uint8_t *x;
+    uint8_t *xh, *rows;
+    int32_t *rterm;
+    int64_t C, H, W, cg, g, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, K, kp, ldh;
+    int32_t za;
+    uint8_t flip;
+    int direct, nchw_taps, transpose;
+    int64_t n0, n1;
+} qg_prep_job;
+
+static void qg_prep_run(const void *p) {
+    const qg_prep_job *j = (const qg_prep_job *)p;
+    const int64_t HW = j->H * j->W, img = HW * j->C, P = j->OH * j->OW, groups = j->C / j->cg;
+    for (int64_t n = j->n0; n < j->n1 && j->transpose; ++n) /* channels-last: xh[n][(h * W + w) * ldh + c] */
+        qg_channels_last(j->x + n * img, j->C, HW, j->flip, j->xh + n * HW * j->ldh, j->ldh);
+    if (j->nchw_taps) /* a few channels per group (the RGB stem): tap by tap, a run of output pixels each */
+        qg_rows_nchw_taps(j->x + j->n0 * img + j->g * j->cg * HW, j->n1 - j->n0, j->C, j->H, j->W, j->cg, j->kh, j->kw,
+                          j->sh, j->sw, j->ph, j->pw, j->dh, j->dw, j->OH, j->OW, j->flip, (uint8_t)j->za,
+                          j->rows + j->n0 * P * j->kp, j->kp);
+    else if (!j->direct)
+        qg_rows_channels_last(j->xh, j->n0, j->n1, j->C, j->H, j->W, j->cg, j->g, groups, j->kh, j->kw, j->sh, j->sw,
+                              j->ph, j->pw, j->dh, j->dw, j->OH, j->OW, j->za, j->rows, j->kp);
+    const uint8_t *a = j->direct ? j->xh : j->rows;
+    const int64_t lda = j->direct ? j->ldh : j->kp;
+    qg_row_terms(a + j->n0 * P * lda, lda, (j->n1 - j->n0) * P, j->K, j->kp, j->za, j->rterm + j->n0 * P);
+}
+
 /* x (N, C, H, W) int8/uint8 NCHW (x_signed: int8, moved to uint8 by + 128 with its zero point) convolved
    with a weight packed per group as a (kh * kw * C/g, OC/g) GEMM operand (rows ordered tap-major: (i, j, c)),
    scaled per output channel (scale) + bias, into out (N, OC, OH, OW) float32. Each image is laid out
@@ -1549,52 +1617,24 @@ int opstrata_qconv2d(int path, int64_t N, int64_t C, int64_t H, int64_t W, const
     }
     int32_t *zae = rt, *rterm = rt + M;
     for (int64_t i = 0; i < M; ++i) zae[i] = za;
-    for (int64_t n = 0; n < N && !nchw_taps; ++n) /* channels-last: xh[n][(h * W + w) * ldh + c] */
-        qg_channels_last(x + n * img, C, H * W, flip, xh + n * H * W * ldh, ldh);
+    /* the GEMM operand's preparation -- channels-last copies, patch rows, row sums -- split by images over
+       the threads (each image's rows read only that image), then the GEMM over all of them */
+    int prep_threads = nthreads < N ? nthreads : (int)N;
+    if (prep_threads > 64) prep_threads = 64;
+    if ((M * K) >> 17 < prep_threads) prep_threads = (M * K) >> 17 > 1 ? (int)((M * K) >> 17) : 1;
     const float one = 1.0f;
     for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t *a = xh;
-        int64_t lda = ldh;
-        if (nchw_taps) { /* a few channels per group (the RGB stem): tap by tap, a run of output pixels each */
-            qg_rows_nchw_taps(x + g * cg * H * W, N, C, H, W, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, flip,
-                              (uint8_t)za, rows, kp);
-            a = rows;
-            lda = kp;
-        } else if (!direct) {
-            for (int64_t n = 0; n < N; ++n)
-                for (int64_t oh = 0; oh < OH; ++oh)
-                    for (int64_t ow = 0; ow < OW; ++ow) {
-                        uint8_t *dst = rows + ((n * OH + oh) * OW + ow) * kp;
-                        const uint8_t *src = xh + n * img + g * cg;
-                        const int64_t iw0 = ow * sw - pw;
-                        const int whole_rows = groups == 1 && dw == 1 && iw0 >= 0 && iw0 + kw <= W;
-                        for (int64_t i = 0; i < kh; ++i) {
-                            const int64_t ih = oh * sh - ph + i * dh;
-                            if (ih < 0 || ih >= H) { /* a kernel row above or below the image */
-                                memset(dst, (int)za, (size_t)(kw * cg));
-                                dst += kw * cg;
-                                continue;
-                            }
-                            if (whole_rows) { /* kw taps of all channels: one contiguous channels-last run */
-                                memcpy(dst, src + (ih * W + iw0) * C, (size_t)(kw * C));
-                                dst += kw * C;
-                                continue;
-                            }
-                            for (int64_t j = 0; j < kw; ++j, dst += cg) {
-                                const int64_t iw = ow * sw - pw + j * dw;
-                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
-                                    memset(dst, (int)za, (size_t)cg);
-                                } else {
-                                    memcpy(dst, src + (ih * W + iw) * C, (size_t)cg);
-                                }
-                            }
-                        }
-                        memset(dst, 0, (size_t)(kp - K));
-                    }
-            a = rows;
-            lda = kp;
-        }
-        qg_row_terms(a, lda, M, K, kp, za, rterm);
+        qg_prep_job jobs[64];
+        for (int t = 0; t < prep_threads; ++t)
+            jobs[t] = (qg_prep_job){x, xh, rows, rterm, C, H, W, cg, g, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, K, kp,
+                                    ldh, za, flip, direct, nchw_taps, g == 0 && !nchw_taps, N * t / prep_threads,
+                                    N * (t + 1) / prep_threads};
+        if (prep_threads == 1)
+            qg_prep_run(&jobs[0]);
+        else
+            qg_parallel(qg_prep_run, jobs, sizeof(qg_prep_job), prep_threads);
+        const uint8_t *a = direct ? xh : rows;
+        const int64_t lda = direct ? ldh : kp;
         const float *sg = n_scale == 1 ? scale : scale + g * ocg;
         qg_epi e = {QG_OUT_F32, out + g * ocg * P, 1, colsum[g], zbe[g], zae, rterm, &one, 0, sg, n_scale != 1,
                     bias ? bias + g * ocg : NULL, 0, 0, P, OC * P, 0, 0};
