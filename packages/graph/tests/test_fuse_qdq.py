@@ -518,3 +518,49 @@ def test_relu_before_quantize_stays_where_dropping_it_would_change_results(zp, s
     m = _relu_quantize_model(zp, scale, relu_also_output=also_output)
     fused, report = og.optimize(og.from_onnx(m), 2)
     assert _ops(fused) == ["Relu", "QuantizeLinear"] and report.matched("drop_relu_before_quantize") == 0
+
+
+def _relu_pool_quantize_model(zp: Any, *, indices: bool = False, pool_also_output: bool = False) -> Any:
+    """x (N, 2, 7, 7) -> Relu -> MaxPool(3x3, stride 2, pads 1) -> QuantizeLinear -> y (a CNN stem's tail)."""
+    inits = [nh.from_array(np.asarray(0.05, np.float32), "s"), nh.from_array(np.asarray(zp), "zp")]
+    pool_out = ["p", "i"] if indices else ["p"]
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r"], name="relu"),
+        oh.make_node(
+            "MaxPool", ["r"], pool_out, name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
+        ),
+        oh.make_node("QuantizeLinear", ["p", "s", "zp"], ["y"], name="q"),
+    ]
+    outs = [oh.make_tensor_value_info("y", oh.np_dtype_to_tensor_dtype(np.asarray(zp).dtype), None)]
+    if indices:
+        outs.append(oh.make_tensor_value_info("i", T.INT64, None))
+    if pool_also_output:
+        outs.append(oh.make_tensor_value_info("p", T.FLOAT, None))
+    g = oh.make_graph(
+        nodes, "relu_pool_q", [oh.make_tensor_value_info("x", T.FLOAT, ["n", 2, 7, 7])], outs, inits
+    )
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(zp=st.sampled_from([np.uint8(0), np.int8(-128)]), seed=st.integers(0, 2**16))
+def test_relu_before_maxpool_and_a_saturating_quantize_is_dropped_with_equal_codes(zp, seed) -> None:
+    m = _relu_pool_quantize_model(zp)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["MaxPool", "QuantizeLinear"] and report.matched("drop_relu_before_quantize") == 1
+    x = np.random.default_rng(seed).standard_normal((3, 2, 7, 7)).astype(np.float32) * 10
+    x[0, 0, :3, :3] = -np.inf  # a window of -inf and padding only
+    x[1, 1, 2, 2], x[1, 1, 4, 4], x[2, 0, 0, 0] = np.nan, -0.0, np.inf
+    x[2, 1] = -np.abs(x[2, 1])  # a plane with no positive value
+    want = _run(m, 0, x)
+    np.testing.assert_array_equal(og.run_graph(fused, {"x": x})["y"], want)
+
+
+@pytest.mark.parametrize(("zp", "indices", "also"), [(np.uint8(5), False, False), (np.uint8(0), True, False),
+                                                     (np.uint8(0), False, True)])  # fmt: skip
+def test_relu_before_maxpool_stays_where_dropping_it_would_change_results(zp, indices, also) -> None:
+    """A zero point above the lowest code, a MaxPool with Indices, or the pooled floats read elsewhere."""
+    fused, report = og.optimize(
+        og.from_onnx(_relu_pool_quantize_model(zp, indices=indices, pool_also_output=also)), 2
+    )
+    assert "Relu" in _ops(fused) and report.matched("drop_relu_before_quantize") == 0

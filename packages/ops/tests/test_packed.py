@@ -387,3 +387,24 @@ def test_native_pool_address_runs_another_librarys_tasks_once_each() -> None:
         seen.clear()
         pool_run(cb, None, ntasks, threads)
         assert sorted(seen) == list(range(ntasks))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**16), in_place=st.booleans())
+def test_bound_relu_is_one_native_call_with_numpys_bits(n: int, seed: int, in_place: bool) -> None:
+    """``ops.bind("relu")`` on float32: a packed C loop with ``np.maximum(x, 0)``'s bits -- NaN kept, -0
+    and +0 both +0 -- in place too; other dtypes and overlapping views are not bound."""
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal(n) * 10).astype(np.float32)
+    x[: min(n, 6)] = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, -1e-45], np.float32)[: min(n, 6)]
+    want = np.maximum(x, np.float32(0))
+    out = x if in_place else np.empty_like(x)
+    call = ops.bind("relu", x, out=out)
+    assert isinstance(call, ops.NativeCall) and call.name == "relu_f32"
+    assert call() is out
+    np.testing.assert_array_equal(out, want)
+    assert np.array_equal(np.signbit(out), np.signbit(want))
+    np.testing.assert_array_equal(ops.relu(want), want)  # the kernel it stands for gives the same
+    assert ops.bind("relu", x.astype(np.float64), out=np.empty(n)) is None
+    if n > 1:
+        assert ops.bind("relu", x[1:], out=x[:-1]) is None

@@ -702,3 +702,34 @@ def test_unfused_attention_binds_its_matmuls_and_softmax_natively() -> None:
     if natively:
         kinds = {type(c).__name__ for c in bound.runner}
         assert "partial" not in kinds and "function" not in kinds, kinds
+
+
+def test_a_float_relu_step_is_ops_native_loop_with_numpys_bits() -> None:
+    """A lone float32 Relu (a quantized model's, where it cannot fold into a convolution) binds to ops'
+    native loop when ops has one (>= 0.4.60): inside the run's native batch, the same bits as numpy's
+    maximum (NaN kept, -0 to +0)."""
+    from opstrata.graph.testing import ModelBuilder
+
+    b = ModelBuilder("relu", 17)
+    x = b.input("x", [4, 33])
+    b.output(b.op("Relu", [b.op("Neg", [x])]))
+    sess = InferenceSession(b.build(), SessionOptions(graph_optimization_level=0))
+    v = np.random.default_rng(0).standard_normal((4, 33)).astype(np.float32)
+    v[0, :4] = [np.nan, -0.0, 0.0, -np.inf]
+    for _ in range(2):  # the second run takes the bound calls
+        got = sess.run(None, {"x": v})[0]
+        want = np.maximum(-v, np.float32(0))
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.signbit(got), np.signbit(want))
+    native = getattr(ops, "NativeCall", None)
+    probe = np.ones(3, np.float32)
+    if (
+        native is None
+        or not hasattr(ops, "bind")
+        or not isinstance(ops.bind("relu", probe, out=probe), native)
+    ):
+        return  # an opstrata-ops without the native relu loop: the numpy kernel, per node
+    (bound,) = sess._bound.values()
+    steps = sess._schedule.steps
+    relu = [c for c, i in zip(bound.calls, bound.index, strict=True) if steps[i].node.op_type == "Relu"]
+    assert isinstance(relu[0], native) and relu[0].name == "relu_f32"

@@ -35,7 +35,7 @@ _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
               ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"),
-              ("", "GlobalAveragePool"), ("", "Softmax"))  # fmt: skip
+              ("", "GlobalAveragePool"), ("", "Softmax"), ("", "Relu"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -273,6 +273,10 @@ def _prebound(
         )  # fmt: skip
     if key == (OPSTRATA_DOMAIN, "QConv") and len(static) == 4 and "scale" in node.attrs:
         return _bind_qconv(sch, node, static, dsts[0])
+    if key == ("", "Relu") and len(static) == 1 and static[0].dtype == np.float32:
+        return ops.bind(
+            "relu", static[0], out=dsts[0], device=sch.device
+        )  # the native loop where ops has one
     if key == (OPSTRATA_DOMAIN, "QMatMul") and len(static) == 4 and "scale" in node.attrs:
         if not hasattr(ops, "qmatmul"):  # opstrata-ops < 0.4.57: the per-node path
             return None

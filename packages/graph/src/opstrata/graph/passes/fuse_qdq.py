@@ -270,33 +270,53 @@ def fuse_qdq_conv(graph: Graph) -> Graph:
     return _rewrite_each(graph, ("Conv",), _fuse_conv)
 
 
-def _relu_into_quantize(g: Graph, m: Matcher, relu: Node) -> Rewrite | None:
-    q = _only(m, relu.outputs[0], "QuantizeLinear")
-    if q is None or q.inputs[0] != relu.outputs[0] or len(q.inputs) < 2:
-        return None
+def _saturating_quantize(m: Matcher, q: Node) -> bool:
+    """A QuantizeLinear with a positive constant scale and the lowest code as zero point: every x <= 0
+    (-inf included) rounds to <= 0 and saturates to the zero point, which is Q(0)."""
+    if len(q.inputs) < 2:
+        return False
     scale = m.const(q.inputs[1])
     if scale is None or scale.dtype.kind != "f" or scale.size == 0 or not bool(np.all(scale > 0)):
-        return None
+        return False
     if len(q.inputs) > 2 and q.inputs[2]:
         zp = m.const(q.inputs[2])
         if zp is None or zp.dtype.kind not in "iu" or zp.dtype.itemsize > 2:
-            return None  # a computed zero point, or float8 / int32 codes
-        lowest = np.iinfo(zp.dtype).min
-        if zp.size == 0 or not bool(np.all(zp == lowest)):
-            return None
-    elif q.attrs.get("output_dtype"):
-        return None  # another code type with zero point 0: not its lowest code in general
-    # Q(Relu(x)) = Q(x): every x <= 0 (-inf included) rounds to <= 0 and saturates to the zero point, the
-    # lowest code, which is Q(0); Relu passes x > 0 and NaN through unchanged
+            return False  # a computed zero point, or float8 / int32 codes
+        return zp.size > 0 and bool(np.all(zp == np.iinfo(zp.dtype).min))
+    return not q.attrs.get("output_dtype")  # another code type with zero point 0: not its lowest code
+
+
+def _relu_into_quantize(g: Graph, m: Matcher, relu: Node) -> Rewrite | None:
+    # Q(Relu(x)) = Q(x) for a saturating Q: Relu passes x > 0 and NaN through and sends x <= 0 to 0, whose
+    # code every x <= 0 gets anyway. Through a MaxPool as well (Q(MaxPool(Relu(x))) = Q(Relu(MaxPool(x)))
+    # = Q(MaxPool(x)): Relu is monotone and keeps NaN where it is; 0 and -0 have the same code).
+    user = m.only_use(relu.outputs[0])
+    pool = None
+    if user is not None and is_onnx(user, "MaxPool") and len([o for o in user.outputs if o]) == 1:
+        pool, user = user, m.only_use(user.outputs[0])
+    if user is None or not is_onnx(user, "QuantizeLinear") or not _saturating_quantize(m, user):
+        return None
+    if user.inputs[0] != (pool or relu).outputs[0]:
+        return None
+    if pool is not None:
+        moved = Node(pool.op_type, [relu.inputs[0], *pool.inputs[1:]], pool.outputs, dict(pool.attrs), pool.name,
+                     pool.domain)  # fmt: skip
+        return [relu, pool], [moved]
     fused = Node(
-        "QuantizeLinear", [relu.inputs[0], *q.inputs[1:]], q.outputs, dict(q.attrs), q.name, q.domain
+        "QuantizeLinear",
+        [relu.inputs[0], *user.inputs[1:]],
+        user.outputs,
+        dict(user.attrs),
+        user.name,
+        user.domain,
     )
-    return [relu, q], [fused]
+    return [relu, user], [fused]
 
 
 def drop_relu_before_quantize(graph: Graph) -> Graph:
     """``QuantizeLinear(Relu(x), scale > 0, zero_point = the lowest code)`` -> ``QuantizeLinear(x, ...)``
-    where the Relu's output has no other reader: the same codes, one pass over the tensor fewer."""
+    where the Relu's output has no other reader: the same codes, one pass over the tensor fewer; likewise
+    ``QuantizeLinear(MaxPool(Relu(x)))`` -> ``QuantizeLinear(MaxPool(x))`` (a CNN's stem)."""
     return _rewrite_each(graph, ("Relu",), _relu_into_quantize)
 
 

@@ -2726,6 +2726,13 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         }
         return 0;
     }
+    case 29: { /* out = np.maximum(x, 0) over n floats: NaN stays NaN, -0 and +0 give +0 (numpy's bits) */
+        const float *x = P(0, const float *);
+        float *o = P(1, float *);
+        const int64_t n = a[2];
+        for (int64_t i = 0; i < n; ++i) o[i] = x[i] > 0.0f ? x[i] : (x[i] == x[i] ? 0.0f : x[i]);
+        return 0;
+    }
     case 28: /* another library's packed entry point, int fn(const int64_t *args): a[0] its address, its
                 arguments from a[1] on -- so a batch can run kernels of several native libraries in order */
         return ((int (*)(const int64_t *))(intptr_t)a[0])(a + 1);

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from ..kernels.activation import _check_approximate, gelu_cpu
+from ..kernels.activation import _check_approximate, gelu_cpu, relu_cpu
 from ..kernels.conv import _arr, _check_conv, bind_conv2d, conv2d_cpu
 from ..kernels.elementwise import add_cpu, div_cpu, mul_cpu, nd, sub_cpu
 from ..kernels.fused import bias_act_cpu
@@ -1067,6 +1067,24 @@ def _binary_binder(kernel: Any, code: int) -> Any:
 
     return bind
 
+
+def _bind_relu(x: Any, *, out: Any) -> Any:
+    """``relu`` into ``out`` for equal-shape C-contiguous float32 arrays (``out`` may be ``x``) as one packed C
+    loop with ``np.maximum(x, 0)``'s bits (NaN kept, -0 to +0); None otherwise (the numpy kernel, per call)."""
+    arrays = (x, out)
+    if not all(type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous for t in arrays):
+        return None
+    if x.shape != out.shape or not out.flags.writeable or x.size == 0:
+        return None
+    if np.may_share_memory(out, x) and x.ctypes.data != out.ctypes.data:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    return NativeCall(lib, "relu_f32", (x.ctypes.data, out.ctypes.data, x.size), (x, out), result=out)
+
+
+relu_cpu.binder = _bind_relu  # type: ignore[attr-defined]
 
 for _code, _kernel in enumerate((add_cpu, sub_cpu, mul_cpu, div_cpu)):
     _kernel.binder = _binary_binder(_kernel, _code)  # type: ignore[attr-defined]

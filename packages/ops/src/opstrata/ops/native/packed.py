@@ -61,6 +61,7 @@ PACKED_IDS = {
     "opstrata_depthwise_lanes_f32": 26,
     "opstrata_linear_packed_f32": 27,
     "opstrata_call_foreign": 28,
+    "relu_f32": 29,
 }
 
 
