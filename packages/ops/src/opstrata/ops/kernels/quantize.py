@@ -872,16 +872,6 @@ def dequant_matmul(
                       fix="pass x (..., K) and w (K, N)")  # fmt: skip
     kw: dict[str, Any] = {"axis": axis, "block_size": block_size, "device": device}
     if out is not None:
-        want = (*x.shape[:-1], w.shape[1])
-        if (
-            not isinstance(out, np.ndarray)
-            or out.dtype != float32
-            or out.shape != want
-            or not out.flags.writeable
-        ):
-            got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise OpError(
-                op, "out", f"a writeable float32 array of shape {want}", got, fix="pass a matching out"
-            )
+        _check_float_out(op, out, (*x.shape[:-1], w.shape[1]), x, "x")
         kw["out"] = out
     return call(op, x, w, w_scale, w_zero_point, **kw)

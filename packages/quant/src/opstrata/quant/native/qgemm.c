@@ -1166,30 +1166,39 @@ static T512 int qg_dq_range_512(const float *x, int64_t n, float *hi_out, float 
     return bad != 0;
 }
 
-/* y = clip(rint(x / s) + z, 0, 255) for n values; returns the sum of the bytes written.
-   The quotient as x * (1 / s) (a division costs ~10x a multiply): with |x / s| <= 255 that product lies
-   within 2^-14 of the correctly rounded quotient fl(x / s), so both round to the same integer unless one of
-   them is within 2^-14 of a half-integer; lanes within 2^-12 of one (a few per thousand) are divided
-   exactly, so the bytes are those of the division: ONNX's rint(x / s), ties to even. */
+/* The quotient x / s rounded to an integer (ties to even) for 16 lanes, as x * (1 / s): that product lies
+   within 1.5 * 2^-23 * |x / s| of the correctly rounded quotient fl(x / s) -- below 2^-12 while |x / s| <=
+   1024 -- so both round to the same integer unless one is next to a half-integer; the lanes within 2^-12 of
+   one (a few per thousand) are divided exactly, so the result is rint(fl(x / s)). Past 1024 the callers
+   saturate either way. divide_all (qg_divide_all): a scale without a normal, finite reciprocal. */
+static inline int qg_divide_all(float s) { return !(fabsf(s) >= 1.17549435e-38f && fabsf(1.0f / s) < 3.0e38f); }
+
+static inline __attribute__((always_inline)) T512 __m512 qg_rint_quotient_512(__m512 xv, __m512 vs, __m512 rcp,
+                                                                            int divide_all) {
+    const __m512 magic = _mm512_set1_ps(QG_MAGIC);
+    const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 4096.0f); /* |q - rint(q)| above it: next to a tie */
+    __m512 q = _mm512_mul_ps(xv, rcp);
+    __m512 r = _mm512_sub_ps(_mm512_add_ps(q, magic), magic); /* rint(q), ties to even (|q| < 2^22) */
+    const __mmask16 tie = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, r)), near, _CMP_GT_OQ);
+    if (tie | divide_all) {
+        q = divide_all ? _mm512_div_ps(xv, vs) : _mm512_mask_div_ps(q, tie, xv, vs);
+        r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    return r;
+}
+
+/* y = clip(rint(x / s) + z, 0, 255) for n values (|x / s| <= 255 here); returns the sum of the bytes written.
+   The quotient by the reciprocal (a division costs ~10x a multiply), the lanes next to a tie divided
+   (qg_rint_quotient_512): the bytes of the division, ONNX's rint(x / s), ties to even. */
 static T512 uint32_t qg_dq_apply_512(const float *x, int64_t n, float s, float z, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), lo = _mm512_setzero_ps();
-    const __m512 hi = _mm512_set1_ps(255.0f), rcp = _mm512_set1_ps(1.0f / s), magic = _mm512_set1_ps(QG_MAGIC);
-    const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 4096.0f); /* |q - rint(q)| above it: next to a tie */
-    /* a scale below float32's smallest normal has no finite reciprocal to trust: divide every lane */
-    const int divide_all = !(s >= 1.17549435e-38f && 1.0f / s < 3.0e38f);
+    const __m512 hi = _mm512_set1_ps(255.0f), rcp = _mm512_set1_ps(1.0f / s);
+    const int divide_all = qg_divide_all(s);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 q = _mm512_mul_ps(xv, rcp);
-        __m512 r = _mm512_sub_ps(_mm512_add_ps(q, magic), magic); /* rint(q), ties to even (|q| < 2^22) */
-        const __mmask16 tie = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, r)), near, _CMP_GT_OQ);
-        if (tie | divide_all) {
-            q = divide_all ? _mm512_div_ps(xv, vs) : _mm512_mask_div_ps(q, tie, xv, vs);
-            r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        }
-        q = _mm512_add_ps(r, vz);
-        q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+        const __m512 r = qg_rint_quotient_512(_mm512_maskz_loadu_ps(m, x + i), vs, rcp, divide_all);
+        const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, vz), lo), hi);
         const __m512i v = _mm512_maskz_mov_epi32(m, _mm512_cvttps_epi32(q));
         sum = _mm512_add_epi32(sum, v);
         _mm512_mask_cvtepi32_storeu_epi8(y + i, m, v);
@@ -2147,25 +2156,14 @@ static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, fl
     qg_ql_body(x, n, s, z, lo, hi, y);
 }
 #if QG_X86
-/* The quotient as x * (1 / s), as qg_dq_apply_512 does: within 1.5 * 2^-23 * |x / s| of fl(x / s), which for
-   |x / s| <= 1024 is below 2^-12, so lanes more than 2^-12 from a half-integer round as the division does and
-   the others are divided; past 1024 both saturate (|z| <= 255). Scales without a normal, finite reciprocal
-   divide every lane. The bytes are those of rint(x / s) + z, saturated, NaN -> 0. */
+/* y = clip(rint(x / s) + z, lo, hi), NaN -> 0, for n values: the bytes of the division (qg_rint_quotient_512) */
 static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-    const __m512 rcp = _mm512_set1_ps(1.0f / s), magic = _mm512_set1_ps(QG_MAGIC);
-    const __m512 near = _mm512_set1_ps(0.5f - 1.0f / 4096.0f); /* |q - rint(q)| above it: next to a tie */
-    const int divide_all = !(fabsf(s) >= 1.17549435e-38f && fabsf(1.0f / s) < 3.0e38f);
+    const __m512 rcp = _mm512_set1_ps(1.0f / s);
+    const int divide_all = qg_divide_all(s);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 q = _mm512_mul_ps(xv, rcp);
-        __m512 r = _mm512_sub_ps(_mm512_add_ps(q, magic), magic); /* rint(q), ties to even (|q| < 2^22) */
-        const __mmask16 tie = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, r)), near, _CMP_GT_OQ);
-        if (tie | divide_all) {
-            q = divide_all ? _mm512_div_ps(xv, vs) : _mm512_mask_div_ps(q, tie, xv, vs);
-            r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        }
+        const __m512 r = qg_rint_quotient_512(_mm512_maskz_loadu_ps(m, x + i), vs, rcp, divide_all);
         const __mmask16 ok = _mm512_cmp_ps_mask(r, r, _CMP_ORD_Q);
         __m512 v = _mm512_add_ps(r, vz);
         v = _mm512_maskz_mov_ps(ok, _mm512_min_ps(_mm512_max_ps(v, vlo), vhi)); /* NaN -> 0 */
