@@ -1,22 +1,26 @@
 """W8A8 static quantization of CNNs end to end: torchvision ResNet-18 and MobileNet-V3-small with random
 weights (the zoo's configurations: 100 classes, 64x64 images), exported by torch.onnx, quantized by
 opstrata.quant (``quantize(m, calib, "w8a8")``) and by onnxruntime's ``quantize_static`` (QDQ, per-channel
-int8 weights, uint8 activations, minmax calibration), each run in its own runtime, one thread.
+int8 weights, uint8 activations, minmax calibration), each run in its own runtime, one thread (or
+``--threads N`` on both sides; above one, in settled and warmed turns).
 
 Printed per model: top-1 agreement with the fp32 model on held-out synthetic images and the output
 cosine, for both quantized models; latency of opstrata fp32, opstrata's quantized model in opstrata,
 onnxruntime fp32 and onnxruntime's quantized model in onnxruntime (medians of interleaved rounds, the
 order rotating, ops.benchtools.compare). Calibration and evaluation images are N(0, 1) noise, different seeds.
 
-    python packages/eval/benchmarks/bench_quant_static.py [--quick] [--rounds N] [--models resnet18]
+    python packages/eval/benchmarks/bench_quant_static.py [--quick] [--rounds N] [--models resnet18] [--threads N]
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
+#: threads on both sides (--threads N, read before numpy / onnxruntime load; default 1)
+THREADS = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv[:-1] else 1
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPSTRATA_NUM_THREADS"):
-    os.environ[_var] = "1"
+    os.environ[_var] = str(THREADS)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
@@ -41,7 +45,7 @@ def _ort_session(path: Path) -> Any:
     import onnxruntime as ort
 
     o = ort.SessionOptions()
-    o.intra_op_num_threads = o.inter_op_num_threads = 1
+    o.intra_op_num_threads, o.inter_op_num_threads = THREADS, 1
     return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
 
 
@@ -73,6 +77,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--models", default="resnet18,mobilenet_v3_small")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides (default 1)")
     args = ap.parse_args()
     from opstrata.eval.zoo import export_model
 
@@ -101,14 +106,18 @@ def main() -> None:
             t1_ort, cos_ort = _agreement(ref, [ort_q.run(None, {inp: x})[0] for x in held])
             feeds = {inp: held[0]}
             sessions = {"ours fp32": fp, "ours q": oq_sess, "ort fp32": ort_fp, "ort q": ort_q}
-            timed = compare({k: partial(s.run, None, feeds) for k, s in sessions.items()}, repeats=rounds)
+            # above one thread, settled and warmed turns: onnxruntime's idle workers spin ~25 ms after a run
+            turns = {"settle_s": 0.05, "warm_s": 0.03} if THREADS > 1 else {}
+            timed = compare(
+                {k: partial(s.run, None, feeds) for k, s in sessions.items()}, repeats=rounds, **turns
+            )
             ms = {k: t.median * 1e3 for k, t in timed.items()}
             rows.append([
                 name, f"{t1_ours:.1%}", f"{cos_ours:.5f}", f"{t1_ort:.1%}", f"{cos_ort:.5f}",
                 f"{ms['ours fp32']:.2f}", f"{ms['ours q']:.2f}", f"{ms['ort fp32']:.2f}", f"{ms['ort q']:.2f}",
                 f"{ms['ours q'] / ms['ort q']:.2f}x",
             ])  # fmt: skip
-    print(f"W8A8 static, batch {args.batch}, 64x64, one thread, {rounds} interleaved rounds, "
+    print(f"W8A8 static, batch {args.batch}, 64x64, {THREADS} thread(s) on both sides, {rounds} interleaved rounds, "
           f"{n_calib} calibration / {n_eval} held-out batches")  # fmt: skip
     print(format_table(
         ["model", "top-1 ours", "cos ours", "top-1 ort", "cos ort", "ours fp32 ms", "ours q ms", "ort fp32 ms",

@@ -30,7 +30,7 @@ import opstrata.ops as ops
 
 from ._conv import conv_geometry, prepack_conv, qconv_call, qconv_native_call, run_qconv2d, run_qconv_call
 from ._errors import QuantError
-from ._qgemm import _ERRORS, _OUT_F32, PackedWeight, dynamic_qgemm, prepack_weight, qgemm
+from ._qgemm import _ERRORS, _OUT_F32, PackedWeight, dynamic_qgemm, prepack_weight, qgemm, qgemm_args
 from ._wonly import dq_matmul, prepack_dq_weight
 from .native._library import count, entry_address, library, path_id
 
@@ -358,8 +358,8 @@ def _bind_qmatmul_native(
     ``ops.foreign_call``) for a session's operands: the weight and both zero points read-only (the
     weight packed once, the activation's zero point widened once), ``a`` and ``out`` C-contiguous. None
     otherwise (the eager kernel then runs, per call)."""
-    foreign = getattr(ops, "foreign_call", None)
-    if foreign is None or not all(type(v) is np.ndarray for v in (a, w, out)) or library() is None:
+    foreign, lib = getattr(ops, "foreign_call", None), library()
+    if foreign is None or lib is None or not all(type(v) is np.ndarray for v in (a, w, out)):
         return None
     if not (a.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable and out.dtype == _F32):
         return None
@@ -377,12 +377,8 @@ def _bind_qmatmul_native(
     sa = np.ones(1, _F32)
     sb = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
     bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
-    lib = library()
-    args = [
-        path_id(None, lib), m, n, k, a.ctypes.data, k, int(a.dtype == _S8), za.ctypes.data, 1, *packed.ptrs,
-        _OUT_F32, out.ctypes.data, n, sa.ctypes.data, 1, sb.ctypes.data, sb.size,
-        0 if bi is None else bi.ctypes.data, 0, 0, _threads(),
-    ]  # fmt: skip
+    args = qgemm_args(path_id(None, lib), m, packed, a, k, za, _OUT_F32, out.ctypes.data, n, sa, sb, bi, False, 0,
+                      _threads())  # fmt: skip
     shape = f"{a.dtype}{list(a.shape)}"
     return foreign(
         entry_address(lib, "opstrata_qgemm_packed"), args, (a, packed, za, sa, sb, bi, out),

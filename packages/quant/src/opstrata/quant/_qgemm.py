@@ -30,7 +30,7 @@ import numpy as np
 from ._errors import QuantError
 from .native._library import count, library, path_id
 
-__all__ = ["PackedWeight", "dynamic_qgemm", "prepack_weight", "qgemm"]
+__all__ = ["PackedWeight", "dynamic_qgemm", "prepack_weight", "qgemm", "qgemm_args"]
 
 _U8, _S8, _I32, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
 _INT8S = (_U8, _S8)
@@ -192,6 +192,25 @@ def prepack_weight(b: Any, zero_point: Any = None, *, scale: Any = None) -> Pack
     return PackedWeight(data, colsum, zbe, k, n, b.dtype, zp, sc)
 
 
+def qgemm_args(
+    path: int, m: int, b: PackedWeight, a: np.ndarray, lda: int, za: np.ndarray, kind: int, out_ptr: int,
+    ldo: int, a_scale: np.ndarray | None, b_scale: np.ndarray | None, bias: np.ndarray | None, relu: bool,
+    y_zp: int, threads: int,
+) -> tuple[Any, ...]:  # fmt: skip
+    """The arguments of one ``opstrata_qgemm`` C call, in its order, for checked operands (``a``: m rows
+    of ``b.k`` bytes at stride ``lda``; ``za`` int32 zero points; the scales / bias contiguous float32 or
+    None): what :func:`qgemm` passes, and what a bound call packs once."""
+
+    def ptr(v: np.ndarray | None) -> int | None:
+        return None if v is None else v.ctypes.data
+
+    return (
+        path, m, b.n, b.k, a.ctypes.data, lda, int(a.dtype == _S8), za.ctypes.data, za.size, *b.ptrs, kind,
+        out_ptr, ldo, ptr(a_scale), 0 if a_scale is None else a_scale.size, ptr(b_scale),
+        0 if b_scale is None else b_scale.size, ptr(bias), int(bool(relu)), y_zp, int(threads),
+    )  # fmt: skip
+
+
 def qgemm(
     a: Any,
     b: PackedWeight,
@@ -279,13 +298,12 @@ def qgemm(
         kind, out_dt, y_zp = (_OUT_U8 if yz.dtype == _U8 else _OUT_S8), yz.dtype, int(yz.reshape(()))
     dst = _target(op, out, (*lead, b.n), (m, b.n), out_dt)
     lda = a2.strides[0] if a2.size else b.k
+    ldo = dst.strides[0] // dst.itemsize if m > 1 else b.n
     rc = lib.opstrata_qgemm(
-        path_id(path, lib), m, b.n, b.k, a2.ctypes.data, lda, int(a.dtype == _S8), za.ctypes.data, za.size,
-        *b.ptrs, kind, dst.ctypes.data, dst.strides[0] // dst.itemsize if m > 1 else b.n,
-        None if sa is None else sa.ctypes.data, 0 if sa is None else sa.size,
-        None if sb is None else sb.ctypes.data, 0 if sb is None else sb.size,
-        None if bi is None else bi.ctypes.data, int(bool(relu)), y_zp, int(threads),
-    )  # fmt: skip
+        *qgemm_args(
+            path_id(path, lib), m, b, a2, lda, za, kind, dst.ctypes.data, ldo, sa, sb, bi, relu, y_zp, threads
+        )
+    )
     if rc != 0:
         raise QuantError(
             op, f"the native kernel failed ({_ERRORS.get(rc, rc)}) for a {a.dtype}{list(a.shape)}"

@@ -10,6 +10,7 @@ pointers). Ids match the switch in ``kernels.c``.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -140,8 +141,6 @@ def native_pool_address() -> int:
     nthreads)``: ops' persistent worker pool, for another native library to split its kernels' work over
     (opstrata.quant's int8 kernels) -- one pool per process, no thread started per call. 0 without ops'
     native library."""
-    import ctypes
-
     lib = library()
     return 0 if lib is None else int(ctypes.cast(lib.opstrata_pool_run, ctypes.c_void_p).value or 0)
 

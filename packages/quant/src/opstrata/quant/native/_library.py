@@ -124,11 +124,8 @@ LIBRARY: Any = (
         "opstrata_quant_qgemm",
         SOURCE,
         _SIGNATURES,
-        cflags=(
-            *ops.native.build.PORTABLE_CFLAGS,
-            "-pthread",
-            "-ffp-contract=off",
-        ),  # epilogues round as numpy
+        # no FMA contraction: the float epilogues round the product and the sum apart, as the numpy reference
+        cflags=(*ops.native.build.PORTABLE_CFLAGS, "-pthread", "-ffp-contract=off"),
         abi=("opstrata_qgemm_abi", ABI),
         what="quant int8 kernels",
     )
