@@ -331,6 +331,101 @@ def test_conv_patterns_it_leaves_alone(change: str) -> None:
     assert "QConv" not in _ops(g) and "Conv" in _ops(g)
 
 
+# --------------------------------------------------------------------------- QConv -> act -> Q: QConvQuantize
+
+
+def _qconv_quantize_model(
+    activation: str, *, out_dtype: Any = np.uint8, depthwise: bool = False, y_scale: float = 0.04, seed: int = 0
+) -> Any:  # fmt: skip
+    """The QDQ Conv of :func:`_qdq_conv_model`, then [Relu | HardSwish] -> QuantizeLinear -> DequantizeLinear."""
+    m = _qdq_conv_model(4, 4 if depthwise else 8, 3, groups=4 if depthwise else 1, pad=1, seed=seed)
+    g = m.graph
+    g.output[0].name = "y"
+    g.node[-1].output[0] = "conv_y"
+    src = "conv_y"
+    if activation != "none":
+        g.node.append(oh.make_node(activation, ["conv_y"], ["act_y"], name="act"))
+        src = "act_y"
+    zp = 128 if out_dtype == np.uint8 else -5
+    g.initializer.extend([nh.from_array(np.array(y_scale, np.float32), "y_scale"),
+                          nh.from_array(np.array(zp, out_dtype), "y_zp")])  # fmt: skip
+    g.node.extend([
+        oh.make_node("QuantizeLinear", [src, "y_scale", "y_zp"], ["y_q"], name="q_y"),
+        oh.make_node("DequantizeLinear", ["y_q", "y_scale", "y_zp"], ["y"], name="dq_y"),
+    ])  # fmt: skip
+    return m
+
+
+def _without_qconv_quantize(monkeypatch: Any) -> None:
+    from opstrata.graph.passes import fuse_qdq
+
+    monkeypatch.setattr(fuse_qdq, "fuse_qconv_quantize", lambda g: g.copy())
+
+
+@pytest.mark.parametrize("activation", ["none", "Relu", "HardSwish"])
+@pytest.mark.parametrize("out_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_qconv_quantize_gives_the_unfused_codes(activation, out_dtype, depthwise, monkeypatch) -> None:
+    """QConv -> [Relu | HardSwish] -> QuantizeLinear becomes one QConvQuantize with the same codes (the
+    float result never written); the pass report counts it."""
+    m = _qconv_quantize_model(activation, out_dtype=out_dtype, depthwise=depthwise)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["QuantizeLinear", "QConvQuantize", "DequantizeLinear"]
+    assert report.matched("fuse_qconv_quantize") == 1
+    node = fused.nodes[1]
+    assert node.attrs["activation"] == {"none": "none", "Relu": "relu", "HardSwish": "hardswish"}[activation]
+    x = (np.random.default_rng(3).standard_normal((2, 4, 7, 6)) * 3).astype(np.float32)
+    got = og.run_graph(fused, {"x": x})["y"]
+    _without_qconv_quantize(monkeypatch)
+    plain, _ = og.optimize(og.from_onnx(m), 2)
+    assert "QConvQuantize" not in _ops(plain) and "QConv" in _ops(plain)
+    np.testing.assert_array_equal(got, og.run_graph(plain, {"x": x})["y"])
+
+
+def test_qconv_quantize_matches_onnxruntime() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    m = _qconv_quantize_model("HardSwish", y_scale=0.05, seed=4)
+    x = (np.random.default_rng(8).standard_normal((2, 4, 9, 9)) * 2).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    got = _run(m, 2, x)
+    assert np.abs(got - want).max() <= 0.05 + 1e-6  # one quantization step (float conv vs exact int32)
+    assert np.mean(got == want) > 0.95
+
+
+@pytest.mark.parametrize("change", ["conv_read_twice", "act_read_twice", "per_axis_output", "leaky_relu",
+                                    "fed_output_scale", "no_output_zero_point"])  # fmt: skip
+def test_qconv_quantize_patterns_it_leaves_alone(change: str) -> None:
+    m = _qconv_quantize_model("none" if change in ("conv_read_twice", "per_axis_output") else "Relu")
+    g = m.graph
+    if change == "conv_read_twice":
+        g.output.append(oh.make_tensor_value_info("conv_y", T.FLOAT, None))
+    if change == "act_read_twice":
+        g.output.append(oh.make_tensor_value_info("act_y", T.FLOAT, None))
+    if change == "per_axis_output":
+        for i, init in enumerate(g.initializer):
+            if init.name in ("y_scale", "y_zp"):
+                arr = nh.to_array(init)
+                g.initializer[i].CopyFrom(nh.from_array(np.full(8, arr, arr.dtype), init.name))
+        for node in g.node[-2:]:
+            node.attribute.append(oh.make_attribute("axis", 1))
+    if change == "leaky_relu":
+        next(n for n in g.node if n.name == "act").op_type = "LeakyRelu"
+    if change == "fed_output_scale":  # a scale the graph does not hold as a constant
+        i = next(i for i, t in enumerate(g.initializer) if t.name == "y_scale")
+        del g.initializer[i]
+        g.input.append(oh.make_tensor_value_info("y_scale", T.FLOAT, []))
+    if change == "no_output_zero_point":
+        for node in g.node[-2:]:
+            del node.input[2]
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert "QConvQuantize" not in _ops(fused) and "QConv" in _ops(fused)
+    assert report.matched("fuse_qconv_quantize") == 0
+
+
 # --------------------------------------------------------------------------- per-token dynamic quantization
 
 

@@ -388,6 +388,88 @@ def test_qconv_errors_name_the_argument() -> None:
         ops.qconv(x, 0, w, 0, np.float32(1), out=np.empty((1, 3, 2, 2), np.float64))
 
 
+def _act_steps(y: np.ndarray, activation: str) -> np.ndarray:
+    """The activation as the separate ONNX nodes compute it (Relu; HardSwish = x * HardSigmoid(1/6, 1/2))."""
+    if activation == "relu":
+        return ops.relu(y)
+    if activation == "hardswish":
+        return ops.hard_swish(y)
+    return y
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    groups=st.sampled_from([1, 2, "depthwise"]), k=st.integers(1, 3), stride=st.integers(1, 2),
+    activation=st.sampled_from(["none", "relu", "hardswish"]), out_dt=st.sampled_from([np.uint8, np.int8]),
+    y_scale=st.floats(1e-3, 0.5), y_zp=st.integers(-128, 255), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_qconv_quantize_is_qconv_then_the_activation_then_quantize_linear(
+    groups, k, stride, activation, out_dt, y_scale, y_zp, seed
+) -> None:
+    """The fused op's bytes equal qconv -> Relu / HardSwish -> quantize_linear run one by one, on both devices,
+    for int8 and uint8 codes, grouped and depthwise."""
+    r = np.random.default_rng(seed)
+    g = 4 if groups == "depthwise" else groups
+    x = r.integers(0, 256, (2, 4, 7, 6)).astype(np.uint8)
+    w = r.integers(-128, 128, (8 if groups != "depthwise" else 4, 4 // g, k, k)).astype(np.int8)
+    oc = w.shape[0]
+    scale = r.uniform(1e-4, 2e-3, oc).astype(np.float32)
+    bias = r.standard_normal(oc).astype(np.float32)
+    zp = np.asarray(np.clip(y_zp, *((0, 255) if out_dt == np.uint8 else (-128, 127))), out_dt)
+    geo = {"stride": [stride, stride], "pads": [k // 2] * 4, "groups": g}
+    ys = np.float32(y_scale)
+    for device in DEVICES:
+        y = ops.qconv(x, np.uint8(3), w, np.int8(0), scale, bias, device=device, **geo)
+        want = ops.quantize_linear(_act_steps(y, activation), ys, zp, device=device)
+        got = ops.qconv_quantize(x, np.uint8(3), w, np.int8(0), scale, bias, ys, zp, activation=activation,
+                                 device=device, **geo)  # fmt: skip
+        assert got.dtype == np.dtype(out_dt) and got.shape == y.shape
+        np.testing.assert_array_equal(got, want, err_msg=device)
+        out = np.empty_like(got)
+        assert ops.qconv_quantize(x, np.uint8(3), w, np.int8(0), scale, bias, ys, zp, activation=activation,
+                                  out=out, device=device, **geo) is out  # fmt: skip
+        np.testing.assert_array_equal(out, want)
+
+
+def test_qconv_quantize_keeps_nan_and_infinities_as_the_separate_nodes() -> None:
+    """A non-finite per-channel scale makes inf / NaN conv results: the fused activation keeps NaN where
+    Relu / HardSwish do (NaN -> code 0, not the zero point's code) and infinities saturate the same."""
+    x = np.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4).astype(np.uint8)
+    w = np.ones((4, 3, 1, 1), np.int8)
+    w[1] = -1
+    scale = np.array([np.inf, np.inf, np.nan, 0.01], np.float32)
+    zp = np.uint8(100)
+    for activation in ("none", "relu", "hardswish"):
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = ops.qconv(x, np.uint8(1), w, np.int8(0), scale)
+            want = ops.quantize_linear(_act_steps(y, activation), np.float32(0.1), zp)
+            got = ops.qconv_quantize(x, np.uint8(1), w, np.int8(0), scale, None, np.float32(0.1), zp,
+                                     activation=activation)  # fmt: skip
+        np.testing.assert_array_equal(got, want, err_msg=activation)
+    assert got[0, 2, 0, 0] == 0 and got[0, 1, 1, 1] == 0 and got[0, 0, 1, 1] == 255  # NaN; 0 * -inf; inf
+
+
+def test_qconv_quantize_errors_name_the_argument_and_the_fix() -> None:
+    x, w = np.ones((1, 2, 4, 4), np.uint8), np.ones((3, 2, 3, 3), np.int8)
+    s, z = np.float32(0.1), np.uint8(0)
+    with pytest.raises(OpError, match=r"qconv_quantize.*activation.*one of"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, activation="gelu")
+    with pytest.raises(OpError, match=r"qconv_quantize.*y_scale.*float32 scalar"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, np.ones(3, np.float32), z)
+    with pytest.raises(OpError, match=r"qconv_quantize.*y_zero_point.*per-axis"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, np.zeros(3, np.uint8))
+    with pytest.raises(OpError, match=r"qconv_quantize.*y_zero_point"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, np.int32(0))
+    with pytest.raises(OpError, match=r"qconv_quantize.*alpha"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, activation="hardswish", alpha=float("nan"))
+    with pytest.raises(OpError, match=r"qconv_quantize.*out.*uint8"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, out=np.empty((1, 3, 2, 2), np.int8))
+    with pytest.raises(OpError, match=r"qconv_quantize.*x"):
+        ops.qconv_quantize(x.astype(np.float32), 0, w, 0, np.float32(1), None, s, z)
+    with pytest.raises(OpError, match=r"qconv_quantize.*scale.*per output channel"):
+        ops.qconv_quantize(x, 0, w, 0, np.ones(2, np.float32), None, s, z)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     x=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),

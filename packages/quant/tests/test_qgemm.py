@@ -280,8 +280,9 @@ def test_uninstall_gives_ops_kernels_back_and_install_restores() -> None:
         assert "matmul_integer" not in oq.native_status().calls
     finally:
         every = ["matmul_integer", "qlinear_matmul", "dynamic_quantize_linear", "dynamic_qmatmul", "qconv",
-                 "qmatmul", "quantize_linear", "dequant_matmul"]  # fmt: skip
-        assert _kernels.install() == [op for op in every if op in ops.list_ops()]  # qmatmul: ops >= 0.4.57
+                 "qconv_quantize", "qmatmul", "quantize_linear", "dequant_matmul"]  # fmt: skip
+        # qmatmul: ops >= 0.4.57; qconv_quantize: ops >= 0.4.64
+        assert _kernels.install() == [op for op in every if op in ops.list_ops()]
     assert ops.resolve_kernel("matmul_integer", U8, device="cpu") is _kernels._matmul_integer_native
     _kernels.install()  # idempotent: no second entry
     assert sum(e.fn is _kernels._matmul_integer_native for e in ops.kernels("matmul_integer")) == 1

@@ -62,3 +62,44 @@ def test_no_warning_with_a_native_kernel_or_without_fused_int8_nodes() -> None:
     with warnings.catch_warnings():  # level 0: no fusion, no QConv node, nothing to say
         warnings.simplefilter("error", SlowKernelWarning)
         InferenceSession(_qdq_conv(), SessionOptions(graph_optimization_level=0))
+
+
+def _qdq_conv_hardswish_quantized() -> onnx.ModelProto:
+    """:func:`_qdq_conv`, then HardSwish -> QuantizeLinear -> DequantizeLinear: a QConvQuantize once fused."""
+    m = _qdq_conv()
+    g = m.graph
+    g.node[-1].output[0] = "conv_y"
+    g.initializer.extend(
+        [nh.from_array(np.array(0.02, np.float32), "ys"), nh.from_array(np.array(7, np.uint8), "yz")]
+    )
+    g.node.extend([
+        oh.make_node("HardSwish", ["conv_y"], ["h"]),
+        oh.make_node("QuantizeLinear", ["h", "ys", "yz"], ["yq"]),
+        oh.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
+    ])  # fmt: skip
+    return m
+
+
+def test_fused_conv_quantize_runs_in_a_session_with_the_graphs_codes(monkeypatch) -> None:
+    """A session on QConv -> HardSwish -> QuantizeLinear (fused into QConvQuantize by graph >= 0.4.24):
+    the first run and the bound steady state give the unfused graph's codes; on ops' numpy kernels the
+    warning names the fused node."""
+    import opstrata.graph as og
+    from opstrata.graph.passes import fuse_qdq
+
+    if not hasattr(fuse_qdq, "fuse_qconv_quantize") or not hasattr(ops, "qconv_quantize"):
+        pytest.skip("opstrata-graph < 0.4.24 or opstrata-ops < 0.4.64: no QConvQuantize")
+    reference = str(getattr(ops.resolve_kernel("qconv_quantize", np.uint8, "cpu"), "__module__", ""))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", SlowKernelWarning)
+        sess = InferenceSession(_qdq_conv_hardswish_quantized())
+    if reference.startswith("opstrata.ops"):
+        assert any("QConvQuantize x1" in str(w.message) for w in seen)
+    assert sess.plan.graph.op_counts().get("ai.opstrata::QConvQuantize") == 1
+    monkeypatch.setattr(fuse_qdq, "fuse_qconv_quantize", lambda g: g.copy())
+    plain, _ = og.optimize(og.from_onnx(_qdq_conv_hardswish_quantized()), 2)
+    assert "QConvQuantize" not in [n.op_type for n in plain.nodes]
+    r = np.random.default_rng(2)
+    for _ in range(3):
+        x = (r.standard_normal((1, 3, 6, 6)) * 2).astype(np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], og.run_graph(plain, {"x": x})["y"])

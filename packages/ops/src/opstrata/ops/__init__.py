@@ -224,6 +224,7 @@ from .kernels.pool import (
     max_pool2d as max_pool2d,
 )
 from .kernels.quantize import (
+    QCONV_ACTIVATIONS as QCONV_ACTIVATIONS,
     TOKEN_SCALE_MIN as TOKEN_SCALE_MIN,
     conv_integer as conv_integer,
     dequant_matmul as dequant_matmul,
@@ -232,6 +233,7 @@ from .kernels.quantize import (
     dynamic_quantize_linear as dynamic_quantize_linear,
     matmul_integer as matmul_integer,
     qconv as qconv,
+    qconv_quantize as qconv_quantize,
     qlinear_conv as qlinear_conv,
     qlinear_matmul as qlinear_matmul,
     qmatmul as qmatmul,
@@ -340,6 +342,7 @@ __all__ = [
     "INT_DTYPES",
     "LOW_PRECISION_DTYPES",
     "MEAN_INT_DTYPES",
+    "QCONV_ACTIVATIONS",
     "ROI_ALIGN_MODES",
     "SELU_ALPHA",
     "SELU_GAMMA",
@@ -537,6 +540,7 @@ __all__ = [
     "prelu",
     "prod",
     "qconv",
+    "qconv_quantize",
     "qlinear_conv",
     "qlinear_matmul",
     "qmatmul",

@@ -28,7 +28,15 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from ._conv import conv_geometry, prepack_conv, qconv_call, qconv_native_call, run_qconv2d, run_qconv_call
+from ._conv import (
+    conv_geometry,
+    prepack_conv,
+    qconv_call,
+    qconv_native_call,
+    qconv_quantize_native_call,
+    run_qconv2d,
+    run_qconv_call,
+)
 from ._errors import QuantError
 from ._qgemm import _ERRORS, _OUT_F32, PackedWeight, dynamic_qgemm, prepack_weight, qgemm, qgemm_args
 from ._wonly import dq_matmul, prepack_dq_weight
@@ -464,6 +472,95 @@ def _bind_qconv_native(
     return call
 
 
+#: qconv_quantize's activations -> the C library's ids (QG_ACT_*)
+_ACTIVATION_IDS = {"none": 0, "relu": 1, "hardswish": 2}
+
+
+def _requant_fits(y_scale: Any, y_zero_point: Any, activation: Any, alpha: Any, beta: Any) -> bool:
+    """What the C requantization covers: a finite float32 scalar scale, an int8/uint8 scalar zero point and
+    one of its activations with finite parameters."""
+    ys, yz = np.asarray(y_scale), np.asarray(y_zero_point)
+    return (
+        ys.dtype == _F32 and ys.size == 1 and bool(np.isfinite(ys).all()) and yz.dtype in _INT8S and yz.size == 1
+        and activation in _ACTIVATION_IDS and bool(np.isfinite([alpha, beta]).all())
+    )  # fmt: skip
+
+
+def _qconv_quantize_native(
+    x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any, y_scale: Any, y_zero_point: Any,
+    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, stride: Any = 1, pads: Any = 0,
+    dilation: Any = 1, groups: int = 1, out: Any = None,
+) -> np.ndarray:  # fmt: skip
+    """ops' ``qconv_quantize``: the native int8 convolution (:func:`_qconv_native`), then the activation and
+    QuantizeLinear in one threaded C pass (same bytes as ops' kernel); what either does not cover goes to
+    ops' kernel."""
+    window = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
+    act = {"activation": activation, "alpha": alpha, "beta": beta}
+    x, w = np.asarray(x), np.asarray(w)
+    if not (_requant_fits(y_scale, y_zero_point, activation, alpha, beta) and _qconv_fits(
+        x, w, x_zero_point, w_zero_point, scale, bias, groups
+    )) or library() is None:  # fmt: skip
+        return _hand_off("qconv_quantize", x, x_zero_point, w, w_zero_point, scale, bias, y_scale, y_zero_point,
+                         out=out, **act, **window)  # fmt: skip
+    y = np.ascontiguousarray(_qconv_native(x, x_zero_point, w, w_zero_point, scale, bias, **window))
+    yz = np.asarray(y_zero_point)
+    dst = _c_target(out) if out is not None and out.dtype == yz.dtype else None
+    q = np.empty(y.shape, yz.dtype) if dst is None else dst
+    rc = library().opstrata_requantize_f32(
+        y.ctypes.data, y.size, _ACTIVATION_IDS[activation], alpha, beta, float(np.asarray(y_scale).reshape(())),
+        int(yz.reshape(())), int(yz.dtype == _S8), q.ctypes.data, _threads(),
+    )  # fmt: skip
+    if rc:
+        raise QuantError("qconv_quantize", f"the native requantization failed with code {rc} for {y.shape}")
+    count("qconv_quantize", "native")
+    return _into(out, q)
+
+
+def _bind_qconv_quantize_native(
+    x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any, y_scale: Any, y_zero_point: Any,
+    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, stride: Any = 1, pads: Any = 0,
+    dilation: Any = 1, groups: int = 1, out: Any,
+) -> Callable[[], np.ndarray] | None:  # fmt: skip
+    """``_qconv_quantize_native(...)`` into ``out`` as one native call (ops' foreign call: the convolution
+    into a per-thread float scratch, then the threaded requantization) for a session's read-only weight and
+    zero points and array scale / zero point operands (read when it runs); None otherwise (the per-node
+    path)."""
+    if not all(type(a) is np.ndarray for a in (x, w, out, y_scale, y_zero_point)) or library() is None:
+        return None
+    if not (x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    if (
+        out.dtype != y_zero_point.dtype
+        or y_scale.dtype != _F32
+        or y_scale.size != 1
+        or y_zero_point.size != 1
+    ):
+        return None
+    if activation not in _ACTIVATION_IDS or not bool(np.isfinite([alpha, beta]).all()):
+        return None
+    if not _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) or not _immutable(w):
+        return None
+    wzp = None if w_zero_point is None else np.asarray(w_zero_point)
+    if wzp is not None and not _immutable(wzp):
+        return None
+    try:
+        packed = _packed_conv(w, w_zero_point, groups)
+        geometry = conv_geometry(x.shape, packed, stride, pads, dilation)
+    except (QuantError, ValueError, TypeError):
+        return None
+    if out.shape != (x.shape[0], w.shape[0], *geometry[3]) or np.may_share_memory(out, x):
+        return None
+    sc = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
+    bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
+    zp = None if x_zero_point is None else np.asarray(x_zero_point)
+    threads = _threads()
+    placeholder = np.empty(1, _F32)  # the C entry points the convolution at its per-thread scratch instead
+    prepared = qconv_call(x, packed, sc, bi, geometry, threads, None, placeholder)
+    ab = np.array([alpha, beta], _F32)
+    requant = (_ACTIVATION_IDS[activation], ab, y_scale, y_zero_point, int(out.dtype == _S8), threads)
+    return qconv_quantize_native_call(prepared, zp, x, (packed, sc, bi, x, wzp, placeholder), requant, out)  # type: ignore[no-any-return]
+
+
 def _quantize_linear_native(
     x: Any, scale: Any, zero_point: Any = None, *, axis: int = 1, block_size: int = 0, saturate: bool = True,
     output_dtype: Any = None, precision: Any = None,
@@ -485,8 +582,8 @@ def _quantize_linear_native(
         y = np.empty(x.shape, dtype)
         z = 0 if zp is None else int(zp.reshape(()))
         if (
-            lib.opstrata_quantize_linear(
-                xc.ctypes.data, xc.size, float(s.reshape(())), z, int(dtype == _S8), y.ctypes.data
+            lib.opstrata_quantize_linear_mt(
+                xc.ctypes.data, xc.size, float(s.reshape(())), z, int(dtype == _S8), y.ctypes.data, _threads()
             )
             == 0
         ):
@@ -518,7 +615,7 @@ def _bind_quantize_linear_native(
     )  # fmt: skip
     if not fits:
         return None
-    lib, signed = library(), int(dtype == _S8)
+    lib, signed, threads = library(), int(dtype == _S8), _threads()
     foreign = getattr(ops, "foreign_call", None)  # opstrata-ops >= 0.4.56
     if foreign is not None and (zp is None or zp.dtype == dtype):
         # one packed C call that reads the scale and zero point when it runs: ops' native batches merge it
@@ -529,6 +626,7 @@ def _bind_quantize_linear_native(
             0 if zp is None else zp.ctypes.data,
             signed,
             out.ctypes.data,
+            threads,
         ]
         native = foreign(
             entry_address(lib, "opstrata_quantize_linear_packed"), args, (x, scale, zp, out),
@@ -540,8 +638,8 @@ def _bind_quantize_linear_native(
 
     def call() -> np.ndarray:
         z = 0 if zp is None else int(zp.reshape(()))
-        if lib.opstrata_quantize_linear(
-            x.ctypes.data, x.size, float(scale.reshape(())), z, signed, out.ctypes.data
+        if lib.opstrata_quantize_linear_mt(
+            x.ctypes.data, x.size, float(scale.reshape(())), z, signed, out.ctypes.data, threads
         ):
             np.copyto(out, _hand_off("quantize_linear", x, scale, zero_point, axis=axis, saturate=saturate))
             return out  # what the C code refused: ops' kernel decides, as in the eager kernel
@@ -597,6 +695,7 @@ def _dequant_matmul_native(
 _qconv_native.binder = _bind_qconv_native  # type: ignore[attr-defined]  # ops.bind: checks once
 _qmatmul_native.binder = _bind_qmatmul_native  # type: ignore[attr-defined]
 _quantize_linear_native.binder = _bind_quantize_linear_native  # type: ignore[attr-defined]
+_qconv_quantize_native.binder = _bind_qconv_quantize_native  # type: ignore[attr-defined]
 
 _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "matmul_integer": (_matmul_integer_native, _INT8S),
@@ -604,6 +703,7 @@ _KERNELS: dict[str, tuple[Callable[..., Any], tuple[np.dtype, ...]]] = {
     "dynamic_quantize_linear": (_dynamic_quantize_linear_native, (_F32,)),
     "dynamic_qmatmul": (_dynamic_qmatmul_native, (_F32,)),
     "qconv": (_qconv_native, _INT8S),
+    "qconv_quantize": (_qconv_quantize_native, _INT8S),
     "qmatmul": (_qmatmul_native, _INT8S),
     "quantize_linear": (_quantize_linear_native, (_F32,)),
     "dequant_matmul": (_dequant_matmul_native, (_F32,)),

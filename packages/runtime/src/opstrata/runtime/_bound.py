@@ -273,6 +273,8 @@ def _prebound(
         )  # fmt: skip
     if key == (OPSTRATA_DOMAIN, "QConv") and len(static) == 4 and "scale" in node.attrs:
         return _bind_qconv(sch, node, static, dsts[0])
+    if key == (OPSTRATA_DOMAIN, "QConvQuantize") and len(static) == 6 and "scale" in node.attrs:
+        return _bind_qconv(sch, node, static, dsts[0])
     if key == ("", "Relu") and len(static) == 1 and static[0].dtype == np.float32:
         return ops.bind(
             "relu", static[0], out=dsts[0], device=sch.device
@@ -380,17 +382,22 @@ def _bind_conv(
 def _bind_qconv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
     """A fused QDQ Conv (``QConv``: x_q, x_zp, w_q, w_zp; per-channel scale and bias as attributes):
     ``ops.bind("qconv")`` with the window the graph's kernel derives, so the registered int8 kernel (when
-    one is) runs without the per-node path."""
+    one is) runs without the per-node path. ``QConvQuantize`` (+ y_scale, y_zp; attrs activation, alpha,
+    beta) binds ``qconv_quantize`` the same way."""
     helpers = _window_helpers()
     if helpers is None or static[2].ndim != 4:
         return None
-    kernel = node.attrs.get("kernel_shape") or static[2].shape[2:]
+    a = node.attrs
+    kernel = a.get("kernel_shape") or static[2].shape[2:]
     s, d, pads = helpers[0](node, static[0], kernel)
-    return ops.bind(
-        "qconv", static[0], static[1], static[2], static[3], node.attrs["scale"], node.attrs.get("bias"),
-        stride=list(s), pads=list(pads), dilation=list(d), groups=node.attrs.get("group", 1), out=dst,
-        device=sch.device,
-    )  # fmt: skip
+    window = {"stride": list(s), "pads": list(pads), "dilation": list(d), "groups": a.get("group", 1)}
+    if len(static) == 6:
+        return ops.bind(
+            "qconv_quantize", *static[:4], a["scale"], a.get("bias"), static[4], static[5],
+            activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5),
+            out=dst, device=sch.device, **window,
+        )  # fmt: skip
+    return ops.bind("qconv", *static, a["scale"], a.get("bias"), out=dst, device=sch.device, **window)
 
 
 def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:

@@ -21,6 +21,7 @@ __all__ = ["SlowKernelWarning", "warn_reference_int8_kernels"]
 #: fused integer node -> (the ops ops its kernel may call, newest first; the primary argument's dtype)
 INT8_NODES: dict[str, tuple[tuple[str, ...], type]] = {
     "QConv": (("qconv",), np.uint8),
+    "QConvQuantize": (("qconv_quantize",), np.uint8),
     "QMatMul": (("qmatmul", "matmul_integer"), np.uint8),
     "DynamicQMatMul": (("dynamic_qmatmul",), np.float32),
     "DequantMatMul": (("dequant_matmul",), np.float32),

@@ -34,10 +34,13 @@ Into = Callable[[list[Any], list[np.ndarray]], object]
 
 _LINEAR, _MATMUL, _SKIP_LN = (OPSTRATA_DOMAIN, "Linear"), ("", "MatMul"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
 _DYN_QMM, _QCONV = (OPSTRATA_DOMAIN, "DynamicQMatMul"), (OPSTRATA_DOMAIN, "QConv")
+_QCONV_Q = (OPSTRATA_DOMAIN, "QConvQuantize")
 _DQ_MM, _FUSED = (OPSTRATA_DOMAIN, "DequantMatMul"), (OPSTRATA_DOMAIN, "FusedElementwise")
 #: the graph's kernels these writers stand for
 _STANDS_FOR = {
-    k: KERNELS[k] for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV, _DQ_MM, _FUSED) if k in KERNELS
+    k: KERNELS[k]
+    for k in (_LINEAR, _MATMUL, _SKIP_LN, _DYN_QMM, _QCONV, _QCONV_Q, _DQ_MM, _FUSED)
+    if k in KERNELS
 }
 
 #: Linear epilogues (the graph's fused-op contract, docs of ai.opstrata::Linear) as ops calls
@@ -102,6 +105,11 @@ def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
         "stride": list(a.get("strides") or [1] * nd), "pads": list(a.get("pads") or [0] * (2 * nd)),
         "dilation": list(a.get("dilations") or [1] * nd), "groups": int(a.get("group", 1)),
     }  # fmt: skip
+    if len(args) == 6:  # QConvQuantize
+        kw.update(
+            activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5)
+        )
+        return _call_into("qconv_quantize", dsts[0], *args[:4], a["scale"], a.get("bias"), *args[4:], **kw)
     return _call_into("qconv", dsts[0], *args[:4], a["scale"], a.get("bias"), **kw)
 
 
@@ -144,8 +152,8 @@ def into_kernel(node: Node) -> Into | None:
         if len(node.outputs) != 1 or not _kernels_take_out("dequant_matmul"):
             return None
         return partial(_dequant_matmul, int(node.attrs.get("axis", 1)), int(node.attrs.get("block_size", 0)))
-    if key == _QCONV:
-        if len(node.outputs) != 1 or not _kernels_take_out("qconv"):
+    if key in (_QCONV, _QCONV_Q):
+        if len(node.outputs) != 1 or not _kernels_take_out("qconv" if key == _QCONV else "qconv_quantize"):
             return None
         return partial(_qconv, node)
     if len(node.outputs) != 1:

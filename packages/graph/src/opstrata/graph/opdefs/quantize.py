@@ -214,6 +214,27 @@ def _run_qconv(n: Node, x: list[Arr]) -> list[Arr]:
     ]
 
 
+# --------------------------------------------------------------------------- QConvQuantize (QConv -> act -> Q)
+
+
+def _qconv_quantize_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
+    ctx.need_dtype(0, "iu", "int8/uint8 activations")
+    ctx.need_dtype(2, "iu", "an int8/uint8 weight")
+    ctx.need_dtype(5, "iu", "an int8/uint8 output zero point")
+    return [(ctx.dtype(5), _qconv_shape(n, ctx, 0, 2))]
+
+
+def _run_qconv_quantize(n: Node, x: list[Arr]) -> list[Arr]:
+    """``ops.qconv_quantize``: QConv's float result through the activation, quantized with (y_scale, y_zp)."""
+    a = n.attrs
+    return [
+        ops.qconv_quantize(
+            x[0], x[1], x[2], x[3], a["scale"], a.get("bias"), x[4], x[5], activation=a.get("activation", "none"),
+            alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5), **_window(n, x[0], x[2]),
+        )
+    ]  # fmt: skip
+
+
 # --------------------------------------------------------------------------- DequantMatMul (weight-only)
 
 
@@ -295,6 +316,12 @@ define(
     "QConv", OPSTRATA_DOMAIN, shape=_qconv_rule, kernel=_run_qconv, uses=("qconv",), onnx=False,
     dtypes="int8/uint8 -> float32",
     doc="a QDQ Conv fused: (x_q, x_zp, w_q, w_zp), Conv's window attrs, attrs scale (per channel), bias; exact int32",
+)  # fmt: skip
+define(
+    "QConvQuantize", OPSTRATA_DOMAIN, shape=_qconv_quantize_rule, kernel=_run_qconv_quantize,
+    uses=("qconv_quantize",), onnx=False, dtypes="int8/uint8 -> int8/uint8",
+    doc="QConv -> activation (none/relu/hardswish: attrs activation, alpha, beta) -> QuantizeLinear fused: "
+    "(x_q, x_zp, w_q, w_zp, y_scale, y_zp); the float result is never written",
 )  # fmt: skip
 define(
     "DequantMatMul", OPSTRATA_DOMAIN, shape=_dequant_matmul_rule, kernel=_run_dequant_matmul,

@@ -18,6 +18,9 @@ with the same codes for every input (NaN and -inf included).
 
 ``fuse_qdq_conv`` does the same for ``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``ai.opstrata::QConv``: the exact
 int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per output channel.
+``fuse_qconv_quantize`` then folds the QuantizeLinear that reads a QConv's result (through a Relu or a
+HardSwish) into it (``ai.opstrata::QConvQuantize``, onnxruntime's QLinearConv with the activation fused):
+the float tensor between them is never written.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from typing import Any
 
 import numpy as np
 
+import opstrata.ops as ops
+
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
-from .pattern import Matcher, is_onnx
+from .pattern import Matcher, is_onnx, replace_nodes
 
 __all__ = [
     "drop_relu_before_quantize",
     "fuse_dequant_matmul",
     "fuse_dynamic_qmatmul",
+    "fuse_qconv_quantize",
     "fuse_qdq_conv",
     "fuse_qdq_matmul",
     "is_fusable_weight_dq",
@@ -250,8 +256,6 @@ def _rewrite_each(
 ) -> Graph:
     """A copy of ``graph`` in which every ONNX node of ``op_types`` that ``match`` turns into (the nodes it
     replaces, the new nodes) is rewritten; the matcher is rebuilt after each rewrite."""
-    from .pattern import replace_nodes
-
     g = graph.copy()
     m = Matcher(g)
     for node in list(g.nodes):
@@ -268,6 +272,57 @@ def fuse_qdq_conv(graph: Graph) -> Graph:
     """``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``QConv(x_q, x_zp, W_q, W_zp)`` with the Conv's window
     attributes, ``scale`` (x_scale * W_scale, scalar or per output channel) and ``bias``."""
     return _rewrite_each(graph, ("Conv",), _fuse_conv)
+
+
+#: the activation ops between a QConv and its QuantizeLinear that QConvQuantize applies (ONNX op -> name)
+_QCONV_ACTIVATIONS = {"Relu": "relu", "HardSwish": "hardswish"}
+
+
+def _scalar_quantize(m: Matcher, q: Node) -> bool:
+    """A QuantizeLinear to int8/uint8 with a constant float32 scalar scale and zero point, no blocks."""
+    if len(q.inputs) < 3 or not q.inputs[2] or {"block_size", "output_dtype", "precision"} & set(q.attrs):
+        return False
+    scale, zp = m.const(q.inputs[1]), m.const(q.inputs[2])
+    return (
+        scale is not None and scale.dtype == np.float32 and scale.size == 1
+        and zp is not None and zp.dtype in _INT8 and zp.size == 1
+    )  # fmt: skip
+
+
+def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
+    if len(qconv.inputs) != 4 or len(qconv.outputs) != 1 or "scale" not in qconv.attrs:
+        return None
+    y = qconv.outputs[0]
+    user, act = m.only_use(y), None
+    if user is not None and is_onnx(user, *_QCONV_ACTIVATIONS) and len(user.outputs) == 1:
+        act, user = user, m.only_use(user.outputs[0])
+    if user is None or not is_onnx(user, "QuantizeLinear") or not _scalar_quantize(m, user):
+        return None
+    if user.inputs[0] != (act or qconv).outputs[0] or m.dtype(user.inputs[0]) != np.float32:
+        return None
+    attrs = dict(qconv.attrs)
+    attrs["activation"] = "none" if act is None else _QCONV_ACTIVATIONS[act.op_type]
+    fused = Node("QConvQuantize", [*qconv.inputs, user.inputs[1], user.inputs[2]], list(user.outputs), attrs,
+                 g.fresh_node_name("QConvQuantize"), OPSTRATA_DOMAIN)  # fmt: skip
+    return [n for n in (qconv, act, user) if n is not None], [fused]
+
+
+def fuse_qconv_quantize(graph: Graph) -> Graph:
+    """``QuantizeLinear(act(QConv(...)), y_scale, y_zp)`` (act: none, Relu or HardSwish; per-tensor int8/
+    uint8 codes) -> ``QConvQuantize(..., y_scale, y_zp)`` where the float results have no other reader:
+    the same codes (``ops.qconv_quantize``, opstrata-ops >= 0.4.64), no float tensor in between."""
+    g = graph.copy()
+    if not hasattr(ops, "qconv_quantize"):  # an older opstrata-ops: nothing runs the fused node
+        return g
+    m = Matcher(g)
+    for node in list(g.nodes):
+        if node not in g.nodes or node.domain != OPSTRATA_DOMAIN or node.op_type != "QConv":
+            continue
+        found = _qconv_into_quantize(g, m, node)
+        if found is not None:
+            replace_nodes(g, *found)
+            m = Matcher(g)
+    return g
 
 
 def _saturating_quantize(m: Matcher, q: Node) -> bool:

@@ -136,6 +136,7 @@ def _extended() -> list[tuple[str, Pass]]:
         drop_relu_before_quantize,
         fuse_dequant_matmul,
         fuse_dynamic_qmatmul,
+        fuse_qconv_quantize,
         fuse_qdq_conv,
         fuse_qdq_matmul,
     )
@@ -148,6 +149,7 @@ def _extended() -> list[tuple[str, Pass]]:
         ("fuse_qdq_matmul", fuse_qdq_matmul),
         ("fuse_qdq_conv", fuse_qdq_conv),
         ("drop_relu_before_quantize", drop_relu_before_quantize),
+        ("fuse_qconv_quantize", fuse_qconv_quantize),
         ("fuse_dequant_matmul", fuse_dequant_matmul),
         ("fuse_dynamic_qmatmul", fuse_dynamic_qmatmul),
         ("fuse_layer_norm", fuse_layer_norm),

@@ -36,6 +36,7 @@ from .._registry import call, register
 from .conv_nd import _padded, _window, _windows, grouped_correlate
 
 __all__ = [
+    "QCONV_ACTIVATIONS",
     "QUANT_DTYPES",
     "conv_integer",
     "dequantize_linear",
@@ -714,6 +715,24 @@ register("qconv", device="ref", dtypes=MM_DTYPES)(_qconv)
 register("qconv", device="cpu", dtypes=MM_DTYPES)(_qconv)
 
 
+def _check_qconv_operands(op: str, x: Any, w: Any, scale: Any, bias: Any) -> tuple[np.ndarray, np.ndarray]:
+    """qconv's operand checks (int8/uint8 x and w of the same rank, a scalar or per-output-channel float
+    scale, a per-channel bias); returns x and w as arrays."""
+    x, w = _check_int8(op, "x", x), _check_int8(op, "w", w)
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise OpError(op, "w", f"(M, C/groups, *kernel) of x's rank {x.ndim}", f"shape {w.shape}",
+                      fix="pass x (N, C, *spatial) and w (M, C/groups, *kernel)")  # fmt: skip
+    m = w.shape[0]
+    sc = np.asarray(scale)
+    if sc.dtype.kind != "f" or sc.size not in (1, m) or sc.ndim > 1:
+        raise OpError(
+            op, "scale", f"a float scalar or ({m},) per output channel", f"{sc.dtype}{list(sc.shape)}"
+        )
+    if bias is not None and np.shape(bias) != (m,):
+        raise OpError(op, "bias", f"shape ({m},)", str(np.shape(bias)))
+    return x, w
+
+
 def qconv(
     x: Any,
     x_zero_point: Any,
@@ -740,18 +759,7 @@ def qconv(
     [[[[4.0]]]]
     """
     op = "qconv"
-    x, w = _check_int8(op, "x", x), _check_int8(op, "w", w)
-    if x.ndim < 3 or w.ndim != x.ndim:
-        raise OpError(op, "w", f"(M, C/groups, *kernel) of x's rank {x.ndim}", f"shape {w.shape}",
-                      fix="pass x (N, C, *spatial) and w (M, C/groups, *kernel)")  # fmt: skip
-    m = w.shape[0]
-    sc = np.asarray(scale)
-    if sc.dtype.kind != "f" or sc.size not in (1, m) or sc.ndim > 1:
-        raise OpError(
-            op, "scale", f"a float scalar or ({m},) per output channel", f"{sc.dtype}{list(sc.shape)}"
-        )
-    if bias is not None and np.shape(bias) != (m,):
-        raise OpError(op, "bias", f"shape ({m},)", str(np.shape(bias)))
+    x, w = _check_qconv_operands(op, x, w, scale, bias)
     kw = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups, "device": device}
     if out is None:
         return call(op, x, x_zero_point, w, w_zero_point, scale, bias, **kw)
@@ -761,6 +769,112 @@ def qconv(
             op, "out", "a writeable float32 array of the result's shape", got, fix="pass a matching out"
         )
     return call(op, x, x_zero_point, w, w_zero_point, scale, bias, out=out, **kw)
+
+
+#: the activations qconv_quantize applies between the float result and its quantization
+QCONV_ACTIVATIONS = ("none", "relu", "hardswish")
+
+
+def _qconv_activation(y: np.ndarray, activation: str, alpha: float, beta: float) -> np.ndarray:
+    """The activation in float32, step by step as graph's FusedElementwise runs it (same bits):
+    relu ``max(y, 0)``; hardswish ``min(max(y * alpha + beta, 0), 1) * y``."""
+    if activation == "relu":
+        return np.maximum(y, np.float32(0))
+    if activation == "hardswish":
+        t = np.minimum(np.maximum(y * np.float32(alpha) + np.float32(beta), np.float32(0)), np.float32(1))
+        return t * y
+    return y
+
+
+def _qconv_quantize(
+    x: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_zero_point: Any,
+    scale: Any,
+    bias: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    *,
+    activation: str = "none",
+    alpha: float = 1.0 / 6.0,
+    beta: float = 0.5,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    out: Any = None,
+) -> np.ndarray:
+    y = _qconv(x, x_zero_point, w, w_zero_point, scale, bias, stride=stride, pads=pads, dilation=dilation,
+               groups=groups)  # fmt: skip
+    q = _quantize_linear(_qconv_activation(y, activation, alpha, beta), y_scale, y_zero_point)
+    if out is not None:
+        np.copyto(out, q)
+        return out
+    return q
+
+
+register("qconv_quantize", device="ref", dtypes=MM_DTYPES)(_qconv_quantize)
+register("qconv_quantize", device="cpu", dtypes=MM_DTYPES)(_qconv_quantize)
+
+
+def qconv_quantize(
+    x: Any,
+    x_zero_point: Any,
+    w: Any,
+    w_zero_point: Any,
+    scale: Any,
+    bias: Any,
+    y_scale: Any,
+    y_zero_point: Any,
+    *,
+    activation: str = "none",
+    alpha: float = 1.0 / 6.0,
+    beta: float = 0.5,
+    stride: Any = 1,
+    pads: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    out: np.ndarray | None = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """:func:`qconv`'s float32 result through ``activation`` (``"none"``, ``"relu"`` or ``"hardswish"``
+    with ``alpha`` / ``beta``), then ONNX QuantizeLinear with a scalar ``y_scale`` and ``y_zero_point``
+    (int8 or uint8: the output dtype) -- ``QuantizeLinear(act(Conv(DQ(x), DQ(w), b)))`` of a QDQ model as
+    one op, so a native kernel never writes the float tensor (QLinearConv with a fused activation). The
+    bytes equal the three steps run one by one.
+
+    >>> x = np.full((1, 1, 2, 2), 3, np.uint8)
+    >>> w = np.ones((1, 1, 2, 2), np.int8)
+    >>> qconv_quantize(x, np.uint8(1), w, np.int8(0), np.float32(0.5), None, np.float32(0.5), np.uint8(10)).tolist()
+    [[[[18]]]]
+    """
+    op = "qconv_quantize"
+    x, w = _check_qconv_operands(op, x, w, scale, bias)
+    if activation not in QCONV_ACTIVATIONS:
+        raise OpError(op, "activation", f"one of {QCONV_ACTIVATIONS}", repr(activation),
+                      fix="fuse other activations as a separate node")  # fmt: skip
+    ys, yz = np.asarray(y_scale), np.asarray(y_zero_point)
+    if ys.dtype != float32 or ys.size != 1:
+        raise OpError(op, "y_scale", "a float32 scalar", f"{ys.dtype}{list(ys.shape)}")
+    if yz.dtype not in MM_DTYPES or yz.size != 1:
+        raise OpError(op, "y_zero_point", "an int8 or uint8 scalar", f"{yz.dtype}{list(yz.shape)}",
+                      fix="per-axis output quantization runs as qconv then quantize_linear")  # fmt: skip
+    if not (np.isfinite(alpha) and np.isfinite(beta)):
+        raise OpError(op, "alpha/beta", "finite floats", f"alpha={alpha!r}, beta={beta!r}")
+    kw = {
+        "activation": activation, "alpha": float(alpha), "beta": float(beta), "stride": stride, "pads": pads,
+        "dilation": dilation, "groups": groups, "device": device,
+    }  # fmt: skip
+    if out is not None and (
+        not isinstance(out, np.ndarray) or out.dtype != yz.dtype or not out.flags.writeable
+    ):
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OpError(op, "out", f"a writeable {yz.dtype} array of the result's shape", got,
+                      fix="pass a matching out")  # fmt: skip
+    if out is None:
+        return call(op, x, x_zero_point, w, w_zero_point, scale, bias, y_scale, y_zero_point, **kw)
+    return call(op, x, x_zero_point, w, w_zero_point, scale, bias, y_scale, y_zero_point, out=out, **kw)
 
 
 def _qmatmul_with(

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("qgemm.c")
-ABI = 6  # opstrata_qgemm_abi() of a library these bindings understand
+ABI = 7  # opstrata_qgemm_abi() of a library these bindings understand
 #: code paths by id (the C enum QG_PATH_*), slowest first
 PATHS = ("portable", "avx2", "avxvnni", "avx512vnni", "amx")
 #: forces the path of the registered kernels (``auto`` or one of :data:`PATHS`)
@@ -91,10 +91,17 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
         _INT,
     ),
     "opstrata_quantize_linear": ([_P, _I64, ctypes.c_float, _I32, _INT, _P], _INT),
+    "opstrata_quantize_linear_mt": ([_P, _I64, ctypes.c_float, _I32, _INT, _P, _INT], _INT),  # + threads
+    # x, n, activation, alpha, beta, scale, zero point, signed, y, threads
+    "opstrata_requantize_f32": (
+        [_P, _I64, _INT, ctypes.c_float, ctypes.c_float, ctypes.c_float, _I32, _INT, _P, _INT],
+        _INT,
+    ),
     # the packed entry points ops' native batches call (one int64 block of the arguments above)
     "opstrata_qconv2d_packed": ([_P], _INT),
     "opstrata_qconv2d_depthwise_packed": ([_P], _INT),
     "opstrata_quantize_linear_packed": ([_P], _INT),
+    "opstrata_qconv_quantize_packed": ([_P], _INT),
     "opstrata_qgemm_packed": ([_P], _INT),
     "opstrata_qgemm_set_pool": ([_P], None),
     "opstrata_dynamic_qgemm": (

@@ -54,7 +54,7 @@
 #define QG_HAVE_AMX 0
 #endif
 
-#define QG_ABI 6
+#define QG_ABI 7
 #define NR 64   /* columns per packed panel */
 #define KG 4    /* k per group */
 #define KPAD 64 /* K padded to this in the packed layout and A's rows (one AMX tile row of bytes) */
@@ -2140,30 +2140,63 @@ int opstrata_qconv2d_depthwise(int path, int64_t N, int64_t C, int64_t H, int64_
     return QG_OK;
 }
 
-/* ONNX QuantizeLinear of n float32 values with one scale and zero point, as ops' reference computes it:
-   v = x / s in float32, rint (half to even) + zp, saturated to the output type; NaN -> 0 (numpy's
-   nan_to_num before the cast). y is uint8 (is_signed 0) or int8 bytes. */
+/* The activations applied before a quantization (QConvQuantize's epilogue), step by step as numpy and ops'
+   elementwise code compute them in float32, NaN kept: relu max(x, 0); hardswish min(max(x * alpha + beta,
+   0), 1) * x. */
+enum { QG_ACT_NONE = 0, QG_ACT_RELU = 1, QG_ACT_HARDSWISH = 2 };
+static inline __attribute__((always_inline)) float qg_act_scalar(float x, int act, float alpha, float beta) {
+    if (act == QG_ACT_RELU) return (x != x || x >= 0.0f) ? x : 0.0f;
+    if (act == QG_ACT_HARDSWISH) {
+        float t = x * alpha;
+        t = t + beta;
+        if (t == t) t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+        return t * x;
+    }
+    return x;
+}
+
+/* ONNX QuantizeLinear of n float32 values (through the activation act first) with one scale and zero point,
+   as ops' reference computes it: v = x / s in float32, rint (half to even) + zp, saturated to the output
+   type; NaN -> 0 (numpy's nan_to_num before the cast). y is uint8 (is_signed 0) or int8 bytes. */
 static inline __attribute__((always_inline)) void qg_ql_body(const float *x, int64_t n, float s, float z,
-                                                             float lo, float hi, uint8_t *y) {
+                                                             float lo, float hi, int act, float alpha,
+                                                             float beta, uint8_t *y) {
     for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i] / s;
+        const float v = qg_act_scalar(x[i], act, alpha, beta) / s;
         float q = (v == v) ? (fabsf(v) < 4194304.0f ? ((v + QG_MAGIC) - QG_MAGIC) : v) + z : 0.0f;
         q = q < lo ? lo : (q > hi ? hi : q);
         y[i] = (uint8_t)(int32_t)q;
     }
 }
-static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
-    qg_ql_body(x, n, s, z, lo, hi, y);
+static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, float hi, int act, float alpha,
+                       float beta, uint8_t *y) {
+    qg_ql_body(x, n, s, z, lo, hi, act, alpha, beta, y);
 }
 #if QG_X86
-/* y = clip(rint(x / s) + z, lo, hi), NaN -> 0, for n values: the bytes of the division (qg_rint_quotient_512) */
-static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, uint8_t *y) {
+/* 16 lanes through the activation; max / min take the value second so that a NaN passes (as numpy's) */
+static inline __attribute__((always_inline)) T512 __m512 qg_act_512(__m512 v, int act, __m512 alpha,
+                                                                  __m512 beta) {
+    const __m512 zero = _mm512_setzero_ps();
+    if (act == QG_ACT_RELU) return _mm512_max_ps(zero, v);
+    if (act == QG_ACT_HARDSWISH) {
+        __m512 t = _mm512_add_ps(_mm512_mul_ps(v, alpha), beta);
+        t = _mm512_min_ps(_mm512_set1_ps(1.0f), _mm512_max_ps(zero, t));
+        return _mm512_mul_ps(t, v);
+    }
+    return v;
+}
+
+/* y = clip(rint(act(x) / s) + z, lo, hi), NaN -> 0, for n values: the bytes of the division
+   (qg_rint_quotient_512) */
+static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, int act, float alpha,
+                           float beta, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-    const __m512 rcp = _mm512_set1_ps(1.0f / s);
+    const __m512 rcp = _mm512_set1_ps(1.0f / s), va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     const int divide_all = qg_divide_all(s);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 r = qg_rint_quotient_512(_mm512_maskz_loadu_ps(m, x + i), vs, rcp, divide_all);
+        const __m512 xv = qg_act_512(_mm512_maskz_loadu_ps(m, x + i), act, va, vb);
+        const __m512 r = qg_rint_quotient_512(xv, vs, rcp, divide_all);
         const __mmask16 ok = _mm512_cmp_ps_mask(r, r, _CMP_ORD_Q);
         __m512 v = _mm512_add_ps(r, vz);
         v = _mm512_maskz_mov_ps(ok, _mm512_min_ps(_mm512_max_ps(v, vlo), vhi)); /* NaN -> 0 */
@@ -2172,17 +2205,63 @@ static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo
 }
 #endif
 
-int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y) {
-    if (n < 0 || !(s == s)) return QG_ERR_ARGS;
+static void qg_ql_one(const float *x, int64_t n, float s, int32_t zp, int is_signed, int act, float alpha,
+                      float beta, uint8_t *y) {
     const float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
 #if QG_X86
     if (qg_avx512vnni()) {
-        qg_ql_512(x, n, s, (float)zp, lo, hi, y);
-        return QG_OK;
+        qg_ql_512(x, n, s, (float)zp, lo, hi, act, alpha, beta, y);
+        return;
     }
 #endif
-    qg_ql_base(x, n, s, (float)zp, lo, hi, y);
+    qg_ql_base(x, n, s, (float)zp, lo, hi, act, alpha, beta, y);
+}
+
+/* one thread's share of a QuantizeLinear: values [i0, i1) */
+typedef struct {
+    const float *x;
+    uint8_t *y;
+    int64_t i0, i1;
+    float s, alpha, beta;
+    int32_t zp;
+    int is_signed, act;
+} qg_ql_job;
+static void qg_ql_job_run(const void *p) {
+    const qg_ql_job *j = (const qg_ql_job *)p;
+    qg_ql_one(j->x + j->i0, j->i1 - j->i0, j->s, j->zp, j->is_signed, j->act, j->alpha, j->beta, j->y + j->i0);
+}
+
+/* below this many values per thread a split costs more than it saves (the pool's wake-up ~ a few us) */
+#define QG_QL_MIN_PER_THREAD (16 * 1024)
+
+/* QuantizeLinear(act(x)) of n values on up to nthreads threads (ops' pool when set), in 64-value aligned
+   shares: every value is computed alone, so the bytes do not depend on the split. act: QG_ACT_*. */
+int opstrata_requantize_f32(const float *x, int64_t n, int act, float alpha, float beta, float s, int32_t zp,
+                            int is_signed, uint8_t *y, int nthreads) {
+    if (n < 0 || !(s == s) || act < QG_ACT_NONE || act > QG_ACT_HARDSWISH) return QG_ERR_ARGS;
+    int64_t nt = nthreads < 1 ? 1 : nthreads;
+    if (nt > 64) nt = 64;
+    if (nt > n / QG_QL_MIN_PER_THREAD) nt = n / QG_QL_MIN_PER_THREAD;
+    if (nt <= 1) {
+        qg_ql_one(x, n, s, zp, is_signed, act, alpha, beta, y);
+        return QG_OK;
+    }
+    qg_ql_job jobs[64];
+    const int64_t share = ((n + nt - 1) / nt + 63) & ~(int64_t)63;
+    int used = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += share, ++used)
+        jobs[used] = (qg_ql_job){x, y, i0, i0 + share < n ? i0 + share : n, s, alpha, beta, zp, is_signed, act};
+    qg_parallel(qg_ql_job_run, jobs, sizeof(qg_ql_job), used);
     return QG_OK;
+}
+
+int opstrata_quantize_linear_mt(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y,
+                                int nthreads) {
+    return opstrata_requantize_f32(x, n, QG_ACT_NONE, 0.0f, 0.0f, s, zp, is_signed, y, nthreads);
+}
+
+int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y) {
+    return opstrata_quantize_linear_mt(x, n, s, zp, is_signed, y, 1);
 }
 
 /* ------------------------------------------------------------------ weight-only GEMM (int4 / int8 weights) */
@@ -2445,7 +2524,7 @@ int opstrata_qgemm_packed(const int64_t *a) {
                           (int)a[22]);
 }
 
-/* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs. A NaN scale makes every
+/* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs, on a[6] threads. A NaN scale makes every
    value NaN, which the reference (ops' kernel: division, rint, + zero point, NaN -> 0, saturation) turns
    into 0: the same here, where the eager entry point refuses it. */
 int opstrata_quantize_linear_packed(const int64_t *a) {
@@ -2455,7 +2534,67 @@ int opstrata_quantize_linear_packed(const int64_t *a) {
         if (a[1] > 0) memset(QG_PTR(5, uint8_t *), 0, (size_t)a[1]);
         return QG_OK;
     }
-    return opstrata_quantize_linear(QG_PTR(0, const float *), a[1], s, qg_zero_point_at(a[3], is_signed), is_signed,
-                                    QG_PTR(5, uint8_t *));
+    return opstrata_quantize_linear_mt(QG_PTR(0, const float *), a[1], s, qg_zero_point_at(a[3], is_signed), is_signed,
+                                       QG_PTR(5, uint8_t *), (int)a[6]);
+}
+/* A convolution's float result, kept per calling thread between the convolution and its quantization
+   (opstrata_qconv_quantize_packed): grown as needed, freed when the thread ends. */
+static pthread_key_t qg_scratch_key;
+static pthread_once_t qg_scratch_once = PTHREAD_ONCE_INIT;
+typedef struct {
+    float *p;
+    int64_t n;
+} qg_scratch;
+static void qg_scratch_free(void *v) {
+    qg_scratch *sc = (qg_scratch *)v;
+    if (sc) free(sc->p);
+    free(sc);
+}
+static void qg_scratch_init(void) { (void)pthread_key_create(&qg_scratch_key, qg_scratch_free); }
+static float *qg_scratch_get(int64_t n) {
+    (void)pthread_once(&qg_scratch_once, qg_scratch_init);
+    qg_scratch *sc = (qg_scratch *)pthread_getspecific(qg_scratch_key);
+    if (!sc) {
+        sc = (qg_scratch *)calloc(1, sizeof *sc);
+        if (!sc || pthread_setspecific(qg_scratch_key, sc)) {
+            free(sc);
+            return NULL;
+        }
+    }
+    if (sc->n < n) {
+        float *p = NULL;
+        if (posix_memalign((void **)&p, 64, (size_t)(n > 0 ? n : 1) * sizeof(float))) return NULL;
+        free(sc->p);
+        sc->p = p;
+        sc->n = n;
+    }
+    return sc->p;
+}
+
+/* QConvQuantize: a packed convolution (a[0]: 0 opstrata_qconv2d_packed, 1 the depthwise one; a[1]: the
+   address of its argument block, a[2] entries, a[3] the index of its float output there) into this
+   thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] on a[11] threads: a[5] the
+   activation (QG_ACT_*), a[6] its alpha and beta (two float32), a[7] the output scale (a float32) and a[8]
+   the zero point (one byte, 0: none), a[9] signed codes. Scale and zero point read when the call runs; a
+   NaN scale makes every code 0, as QuantizeLinear does. */
+int opstrata_qconv_quantize_packed(const int64_t *a) {
+    int64_t blk[40];
+    const int64_t entries = a[2], slot = a[3], n = a[4];
+    if (entries < 1 || entries > 40 || slot < 0 || slot >= entries || n < 0) return QG_ERR_ARGS;
+    float *scratch = qg_scratch_get(n);
+    if (!scratch) return QG_ERR_NOMEM;
+    memcpy(blk, QG_PTR(1, const int64_t *), (size_t)entries * sizeof(int64_t));
+    blk[slot] = (int64_t)(intptr_t)scratch;
+    const int rc = a[0] ? opstrata_qconv2d_depthwise_packed(blk) : opstrata_qconv2d_packed(blk);
+    if (rc != QG_OK) return rc;
+    const float s = *QG_PTR(7, const float *);
+    const int is_signed = (int)a[9];
+    if (!(s == s)) {
+        if (n > 0) memset(QG_PTR(10, uint8_t *), 0, (size_t)n);
+        return QG_OK;
+    }
+    const float *ab = QG_PTR(6, const float *);
+    return opstrata_requantize_f32(scratch, n, (int)a[5], ab[0], ab[1], s, qg_zero_point_at(a[8], is_signed),
+                                   is_signed, QG_PTR(10, uint8_t *), (int)a[11]);
 }
 #undef QG_PTR
