@@ -356,6 +356,18 @@ def _qconv_quantize_model(
     return m
 
 
+def _with_residual(m: Any, *, first: bool, shape: list[Any] | None = None) -> Any:
+    """An Add of a second float input ``r`` onto the convolution's result, before the rest (``first``: r on
+    the left). ``shape``: r's declared shape (default: the result's)."""
+    g = m.graph
+    conv = next(n for n in g.node if n.op_type == "Conv")
+    conv.output[0] = "conv_raw"
+    g.node.insert(list(g.node).index(conv) + 1, oh.make_node(
+        "Add", ["r", "conv_raw"] if first else ["conv_raw", "r"], ["conv_y"], name="residual"))  # fmt: skip
+    g.input.append(oh.make_tensor_value_info("r", T.FLOAT, shape or ["n", 8, "h", "w"]))
+    return m
+
+
 def _without_qconv_quantize(monkeypatch: Any) -> None:
     from opstrata.graph.passes import fuse_qdq
 
@@ -380,6 +392,29 @@ def test_qconv_quantize_gives_the_unfused_codes(activation, out_dtype, depthwise
     plain, _ = og.optimize(og.from_onnx(m), 2)
     assert "QConvQuantize" not in _ops(plain) and "QConv" in _ops(plain)
     np.testing.assert_array_equal(got, og.run_graph(plain, {"x": x})["y"])
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize("activation", ["none", "Relu", "HardSwish"])
+def test_qconv_quantize_takes_a_residual_add(first, activation, monkeypatch) -> None:
+    """QConv -> Add(r) -> [act] -> QuantizeLinear (a residual connection, r either side of the Add): one
+    QConvQuantize with r as its seventh input, the same codes; a broadcast r stays a separate Add."""
+    m = _with_residual(_qconv_quantize_model(activation), first=first)
+    fused, report = og.optimize(og.from_onnx(m), 2)
+    assert _ops(fused) == ["QuantizeLinear", "QConvQuantize", "DequantizeLinear"]
+    assert fused.nodes[1].inputs[6] == "r" and report.matched("fuse_qconv_quantize") == 1
+    rng = np.random.default_rng(5)
+    feeds = {"x": (rng.standard_normal((2, 4, 7, 6)) * 3).astype(np.float32),
+             "r": rng.standard_normal((2, 8, 7, 6)).astype(np.float32)}  # fmt: skip
+    got = og.run_graph(fused, feeds)["y"]
+    _without_qconv_quantize(monkeypatch)
+    plain, _ = og.optimize(og.from_onnx(m), 2)
+    assert "Add" in _ops(plain)
+    np.testing.assert_array_equal(got, og.run_graph(plain, feeds)["y"])
+    monkeypatch.undo()
+    bcast = _with_residual(_qconv_quantize_model(activation), first=first, shape=[1, 8, 1, 1])
+    g, _ = og.optimize(og.from_onnx(bcast), 2)
+    assert "Add" in _ops(g) and "QConvQuantize" not in _ops(g)
 
 
 def test_qconv_quantize_matches_onnxruntime() -> None:

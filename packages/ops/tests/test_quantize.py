@@ -431,6 +431,31 @@ def test_qconv_quantize_is_qconv_then_the_activation_then_quantize_linear(
         np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["none", "relu", "hardswish"])
+def test_qconv_quantize_adds_a_residual_before_the_activation(device: str, activation: str) -> None:
+    """``residual``: QuantizeLinear(act(qconv + r)) as Add -> act -> QuantizeLinear compute it."""
+    r = np.random.default_rng(4)
+    x = r.integers(0, 256, (2, 4, 6, 6)).astype(np.uint8)
+    w = r.integers(-128, 128, (4, 4, 3, 3)).astype(np.int8)
+    scale, res = (
+        r.uniform(1e-4, 1e-3, 4).astype(np.float32),
+        r.standard_normal((2, 4, 6, 6)).astype(np.float32),
+    )
+    geo = {"pads": [1, 1, 1, 1]}
+    y = ops.qconv(x, np.uint8(9), w, np.int8(0), scale, device=device, **geo)
+    want = ops.quantize_linear(_act_steps(res + y, activation), np.float32(0.02), np.uint8(60), device=device)
+    got = ops.qconv_quantize(x, np.uint8(9), w, np.int8(0), scale, None, np.float32(0.02), np.uint8(60),
+                             activation=activation, residual=res, device=device, **geo)  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(OpError, match=r"qconv_quantize.*residual.*output shape"):
+        ops.qconv_quantize(x, np.uint8(9), w, np.int8(0), scale, None, np.float32(0.02), np.uint8(60),
+                           residual=res[:, :, :1], device=device, **geo)  # fmt: skip
+    with pytest.raises(OpError, match=r"qconv_quantize.*residual.*float32"):
+        ops.qconv_quantize(x, np.uint8(9), w, np.int8(0), scale, None, np.float32(0.02), np.uint8(60),
+                           residual=res.astype(np.float64), device=device, **geo)  # fmt: skip
+
+
 def test_qconv_quantize_keeps_nan_and_infinities_as_the_separate_nodes() -> None:
     """A non-finite per-channel scale makes inf / NaN conv results: the fused activation keeps NaN where
     Relu / HardSwish do (NaN -> code 0, not the zero point's code) and infinities saturate the same."""

@@ -142,6 +142,32 @@ def test_bound_call_is_one_native_call_reading_scale_and_zero_points_when_it_run
             )
 
 
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("activation", ["none", "relu", "hardswish"])
+def test_residual_is_added_before_the_activation_eager_and_bound(bound, activation) -> None:
+    """``residual=``: act(conv + r) quantized, the reference's bytes, eager and as the bound native call
+    (r read when it runs); a residual of another shape goes to ops' kernel, which names it."""
+    o = _operands(12, depthwise=False, out_dt=np.uint8, c=16, hw=33)
+    geo = {"stride": [1, 1], "pads": [1, 1, 1, 1], "dilation": [1, 1]}
+    res = np.random.default_rng(1).standard_normal((2, 32, 33, 33)).astype(np.float32)
+    want = _call(o, activation, geo, residual=res, device="ref")
+    if bound:
+        o["w"].flags.writeable = o["w_zp"].flags.writeable = False
+        out = np.empty(want.shape, np.uint8)
+        call = ops.bind("qconv_quantize", o["x"], o["x_zp"], o["w"], o["w_zp"], o["scale"], o["bias"], o["y_scale"],
+                        o["y_zp"], activation=activation, residual=res, groups=1, out=out, **geo)  # fmt: skip
+        assert isinstance(call, ops.NativeCall)
+        call()
+        np.testing.assert_array_equal(out, want)
+        res += 1.0  # read when the call runs
+        call()
+        np.testing.assert_array_equal(out, _call(o, activation, geo, residual=res, device="ref"))
+    else:
+        np.testing.assert_array_equal(_call(o, activation, geo, residual=res), want)
+        with pytest.raises(ops.OpError, match=r"qconv_quantize.*residual"):
+            _call(o, activation, geo, residual=res[:, :, :3])
+
+
 def test_writeable_weight_is_not_bound_natively() -> None:
     """A weight that may change between runs keeps the eager kernel (its checks and packing each call)."""
     o = _operands(8, depthwise=False, out_dt=np.int8)

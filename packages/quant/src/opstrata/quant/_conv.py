@@ -223,14 +223,14 @@ def qconv_quantize_native_call(
     x_zero_point: np.ndarray | None,
     x: np.ndarray,
     keep: tuple[Any, ...],
-    requant: tuple[int, np.ndarray, np.ndarray, np.ndarray, int, int],
+    requant: tuple[int, np.ndarray, np.ndarray, np.ndarray, int, int, np.ndarray | None],
     out: np.ndarray,
 ) -> Any:
     """A :func:`qconv_call` whose float result goes through an activation into int8/uint8 ``out`` as one
     ``opstrata.ops.foreign_call`` (``opstrata_qconv_quantize_packed``): the convolution writes a per-thread
     scratch, not the arena. ``requant``: (activation id, [alpha, beta] float32, y_scale float32 scalar,
-    y_zero_point int8/uint8 scalar, signed output, threads); the scale and zero point are read when the
-    call runs. None where :func:`qconv_native_call` would be."""
+    y_zero_point int8/uint8 scalar, signed output, threads, a float32 residual of out's shape or None); the
+    scale and zero point are read when the call runs. None where :func:`qconv_native_call` would be."""
     foreign = getattr(ops, "foreign_call", None)
     if foreign is None or (
         x_zero_point is not None and (x_zero_point.dtype != x.dtype or x_zero_point.size != 1)
@@ -243,17 +243,18 @@ def qconv_quantize_native_call(
         [ctypes.addressof(a) if isinstance(a, ctypes.Array) else (a or 0) for a in (*head, zp_addr, *tail)],
         np.int64,
     )
-    act, ab, y_scale, y_zp, signed, threads = requant
+    act, ab, y_scale, y_zp, signed, threads, residual = requant
     depthwise = int(fn.__name__.endswith("_depthwise"))
     args = [depthwise, block.ctypes.data, block.size, block.size - 2, out.size, act, ab.ctypes.data,
-            y_scale.ctypes.data, y_zp.ctypes.data, signed, out.ctypes.data, threads]  # fmt: skip
+            y_scale.ctypes.data, y_zp.ctypes.data, signed, out.ctypes.data, threads,
+            0 if residual is None else residual.ctypes.data]  # fmt: skip
     shape = f"{x.dtype}{list(x.shape)}"
 
     def error(rc: int) -> QuantError:
         return QuantError("qconv_quantize", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {shape}")
 
     entry = "opstrata_qconv_quantize_packed"
-    return foreign(entry_address(lib, entry), args, (keep, x_zero_point, tail, block, ab, y_scale, y_zp), error,
+    return foreign(entry_address(lib, entry), args, (keep, x_zero_point, tail, block, ab, y_scale, y_zp, residual), error,
                    out, name=entry)  # fmt: skip
 
 

@@ -488,14 +488,16 @@ def _requant_fits(y_scale: Any, y_zero_point: Any, activation: Any, alpha: Any, 
 
 def _qconv_quantize_native(
     x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any, y_scale: Any, y_zero_point: Any,
-    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, stride: Any = 1, pads: Any = 0,
-    dilation: Any = 1, groups: int = 1, out: Any = None,
+    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, residual: Any = None,
+    stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
 ) -> np.ndarray:  # fmt: skip
-    """ops' ``qconv_quantize``: the native int8 convolution (:func:`_qconv_native`), then the activation and
-    QuantizeLinear in one threaded C pass (same bytes as ops' kernel); what either does not cover goes to
-    ops' kernel."""
+    """ops' ``qconv_quantize``: the native int8 convolution (:func:`_qconv_native`), then the residual add,
+    the activation and QuantizeLinear in one threaded C pass (same bytes as ops' kernel); what either does
+    not cover goes to ops' kernel."""
     window = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
     act = {"activation": activation, "alpha": alpha, "beta": beta}
+    if residual is not None:
+        act["residual"] = residual
     x, w = np.asarray(x), np.asarray(w)
     if not (_requant_fits(y_scale, y_zero_point, activation, alpha, beta) and _qconv_fits(
         x, w, x_zero_point, w_zero_point, scale, bias, groups
@@ -503,11 +505,27 @@ def _qconv_quantize_native(
         return _hand_off("qconv_quantize", x, x_zero_point, w, w_zero_point, scale, bias, y_scale, y_zero_point,
                          out=out, **act, **window)  # fmt: skip
     y = np.ascontiguousarray(_qconv_native(x, x_zero_point, w, w_zero_point, scale, bias, **window))
+    res = None if residual is None else np.ascontiguousarray(residual)
+    if res is not None and (res.dtype != _F32 or res.shape != y.shape):
+        return _hand_off(
+            "qconv_quantize",
+            x,
+            x_zero_point,
+            w,
+            w_zero_point,
+            scale,
+            bias,
+            y_scale,
+            y_zero_point,
+            out=out,
+            **act,
+            **window,
+        )  # fmt: skip  (ops' kernel names the mismatch)
     yz = np.asarray(y_zero_point)
     dst = _c_target(out) if out is not None and out.dtype == yz.dtype else None
     q = np.empty(y.shape, yz.dtype) if dst is None else dst
     rc = library().opstrata_requantize_f32(
-        y.ctypes.data, y.size, _ACTIVATION_IDS[activation], alpha, beta, float(np.asarray(y_scale).reshape(())),
+        y.ctypes.data, None if res is None else res.ctypes.data, y.size, _ACTIVATION_IDS[activation], alpha, beta, float(np.asarray(y_scale).reshape(())),
         int(yz.reshape(())), int(yz.dtype == _S8), q.ctypes.data, _threads(),
     )  # fmt: skip
     if rc:
@@ -518,8 +536,8 @@ def _qconv_quantize_native(
 
 def _bind_qconv_quantize_native(
     x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, scale: Any, bias: Any, y_scale: Any, y_zero_point: Any,
-    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, stride: Any = 1, pads: Any = 0,
-    dilation: Any = 1, groups: int = 1, out: Any,
+    *, activation: str = "none", alpha: float = 1.0 / 6.0, beta: float = 0.5, residual: Any = None,
+    stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any,
 ) -> Callable[[], np.ndarray] | None:  # fmt: skip
     """``_qconv_quantize_native(...)`` into ``out`` as one native call (ops' foreign call: the convolution
     into a per-thread float scratch, then the threaded requantization) for a session's read-only weight and
@@ -550,6 +568,11 @@ def _bind_qconv_quantize_native(
         return None
     if out.shape != (x.shape[0], w.shape[0], *geometry[3]) or np.may_share_memory(out, x):
         return None
+    if residual is not None and not (
+        type(residual) is np.ndarray and residual.dtype == _F32 and residual.shape == out.shape
+        and residual.flags.c_contiguous and not np.may_share_memory(residual, out)
+    ):  # fmt: skip
+        return None
     sc = np.ascontiguousarray(np.asarray(scale, _F32).reshape(-1))
     bi = None if bias is None else np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
     zp = None if x_zero_point is None else np.asarray(x_zero_point)
@@ -557,7 +580,15 @@ def _bind_qconv_quantize_native(
     placeholder = np.empty(1, _F32)  # the C entry points the convolution at its per-thread scratch instead
     prepared = qconv_call(x, packed, sc, bi, geometry, threads, None, placeholder)
     ab = np.array([alpha, beta], _F32)
-    requant = (_ACTIVATION_IDS[activation], ab, y_scale, y_zero_point, int(out.dtype == _S8), threads)
+    requant = (
+        _ACTIVATION_IDS[activation],
+        ab,
+        y_scale,
+        y_zero_point,
+        int(out.dtype == _S8),
+        threads,
+        residual,
+    )
     return qconv_quantize_native_call(prepared, zp, x, (packed, sc, bi, x, wzp, placeholder), requant, out)  # type: ignore[no-any-return]
 
 

@@ -273,7 +273,7 @@ def _prebound(
         )  # fmt: skip
     if key == (OPSTRATA_DOMAIN, "QConv") and len(static) == 4 and "scale" in node.attrs:
         return _bind_qconv(sch, node, static, dsts[0])
-    if key == (OPSTRATA_DOMAIN, "QConvQuantize") and len(static) == 6 and "scale" in node.attrs:
+    if key == (OPSTRATA_DOMAIN, "QConvQuantize") and len(static) in (6, 7) and "scale" in node.attrs:
         return _bind_qconv(sch, node, static, dsts[0])
     if key == ("", "Relu") and len(static) == 1 and static[0].dtype == np.float32:
         return ops.bind(
@@ -382,7 +382,7 @@ def _bind_conv(
 def _bind_qconv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
     """A fused QDQ Conv (``QConv``: x_q, x_zp, w_q, w_zp; per-channel scale and bias as attributes):
     ``ops.bind("qconv")`` with the window the graph's kernel derives, so the registered int8 kernel (when
-    one is) runs without the per-node path. ``QConvQuantize`` (+ y_scale, y_zp; attrs activation, alpha,
+    one is) runs without the per-node path. ``QConvQuantize`` (+ y_scale, y_zp[, residual]; attrs activation, alpha,
     beta) binds ``qconv_quantize`` the same way."""
     helpers = _window_helpers()
     if helpers is None or static[2].ndim != 4:
@@ -391,11 +391,12 @@ def _bind_qconv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) ->
     kernel = a.get("kernel_shape") or static[2].shape[2:]
     s, d, pads = helpers[0](node, static[0], kernel)
     window = {"stride": list(s), "pads": list(pads), "dilation": list(d), "groups": a.get("group", 1)}
-    if len(static) == 6:
+    if len(static) >= 6:
+        extra = {"residual": static[6]} if len(static) > 6 else {}
         return ops.bind(
             "qconv_quantize", *static[:4], a["scale"], a.get("bias"), static[4], static[5],
             activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5),
-            out=dst, device=sch.device, **window,
+            out=dst, device=sch.device, **extra, **window,
         )  # fmt: skip
     return ops.bind("qconv", *static, a["scale"], a.get("bias"), out=dst, device=sch.device, **window)
 

@@ -105,11 +105,13 @@ def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
         "stride": list(a.get("strides") or [1] * nd), "pads": list(a.get("pads") or [0] * (2 * nd)),
         "dilation": list(a.get("dilations") or [1] * nd), "groups": int(a.get("group", 1)),
     }  # fmt: skip
-    if len(args) == 6:  # QConvQuantize
+    if len(args) >= 6:  # QConvQuantize (y_scale, y_zp[, residual])
         kw.update(
             activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5)
         )
-        return _call_into("qconv_quantize", dsts[0], *args[:4], a["scale"], a.get("bias"), *args[4:], **kw)
+        if len(args) > 6:
+            kw["residual"] = args[6]
+        return _call_into("qconv_quantize", dsts[0], *args[:4], a["scale"], a.get("bias"), *args[4:6], **kw)
     return _call_into("qconv", dsts[0], *args[:4], a["scale"], a.get("bias"), **kw)
 
 

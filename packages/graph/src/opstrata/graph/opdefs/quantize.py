@@ -227,10 +227,11 @@ def _qconv_quantize_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 def _run_qconv_quantize(n: Node, x: list[Arr]) -> list[Arr]:
     """``ops.qconv_quantize``: QConv's float result through the activation, quantized with (y_scale, y_zp)."""
     a = n.attrs
+    extra = {"residual": x[6]} if len(x) > 6 and x[6] is not None else {}
     return [
         ops.qconv_quantize(
             x[0], x[1], x[2], x[3], a["scale"], a.get("bias"), x[4], x[5], activation=a.get("activation", "none"),
-            alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5), **_window(n, x[0], x[2]),
+            alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5), **extra, **_window(n, x[0], x[2]),
         )
     ]  # fmt: skip
 
@@ -320,8 +321,8 @@ define(
 define(
     "QConvQuantize", OPSTRATA_DOMAIN, shape=_qconv_quantize_rule, kernel=_run_qconv_quantize,
     uses=("qconv_quantize",), onnx=False, dtypes="int8/uint8 -> int8/uint8",
-    doc="QConv -> activation (none/relu/hardswish: attrs activation, alpha, beta) -> QuantizeLinear fused: "
-    "(x_q, x_zp, w_q, w_zp, y_scale, y_zp); the float result is never written",
+    doc="QConv [+ residual] -> activation (none/relu/hardswish: attrs activation, alpha, beta) -> QuantizeLinear "
+    "fused: (x_q, x_zp, w_q, w_zp, y_scale, y_zp[, residual]); the float result is never written",
 )  # fmt: skip
 define(
     "DequantMatMul", OPSTRATA_DOMAIN, shape=_dequant_matmul_rule, kernel=_run_dequant_matmul,

@@ -18,8 +18,8 @@ with the same codes for every input (NaN and -inf included).
 
 ``fuse_qdq_conv`` does the same for ``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``ai.opstrata::QConv``: the exact
 int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per output channel.
-``fuse_qconv_quantize`` then folds the QuantizeLinear that reads a QConv's result (through a Relu or a
-HardSwish) into it (``ai.opstrata::QConvQuantize``, onnxruntime's QLinearConv with the activation fused):
+``fuse_qconv_quantize`` then folds the QuantizeLinear that reads a QConv's result (through a residual Add,
+a Relu or a HardSwish) into it (``ai.opstrata::QConvQuantize``, onnxruntime's QLinearConv with the activation fused):
 the float tensor between them is never written.
 """
 
@@ -293,23 +293,32 @@ def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
     if len(qconv.inputs) != 4 or len(qconv.outputs) != 1 or "scale" not in qconv.attrs:
         return None
     y = qconv.outputs[0]
-    user, act = m.only_use(y), None
+    user, add, act, residual = m.only_use(y), None, None, None
+    if user is not None and is_onnx(user, "Add") and len(user.outputs) == 1:
+        residual = m.other(user, y)  # a residual connection: the sum has the convolution's shape and dtype
+        if residual is None or residual == y or m.shape(residual) is None or m.shape(residual) != m.shape(y):
+            return None
+        if m.dtype(residual) != np.float32 or m.shape(user.outputs[0]) != m.shape(y):
+            return None
+        add, user = user, m.only_use(user.outputs[0])
     if user is not None and is_onnx(user, *_QCONV_ACTIVATIONS) and len(user.outputs) == 1:
         act, user = user, m.only_use(user.outputs[0])
     if user is None or not is_onnx(user, "QuantizeLinear") or not _scalar_quantize(m, user):
         return None
-    if user.inputs[0] != (act or qconv).outputs[0] or m.dtype(user.inputs[0]) != np.float32:
+    if user.inputs[0] != (act or add or qconv).outputs[0] or m.dtype(user.inputs[0]) != np.float32:
         return None
     attrs = dict(qconv.attrs)
     attrs["activation"] = "none" if act is None else _QCONV_ACTIVATIONS[act.op_type]
-    fused = Node("QConvQuantize", [*qconv.inputs, user.inputs[1], user.inputs[2]], list(user.outputs), attrs,
-                 g.fresh_node_name("QConvQuantize"), OPSTRATA_DOMAIN)  # fmt: skip
-    return [n for n in (qconv, act, user) if n is not None], [fused]
+    inputs = [*qconv.inputs, user.inputs[1], user.inputs[2]] + ([residual] if residual else [])
+    fused = Node("QConvQuantize", inputs, list(user.outputs), attrs, g.fresh_node_name("QConvQuantize"),
+                 OPSTRATA_DOMAIN)  # fmt: skip
+    return [n for n in (qconv, add, act, user) if n is not None], [fused]
 
 
 def fuse_qconv_quantize(graph: Graph) -> Graph:
-    """``QuantizeLinear(act(QConv(...)), y_scale, y_zp)`` (act: none, Relu or HardSwish; per-tensor int8/
-    uint8 codes) -> ``QConvQuantize(..., y_scale, y_zp)`` where the float results have no other reader:
+    """``QuantizeLinear(act(QConv(...) [+ r]), y_scale, y_zp)`` (act: none, Relu or HardSwish; r: a float32
+    residual of the same shape; per-tensor int8/uint8 codes) -> ``QConvQuantize(..., y_scale, y_zp[, r])``
+    where the float results have no other reader:
     the same codes (``ops.qconv_quantize``, opstrata-ops >= 0.4.64), no float tensor in between."""
     g = graph.copy()
     if not hasattr(ops, "qconv_quantize"):  # an older opstrata-ops: nothing runs the fused node

@@ -799,6 +799,7 @@ def _qconv_quantize(
     activation: str = "none",
     alpha: float = 1.0 / 6.0,
     beta: float = 0.5,
+    residual: Any = None,
     stride: Any = 1,
     pads: Any = 0,
     dilation: Any = 1,
@@ -807,6 +808,12 @@ def _qconv_quantize(
 ) -> np.ndarray:
     y = _qconv(x, x_zero_point, w, w_zero_point, scale, bias, stride=stride, pads=pads, dilation=dilation,
                groups=groups)  # fmt: skip
+    if residual is not None:
+        r = np.asarray(residual, float32)
+        if r.shape != y.shape:
+            raise OpError("qconv_quantize", "residual", f"the convolution's output shape {list(y.shape)}",
+                          f"{list(r.shape)}", fix="broadcast the residual first or keep the Add separate")  # fmt: skip
+        y = y + r
     q = _quantize_linear(_qconv_activation(y, activation, alpha, beta), y_scale, y_zero_point)
     if out is not None:
         np.copyto(out, q)
@@ -831,6 +838,7 @@ def qconv_quantize(
     activation: str = "none",
     alpha: float = 1.0 / 6.0,
     beta: float = 0.5,
+    residual: Any = None,
     stride: Any = 1,
     pads: Any = 0,
     dilation: Any = 1,
@@ -838,11 +846,12 @@ def qconv_quantize(
     out: np.ndarray | None = None,
     device: str | None = None,
 ) -> np.ndarray:
-    """:func:`qconv`'s float32 result through ``activation`` (``"none"``, ``"relu"`` or ``"hardswish"``
-    with ``alpha`` / ``beta``), then ONNX QuantizeLinear with a scalar ``y_scale`` and ``y_zero_point``
-    (int8 or uint8: the output dtype) -- ``QuantizeLinear(act(Conv(DQ(x), DQ(w), b)))`` of a QDQ model as
-    one op, so a native kernel never writes the float tensor (QLinearConv with a fused activation). The
-    bytes equal the three steps run one by one.
+    """:func:`qconv`'s float32 result, plus ``residual`` (a float32 array of the result's shape, or None),
+    through ``activation`` (``"none"``, ``"relu"`` or ``"hardswish"`` with ``alpha`` / ``beta``), then ONNX
+    QuantizeLinear with a scalar ``y_scale`` and ``y_zero_point`` (int8 or uint8: the output dtype) --
+    ``QuantizeLinear(act(Conv(DQ(x), DQ(w), b) [+ r]))`` of a QDQ model as one op, so a native kernel never
+    writes the float tensor (QLinearConv with a fused residual add and activation). The bytes equal the
+    steps run one by one.
 
     >>> x = np.full((1, 1, 2, 2), 3, np.uint8)
     >>> w = np.ones((1, 1, 2, 2), np.int8)
@@ -862,10 +871,21 @@ def qconv_quantize(
                       fix="per-axis output quantization runs as qconv then quantize_linear")  # fmt: skip
     if not (np.isfinite(alpha) and np.isfinite(beta)):
         raise OpError(op, "alpha/beta", "finite floats", f"alpha={alpha!r}, beta={beta!r}")
+    if residual is not None:
+        r = np.asarray(residual)
+        if r.dtype != float32:
+            raise OpError(
+                op,
+                "residual",
+                "a float32 array of the convolution's output shape",
+                f"{r.dtype}{list(r.shape)}",
+            )
     kw = {
         "activation": activation, "alpha": float(alpha), "beta": float(beta), "stride": stride, "pads": pads,
         "dilation": dilation, "groups": groups, "device": device,
     }  # fmt: skip
+    if residual is not None:
+        kw["residual"] = residual
     if out is not None and (
         not isinstance(out, np.ndarray) or out.dtype != yz.dtype or not out.flags.writeable
     ):

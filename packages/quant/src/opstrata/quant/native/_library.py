@@ -92,9 +92,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     ),
     "opstrata_quantize_linear": ([_P, _I64, ctypes.c_float, _I32, _INT, _P], _INT),
     "opstrata_quantize_linear_mt": ([_P, _I64, ctypes.c_float, _I32, _INT, _P, _INT], _INT),  # + threads
-    # x, n, activation, alpha, beta, scale, zero point, signed, y, threads
+    # x, residual, n, activation, alpha, beta, scale, zero point, signed, y, threads
     "opstrata_requantize_f32": (
-        [_P, _I64, _INT, ctypes.c_float, ctypes.c_float, ctypes.c_float, _I32, _INT, _P, _INT],
+        [_P, _P, _I64, _INT, ctypes.c_float, ctypes.c_float, ctypes.c_float, _I32, _INT, _P, _INT],
         _INT,
     ),
     # the packed entry points ops' native batches call (one int64 block of the arguments above)

@@ -2158,19 +2158,19 @@ static inline __attribute__((always_inline)) float qg_act_scalar(float x, int ac
 /* ONNX QuantizeLinear of n float32 values (through the activation act first) with one scale and zero point,
    as ops' reference computes it: v = x / s in float32, rint (half to even) + zp, saturated to the output
    type; NaN -> 0 (numpy's nan_to_num before the cast). y is uint8 (is_signed 0) or int8 bytes. */
-static inline __attribute__((always_inline)) void qg_ql_body(const float *x, int64_t n, float s, float z,
-                                                             float lo, float hi, int act, float alpha,
-                                                             float beta, uint8_t *y) {
+static inline __attribute__((always_inline)) void qg_ql_body(const float *x, const float *res, int64_t n,
+                                                             float s, float z, float lo, float hi, int act,
+                                                             float alpha, float beta, uint8_t *y) {
     for (int64_t i = 0; i < n; ++i) {
-        const float v = qg_act_scalar(x[i], act, alpha, beta) / s;
+        const float v = qg_act_scalar(res ? x[i] + res[i] : x[i], act, alpha, beta) / s;
         float q = (v == v) ? (fabsf(v) < 4194304.0f ? ((v + QG_MAGIC) - QG_MAGIC) : v) + z : 0.0f;
         q = q < lo ? lo : (q > hi ? hi : q);
         y[i] = (uint8_t)(int32_t)q;
     }
 }
-static void qg_ql_base(const float *x, int64_t n, float s, float z, float lo, float hi, int act, float alpha,
-                       float beta, uint8_t *y) {
-    qg_ql_body(x, n, s, z, lo, hi, act, alpha, beta, y);
+static void qg_ql_base(const float *x, const float *res, int64_t n, float s, float z, float lo, float hi, int act,
+                       float alpha, float beta, uint8_t *y) {
+    qg_ql_body(x, res, n, s, z, lo, hi, act, alpha, beta, y);
 }
 #if QG_X86
 /* 16 lanes through the activation; max / min take the value second so that a NaN passes (as numpy's) */
@@ -2188,14 +2188,16 @@ static inline __attribute__((always_inline)) T512 __m512 qg_act_512(__m512 v, in
 
 /* y = clip(rint(act(x) / s) + z, lo, hi), NaN -> 0, for n values: the bytes of the division
    (qg_rint_quotient_512) */
-static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo, float hi, int act, float alpha,
-                           float beta, uint8_t *y) {
+static T512 void qg_ql_512(const float *x, const float *res, int64_t n, float s, float z, float lo, float hi,
+                           int act, float alpha, float beta, uint8_t *y) {
     const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
     const __m512 rcp = _mm512_set1_ps(1.0f / s), va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     const int divide_all = qg_divide_all(s);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 xv = qg_act_512(_mm512_maskz_loadu_ps(m, x + i), act, va, vb);
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+        if (res) xv = _mm512_add_ps(xv, _mm512_maskz_loadu_ps(m, res + i));
+        xv = qg_act_512(xv, act, va, vb);
         const __m512 r = qg_rint_quotient_512(xv, vs, rcp, divide_all);
         const __mmask16 ok = _mm512_cmp_ps_mask(r, r, _CMP_ORD_Q);
         __m512 v = _mm512_add_ps(r, vz);
@@ -2205,21 +2207,21 @@ static T512 void qg_ql_512(const float *x, int64_t n, float s, float z, float lo
 }
 #endif
 
-static void qg_ql_one(const float *x, int64_t n, float s, int32_t zp, int is_signed, int act, float alpha,
-                      float beta, uint8_t *y) {
+static void qg_ql_one(const float *x, const float *res, int64_t n, float s, int32_t zp, int is_signed, int act,
+                      float alpha, float beta, uint8_t *y) {
     const float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
 #if QG_X86
     if (qg_avx512vnni()) {
-        qg_ql_512(x, n, s, (float)zp, lo, hi, act, alpha, beta, y);
+        qg_ql_512(x, res, n, s, (float)zp, lo, hi, act, alpha, beta, y);
         return;
     }
 #endif
-    qg_ql_base(x, n, s, (float)zp, lo, hi, act, alpha, beta, y);
+    qg_ql_base(x, res, n, s, (float)zp, lo, hi, act, alpha, beta, y);
 }
 
 /* one thread's share of a QuantizeLinear: values [i0, i1) */
 typedef struct {
-    const float *x;
+    const float *x, *res;
     uint8_t *y;
     int64_t i0, i1;
     float s, alpha, beta;
@@ -2228,36 +2230,38 @@ typedef struct {
 } qg_ql_job;
 static void qg_ql_job_run(const void *p) {
     const qg_ql_job *j = (const qg_ql_job *)p;
-    qg_ql_one(j->x + j->i0, j->i1 - j->i0, j->s, j->zp, j->is_signed, j->act, j->alpha, j->beta, j->y + j->i0);
+    qg_ql_one(j->x + j->i0, j->res ? j->res + j->i0 : NULL, j->i1 - j->i0, j->s, j->zp, j->is_signed, j->act,
+              j->alpha, j->beta, j->y + j->i0);
 }
 
 /* below this many values per thread a split costs more than it saves (the pool's wake-up ~ a few us) */
 #define QG_QL_MIN_PER_THREAD (16 * 1024)
 
-/* QuantizeLinear(act(x)) of n values on up to nthreads threads (ops' pool when set), in 64-value aligned
-   shares: every value is computed alone, so the bytes do not depend on the split. act: QG_ACT_*. */
-int opstrata_requantize_f32(const float *x, int64_t n, int act, float alpha, float beta, float s, int32_t zp,
-                            int is_signed, uint8_t *y, int nthreads) {
+/* QuantizeLinear(act(x [+ res])) of n values on up to nthreads threads (ops' pool when set), in 64-value
+   aligned shares: every value is computed alone, so the bytes do not depend on the split. act: QG_ACT_*;
+   res: NULL or n float32 added first (a residual connection; x + res is res + x in IEEE arithmetic). */
+int opstrata_requantize_f32(const float *x, const float *res, int64_t n, int act, float alpha, float beta,
+                            float s, int32_t zp, int is_signed, uint8_t *y, int nthreads) {
     if (n < 0 || !(s == s) || act < QG_ACT_NONE || act > QG_ACT_HARDSWISH) return QG_ERR_ARGS;
     int64_t nt = nthreads < 1 ? 1 : nthreads;
     if (nt > 64) nt = 64;
     if (nt > n / QG_QL_MIN_PER_THREAD) nt = n / QG_QL_MIN_PER_THREAD;
     if (nt <= 1) {
-        qg_ql_one(x, n, s, zp, is_signed, act, alpha, beta, y);
+        qg_ql_one(x, res, n, s, zp, is_signed, act, alpha, beta, y);
         return QG_OK;
     }
     qg_ql_job jobs[64];
     const int64_t share = ((n + nt - 1) / nt + 63) & ~(int64_t)63;
     int used = 0;
     for (int64_t i0 = 0; i0 < n; i0 += share, ++used)
-        jobs[used] = (qg_ql_job){x, y, i0, i0 + share < n ? i0 + share : n, s, alpha, beta, zp, is_signed, act};
+        jobs[used] = (qg_ql_job){x, res, y, i0, i0 + share < n ? i0 + share : n, s, alpha, beta, zp, is_signed, act};
     qg_parallel(qg_ql_job_run, jobs, sizeof(qg_ql_job), used);
     return QG_OK;
 }
 
 int opstrata_quantize_linear_mt(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y,
                                 int nthreads) {
-    return opstrata_requantize_f32(x, n, QG_ACT_NONE, 0.0f, 0.0f, s, zp, is_signed, y, nthreads);
+    return opstrata_requantize_f32(x, NULL, n, QG_ACT_NONE, 0.0f, 0.0f, s, zp, is_signed, y, nthreads);
 }
 
 int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y) {
@@ -2575,8 +2579,9 @@ static float *qg_scratch_get(int64_t n) {
    address of its argument block, a[2] entries, a[3] the index of its float output there) into this
    thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] on a[11] threads: a[5] the
    activation (QG_ACT_*), a[6] its alpha and beta (two float32), a[7] the output scale (a float32) and a[8]
-   the zero point (one byte, 0: none), a[9] signed codes. Scale and zero point read when the call runs; a
-   NaN scale makes every code 0, as QuantizeLinear does. */
+   the zero point (one byte, 0: none), a[9] signed codes, a[12] a float32 residual added before the
+   activation (0: none). Scale and zero point read when the call runs; a NaN scale makes every code 0, as
+   QuantizeLinear does. */
 int opstrata_qconv_quantize_packed(const int64_t *a) {
     int64_t blk[40];
     const int64_t entries = a[2], slot = a[3], n = a[4];
@@ -2594,7 +2599,7 @@ int opstrata_qconv_quantize_packed(const int64_t *a) {
         return QG_OK;
     }
     const float *ab = QG_PTR(6, const float *);
-    return opstrata_requantize_f32(scratch, n, (int)a[5], ab[0], ab[1], s, qg_zero_point_at(a[8], is_signed),
-                                   is_signed, QG_PTR(10, uint8_t *), (int)a[11]);
+    return opstrata_requantize_f32(scratch, QG_PTR(12, const float *), n, (int)a[5], ab[0], ab[1], s,
+                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *), (int)a[11]);
 }
 #undef QG_PTR
