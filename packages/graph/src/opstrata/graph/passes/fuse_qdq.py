@@ -25,6 +25,7 @@ the float tensor between them is never written.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -289,12 +290,17 @@ def _scalar_quantize(m: Matcher, q: Node) -> bool:
     )  # fmt: skip
 
 
+def _takes_residual() -> bool:
+    """The installed ``ops.qconv_quantize`` adds a residual (opstrata-ops >= 0.4.65)."""
+    return "residual" in inspect.signature(ops.qconv_quantize).parameters
+
+
 def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
     if len(qconv.inputs) != 4 or len(qconv.outputs) != 1 or "scale" not in qconv.attrs:
         return None
     y = qconv.outputs[0]
     user, add, act, residual = m.only_use(y), None, None, None
-    if user is not None and is_onnx(user, "Add") and len(user.outputs) == 1:
+    if user is not None and is_onnx(user, "Add") and len(user.outputs) == 1 and _takes_residual():
         residual = m.other(user, y)  # a residual connection: the sum has the convolution's shape and dtype
         if residual is None or residual == y or m.shape(residual) is None or m.shape(residual) != m.shape(y):
             return None
