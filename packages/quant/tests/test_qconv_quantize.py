@@ -168,6 +168,30 @@ def test_residual_is_added_before_the_activation_eager_and_bound(bound, activati
             _call(o, activation, geo, residual=res[:, :, :3])
 
 
+@pytest.mark.skipif(not hasattr(ops, "foreign_call"), reason="opstrata-ops without foreign calls")
+@pytest.mark.parametrize("groups", [1, 2])
+def test_bound_call_on_every_code_path(groups, monkeypatch) -> None:
+    """The bound call on each code path this CPU runs ($OPSTRATA_QGEMM_PATH), grouped or not, with a
+    residual, hardswish and int8 codes: the reference's bytes on every path."""
+    from opstrata.quant.native import _library
+
+    o = _operands(21, depthwise=False, out_dt=np.int8, c=8, hw=11)
+    o["w"] = o["w"][:, : 8 // groups].copy()  # an array of its own: a view of a writeable one is not frozen
+    o["groups"] = groups
+    o["w"].flags.writeable = o["w_zp"].flags.writeable = False
+    geo = {"stride": [1, 1], "pads": [1, 1, 1, 1], "dilation": [1, 1]}
+    res = np.random.default_rng(2).standard_normal((2, 16, 11, 11)).astype(np.float32)
+    want = _call(o, "hardswish", geo, residual=res, device="ref")
+    for path in _library.available_paths():
+        monkeypatch.setenv(_library.ENV_PATH, path)
+        out = np.empty(want.shape, np.int8)
+        call = ops.bind("qconv_quantize", o["x"], o["x_zp"], o["w"], o["w_zp"], o["scale"], o["bias"], o["y_scale"],
+                        o["y_zp"], activation="hardswish", residual=res, groups=groups, out=out, **geo)  # fmt: skip
+        assert isinstance(call, ops.NativeCall)
+        call()
+        np.testing.assert_array_equal(out, want, err_msg=path)
+
+
 def test_writeable_weight_is_not_bound_natively() -> None:
     """A weight that may change between runs keeps the eager kernel (its checks and packing each call)."""
     o = _operands(8, depthwise=False, out_dt=np.int8)

@@ -916,6 +916,14 @@ static void *qg_task_main(void *arg) {
 typedef void (*qg_pool_task_fn)(void *, int64_t);
 typedef void (*qg_pool_fn)(qg_pool_task_fn, void *, int64_t, int);
 static qg_pool_fn qg_pool;
+
+/* log2 of the fewest multiply-adds worth a thread of the int8 GEMM: threads started per call cost ~20-50 us
+   (4M on VNNI, ~50 us of work; AMX is ~6x faster: 32M); ops' pool wakes a spinning worker in ~1-2 us (1M on
+   VNNI, 4M on AMX) */
+static int qg_min_macs_log2(int path) {
+    if (qg_pool) return path == QG_PATH_AMX ? 24 : 21;
+    return path == QG_PATH_AMX ? 25 : 22;
+}
 void opstrata_qgemm_set_pool(void *pool_run) { qg_pool = (qg_pool_fn)pool_run; }
 
 typedef struct {
@@ -1052,9 +1060,8 @@ static void qg_drive(int path, int64_t M, int64_t N, int64_t K, const uint8_t *a
     const int by_rows = M >= (int64_t)nthreads * mr_max;
     const int64_t work_units = by_rows ? (M + mr_max - 1) / mr_max : panels;
     if (nthreads > work_units) nthreads = (int)work_units;
-    /* starting a thread costs ~20-50 us: give each at least ~4M multiply-adds (~50 us of VNNI work; AMX
-       is ~6x faster, so 32M) */
-    const int64_t by_work = (M * N * (K ? K : 1)) >> (path == QG_PATH_AMX ? 25 : 22);
+    /* each thread gets at least 2^qg_min_macs_log2(path) multiply-adds */
+    const int64_t by_work = (M * N * (K ? K : 1)) >> qg_min_macs_log2(path);
     if (nthreads > by_work) nthreads = by_work > 1 ? (int)by_work : 1;
     if (nthreads <= 1) {
         qg_run(&base);
@@ -2577,7 +2584,7 @@ static float *qg_scratch_get(int64_t n) {
 
 /* QConvQuantize: a packed convolution (a[0]: 0 opstrata_qconv2d_packed, 1 the depthwise one; a[1]: the
    address of its argument block, a[2] entries, a[3] the index of its float output there) into this
-   thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] on a[11] threads: a[5] the
+   thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] (a[11]: threads, unused): a[5] the
    activation (QG_ACT_*), a[6] its alpha and beta (two float32), a[7] the output scale (a float32) and a[8]
    the zero point (one byte, 0: none), a[9] signed codes, a[12] a float32 residual added before the
    activation (0: none). Scale and zero point read when the call runs; a NaN scale makes every code 0, as
@@ -2599,7 +2606,9 @@ int opstrata_qconv_quantize_packed(const int64_t *a) {
         return QG_OK;
     }
     const float *ab = QG_PTR(6, const float *);
+    /* on this thread: the scratch is hot in its cache (another core reading half of it cost more than the
+       split saved: MobileNet-V3 at two threads 0.70 -> 0.84 ms in these calls) */
     return opstrata_requantize_f32(scratch, QG_PTR(12, const float *), n, (int)a[5], ab[0], ab[1], s,
-                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *), (int)a[11]);
+                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *), 1);
 }
 #undef QG_PTR
