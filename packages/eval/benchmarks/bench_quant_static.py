@@ -9,7 +9,12 @@ cosine, for both quantized models; latency of opstrata fp32, opstrata's quantize
 onnxruntime fp32 and onnxruntime's quantized model in onnxruntime (medians of interleaved rounds, the
 order rotating, ops.benchtools.compare). Calibration and evaluation images are N(0, 1) noise, different seeds.
 
+``--unfused`` also times our quantized model compiled without graph's ``fuse_qconv_quantize`` (QConv ->
+activation -> QuantizeLinear as one native call; the pass patched out for that session), in the same
+interleaved rounds.
+
     python packages/eval/benchmarks/bench_quant_static.py [--quick] [--rounds N] [--models resnet18] [--threads N]
+        [--unfused]
 """
 
 from __future__ import annotations
@@ -63,6 +68,18 @@ def _ort_quantize_static(src: Path, dst: Path, name: str, calib: list[np.ndarray
                       activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)  # fmt: skip
 
 
+def _session_without_qconv_quantize(path: Path) -> Any:
+    """Our session on ``path`` compiled without graph's fuse_qconv_quantize (an A/B of that fusion)."""
+    from opstrata.graph.passes import fuse_qdq
+
+    keep = fuse_qdq.fuse_qconv_quantize
+    fuse_qdq.fuse_qconv_quantize = lambda g: g.copy()  # the pipeline looks the pass up when it runs
+    try:
+        return rt.InferenceSession(str(path))
+    finally:
+        fuse_qdq.fuse_qconv_quantize = keep
+
+
 def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]:
     """Top-1 agreement and the cosine of all logits, against the fp32 outputs."""
     a, b = np.concatenate(ref), np.concatenate(got)
@@ -78,6 +95,7 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,mobilenet_v3_small")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides (default 1)")
+    ap.add_argument("--unfused", action="store_true", help="also time ours without fuse_qconv_quantize")
     args = ap.parse_args()
     from opstrata.eval.zoo import export_model
 
@@ -106,6 +124,8 @@ def main() -> None:
             t1_ort, cos_ort = _agreement(ref, [ort_q.run(None, {inp: x})[0] for x in held])
             feeds = {inp: held[0]}
             sessions = {"ours fp32": fp, "ours q": oq_sess, "ort fp32": ort_fp, "ort q": ort_q}
+            if args.unfused:
+                sessions["ours q unfused"] = _session_without_qconv_quantize(qpath)
             # above one thread, settled and warmed turns: onnxruntime's idle workers spin ~25 ms after a run
             turns = {"settle_s": 0.05, "warm_s": 0.03} if THREADS > 1 else {}
             timed = compare(
@@ -116,12 +136,12 @@ def main() -> None:
                 name, f"{t1_ours:.1%}", f"{cos_ours:.5f}", f"{t1_ort:.1%}", f"{cos_ort:.5f}",
                 f"{ms['ours fp32']:.2f}", f"{ms['ours q']:.2f}", f"{ms['ort fp32']:.2f}", f"{ms['ort q']:.2f}",
                 f"{ms['ours q'] / ms['ort q']:.2f}x",
-            ])  # fmt: skip
+            ] + ([f"{ms['ours q unfused']:.2f}"] if args.unfused else []))  # fmt: skip
     print(f"W8A8 static, batch {args.batch}, 64x64, {THREADS} thread(s) on both sides, {rounds} interleaved rounds, "
           f"{n_calib} calibration / {n_eval} held-out batches")  # fmt: skip
     print(format_table(
         ["model", "top-1 ours", "cos ours", "top-1 ort", "cos ort", "ours fp32 ms", "ours q ms", "ort fp32 ms",
-         "ort q ms", "ours q / ort q"], rows,
+         "ort q ms", "ours q / ort q"] + (["ours q unfused ms"] if args.unfused else []), rows,
     ))  # fmt: skip
 
 
