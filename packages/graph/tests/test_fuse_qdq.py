@@ -343,7 +343,13 @@ def _qconv_quantize_model(
     g.output[0].name = "y"
     g.node[-1].output[0] = "conv_y"
     src = "conv_y"
-    if activation != "none":
+    if activation == "Clip":  # Relu6, bounds as constant inputs (opset 11 on)
+        g.initializer.extend(
+            [nh.from_array(np.array(0.0, np.float32), "lo"), nh.from_array(np.array(6.0, np.float32), "hi")]
+        )
+        g.node.append(oh.make_node("Clip", ["conv_y", "lo", "hi"], ["act_y"], name="act"))
+        src = "act_y"
+    elif activation != "none":
         g.node.append(oh.make_node(activation, ["conv_y"], ["act_y"], name="act"))
         src = "act_y"
     zp = 128 if out_dtype == np.uint8 else -5
@@ -374,18 +380,23 @@ def _without_qconv_quantize(monkeypatch: Any) -> None:
     monkeypatch.setattr(fuse_qdq, "fuse_qconv_quantize", lambda g: g.copy())
 
 
-@pytest.mark.parametrize("activation", ["none", "Relu", "HardSwish"])
+@pytest.mark.parametrize("activation", ["none", "Relu", "HardSwish", "Clip"])
 @pytest.mark.parametrize("out_dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("depthwise", [False, True])
 def test_qconv_quantize_gives_the_unfused_codes(activation, out_dtype, depthwise, monkeypatch) -> None:
-    """QConv -> [Relu | HardSwish] -> QuantizeLinear becomes one QConvQuantize with the same codes (the
-    float result never written); the pass report counts it."""
+    """QConv -> [Relu | HardSwish | Clip(0, 6)] -> QuantizeLinear becomes one QConvQuantize with the same
+    codes (the float result never written); the pass report counts it."""
     m = _qconv_quantize_model(activation, out_dtype=out_dtype, depthwise=depthwise)
     fused, report = og.optimize(og.from_onnx(m), 2)
     assert _ops(fused) == ["QuantizeLinear", "QConvQuantize", "DequantizeLinear"]
     assert report.matched("fuse_qconv_quantize") == 1
     node = fused.nodes[1]
-    assert node.attrs["activation"] == {"none": "none", "Relu": "relu", "HardSwish": "hardswish"}[activation]
+    assert (
+        node.attrs["activation"]
+        == {"none": "none", "Relu": "relu", "HardSwish": "hardswish", "Clip": "clip"}[activation]
+    )
+    if activation == "Clip":
+        assert (node.attrs["alpha"], node.attrs["beta"]) == (0.0, 6.0)
     x = (np.random.default_rng(3).standard_normal((2, 4, 7, 6)) * 3).astype(np.float32)
     got = og.run_graph(fused, {"x": x})["y"]
     _without_qconv_quantize(monkeypatch)
@@ -432,10 +443,17 @@ def test_qconv_quantize_matches_onnxruntime() -> None:
 
 
 @pytest.mark.parametrize("change", ["conv_read_twice", "act_read_twice", "per_axis_output", "leaky_relu",
-                                    "fed_output_scale", "no_output_zero_point"])  # fmt: skip
+                                    "fed_output_scale", "no_output_zero_point", "fed_clip_bound"])  # fmt: skip
 def test_qconv_quantize_patterns_it_leaves_alone(change: str) -> None:
-    m = _qconv_quantize_model("none" if change in ("conv_read_twice", "per_axis_output") else "Relu")
+    kind = {"conv_read_twice": "none", "per_axis_output": "none", "fed_clip_bound": "Clip"}.get(
+        change, "Relu"
+    )
+    m = _qconv_quantize_model(kind)
     g = m.graph
+    if change == "fed_clip_bound":  # a bound the graph computes: not a constant
+        i = next(i for i, t in enumerate(g.initializer) if t.name == "hi")
+        del g.initializer[i]
+        g.input.append(oh.make_tensor_value_info("hi", T.FLOAT, []))
     if change == "conv_read_twice":
         g.output.append(oh.make_tensor_value_info("conv_y", T.FLOAT, None))
     if change == "act_read_twice":

@@ -388,8 +388,15 @@ def test_qconv_errors_name_the_argument() -> None:
         ops.qconv(x, 0, w, 0, np.float32(1), out=np.empty((1, 3, 2, 2), np.float64))
 
 
+#: qconv_quantize's (alpha, beta) per activation in these tests (clip: Relu6's bounds)
+_ACT_PARAMS = {"none": (1 / 6, 0.5), "relu": (1 / 6, 0.5), "hardswish": (1 / 6, 0.5), "clip": (0.0, 6.0)}
+
+
 def _act_steps(y: np.ndarray, activation: str) -> np.ndarray:
-    """The activation as the separate ONNX nodes compute it (Relu; HardSwish = x * HardSigmoid(1/6, 1/2))."""
+    """The activation as the separate ONNX nodes compute it (Relu; HardSwish = x * HardSigmoid(1/6, 1/2);
+    Clip(0, 6))."""
+    if activation == "clip":
+        return ops.clip(y, min=np.float32(0.0), max=np.float32(6.0))
     if activation == "relu":
         return ops.relu(y)
     if activation == "hardswish":
@@ -400,7 +407,7 @@ def _act_steps(y: np.ndarray, activation: str) -> np.ndarray:
 @settings(max_examples=40, deadline=None)
 @given(
     groups=st.sampled_from([1, 2, "depthwise"]), k=st.integers(1, 3), stride=st.integers(1, 2),
-    activation=st.sampled_from(["none", "relu", "hardswish"]), out_dt=st.sampled_from([np.uint8, np.int8]),
+    activation=st.sampled_from(["none", "relu", "hardswish", "clip"]), out_dt=st.sampled_from([np.uint8, np.int8]),
     y_scale=st.floats(1e-3, 0.5), y_zp=st.integers(-128, 255), seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_qconv_quantize_is_qconv_then_the_activation_then_quantize_linear(
@@ -421,13 +428,14 @@ def test_qconv_quantize_is_qconv_then_the_activation_then_quantize_linear(
     for device in DEVICES:
         y = ops.qconv(x, np.uint8(3), w, np.int8(0), scale, bias, device=device, **geo)
         want = ops.quantize_linear(_act_steps(y, activation), ys, zp, device=device)
+        alpha, beta = _ACT_PARAMS[activation]
         got = ops.qconv_quantize(x, np.uint8(3), w, np.int8(0), scale, bias, ys, zp, activation=activation,
-                                 device=device, **geo)  # fmt: skip
+                                 alpha=alpha, beta=beta, device=device, **geo)  # fmt: skip
         assert got.dtype == np.dtype(out_dt) and got.shape == y.shape
         np.testing.assert_array_equal(got, want, err_msg=device)
         out = np.empty_like(got)
         assert ops.qconv_quantize(x, np.uint8(3), w, np.int8(0), scale, bias, ys, zp, activation=activation,
-                                  out=out, device=device, **geo) is out  # fmt: skip
+                                  alpha=alpha, beta=beta, out=out, device=device, **geo) is out  # fmt: skip
         np.testing.assert_array_equal(out, want)
 
 
@@ -464,14 +472,20 @@ def test_qconv_quantize_keeps_nan_and_infinities_as_the_separate_nodes() -> None
     w[1] = -1
     scale = np.array([np.inf, np.inf, np.nan, 0.01], np.float32)
     zp = np.uint8(100)
-    for activation in ("none", "relu", "hardswish"):
+    for activation in ("none", "relu", "hardswish", "clip"):
+        alpha, beta = _ACT_PARAMS[activation]
         with np.errstate(invalid="ignore", over="ignore"):
             y = ops.qconv(x, np.uint8(1), w, np.int8(0), scale)
             want = ops.quantize_linear(_act_steps(y, activation), np.float32(0.1), zp)
             got = ops.qconv_quantize(x, np.uint8(1), w, np.int8(0), scale, None, np.float32(0.1), zp,
-                                     activation=activation)  # fmt: skip
+                                     activation=activation, alpha=alpha, beta=beta)  # fmt: skip
         np.testing.assert_array_equal(got, want, err_msg=activation)
-    assert got[0, 2, 0, 0] == 0 and got[0, 1, 1, 1] == 0 and got[0, 0, 1, 1] == 255  # NaN; 0 * -inf; inf
+        assert got[0, 2, 0, 0] == 0  # NaN stays NaN through every activation: code 0, not the zero point
+    with np.errstate(invalid="ignore", over="ignore"):
+        hs = ops.qconv_quantize(
+            x, np.uint8(1), w, np.int8(0), scale, None, np.float32(0.1), zp, activation="hardswish"
+        )
+    assert hs[0, 1, 1, 1] == 0 and hs[0, 0, 1, 1] == 255  # 0 * -inf = NaN; inf saturates
 
 
 def test_qconv_quantize_errors_name_the_argument_and_the_fix() -> None:
@@ -487,6 +501,11 @@ def test_qconv_quantize_errors_name_the_argument_and_the_fix() -> None:
         ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, np.int32(0))
     with pytest.raises(OpError, match=r"qconv_quantize.*alpha"):
         ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, activation="hardswish", alpha=float("nan"))
+    with pytest.raises(OpError, match=r"qconv_quantize.*alpha.*clip's bounds may be infinite"):
+        ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, activation="hardswish", beta=float("inf"))
+    one_sided = ops.qconv_quantize(x, np.uint8(0), w, np.int8(0), np.float32(1), None, s, z, activation="clip",
+                                   alpha=float("-inf"), beta=2.0)  # fmt: skip
+    assert one_sided.max() == 20  # everything clipped to 2.0 / 0.1
     with pytest.raises(OpError, match=r"qconv_quantize.*out.*uint8"):
         ops.qconv_quantize(x, 0, w, 0, np.float32(1), None, s, z, out=np.empty((1, 3, 2, 2), np.int8))
     with pytest.raises(OpError, match=r"qconv_quantize.*x"):

@@ -473,7 +473,13 @@ def _bind_qconv_native(
 
 
 #: qconv_quantize's activations -> the C library's ids (QG_ACT_*)
-_ACTIVATION_IDS = {"none": 0, "relu": 1, "hardswish": 2}
+_ACTIVATION_IDS = {"none": 0, "relu": 1, "hardswish": 2, "clip": 3}
+
+
+def _act_params_fit(activation: str, alpha: Any, beta: Any) -> bool:
+    """alpha / beta the C activation takes: finite, or for clip's bounds not NaN (infinite: one-sided)."""
+    ab = np.array([alpha, beta], np.float64)
+    return not np.isnan(ab).any() and (activation == "clip" or bool(np.isfinite(ab).all()))
 
 
 def _requant_fits(y_scale: Any, y_zero_point: Any, activation: Any, alpha: Any, beta: Any) -> bool:
@@ -482,7 +488,7 @@ def _requant_fits(y_scale: Any, y_zero_point: Any, activation: Any, alpha: Any, 
     ys, yz = np.asarray(y_scale), np.asarray(y_zero_point)
     return (
         ys.dtype == _F32 and ys.size == 1 and bool(np.isfinite(ys).all()) and yz.dtype in _INT8S and yz.size == 1
-        and activation in _ACTIVATION_IDS and bool(np.isfinite([alpha, beta]).all())
+        and activation in _ACTIVATION_IDS and _act_params_fit(activation, alpha, beta)
     )  # fmt: skip
 
 
@@ -554,7 +560,7 @@ def _bind_qconv_quantize_native(
         or y_zero_point.size != 1
     ):
         return None
-    if activation not in _ACTIVATION_IDS or not bool(np.isfinite([alpha, beta]).all()):
+    if activation not in _ACTIVATION_IDS or not _act_params_fit(activation, alpha, beta):
         return None
     if not _qconv_fits(x, w, x_zero_point, w_zero_point, scale, bias, groups) or not _immutable(w):
         return None

@@ -321,7 +321,7 @@ define(
 define(
     "QConvQuantize", OPSTRATA_DOMAIN, shape=_qconv_quantize_rule, kernel=_run_qconv_quantize,
     uses=("qconv_quantize",), onnx=False, dtypes="int8/uint8 -> int8/uint8",
-    doc="QConv [+ residual] -> activation (none/relu/hardswish: attrs activation, alpha, beta) -> QuantizeLinear "
+    doc="QConv [+ residual] -> activation (none/relu/hardswish/clip: attrs activation, alpha, beta) -> QuantizeLinear "
     "fused: (x_q, x_zp, w_q, w_zp, y_scale, y_zp[, residual]); the float result is never written",
 )  # fmt: skip
 define(

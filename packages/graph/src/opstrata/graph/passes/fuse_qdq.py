@@ -19,7 +19,7 @@ with the same codes for every input (NaN and -inf included).
 ``fuse_qdq_conv`` does the same for ``Conv(DQ(x_q), DQ(W_q)[, bias])`` -> ``ai.opstrata::QConv``: the exact
 int32 convolution (``opstrata.ops.qconv``, native in opstrata.quant), scaled per output channel.
 ``fuse_qconv_quantize`` then folds the QuantizeLinear that reads a QConv's result (through a residual Add,
-a Relu or a HardSwish) into it (``ai.opstrata::QConvQuantize``, onnxruntime's QLinearConv with the activation fused):
+a Relu, a HardSwish or a constant Clip) into it (``ai.opstrata::QConvQuantize``, onnxruntime's QLinearConv with the activation fused):
 the float tensor between them is never written.
 """
 
@@ -276,7 +276,26 @@ def fuse_qdq_conv(graph: Graph) -> Graph:
 
 
 #: the activation ops between a QConv and its QuantizeLinear that QConvQuantize applies (ONNX op -> name)
-_QCONV_ACTIVATIONS = {"Relu": "relu", "HardSwish": "hardswish"}
+_QCONV_ACTIVATIONS = {"Relu": "relu", "HardSwish": "hardswish", "Clip": "clip"}
+
+
+def _clip_bounds(m: Matcher, clip: Node) -> tuple[float, float] | None:
+    """A float32 Clip's constant bounds (its inputs, opset 11 on; absent: infinite), or None when a bound is
+    computed, not a float32 scalar, given as an attribute (opset < 11), or the installed ops has no clip
+    activation."""
+    if "clip" not in getattr(ops, "QCONV_ACTIVATIONS", ()) or "min" in clip.attrs or "max" in clip.attrs:
+        return None
+    bounds = []
+    for i, default in ((1, -np.inf), (2, np.inf)):
+        name = clip.inputs[i] if len(clip.inputs) > i else ""
+        if not name:
+            bounds.append(default)
+            continue
+        c = m.const(name)
+        if c is None or c.size != 1 or c.dtype != np.float32 or np.isnan(c).any():
+            return None
+        bounds.append(float(c.reshape(())))
+    return bounds[0], bounds[1]
 
 
 def _scalar_quantize(m: Matcher, q: Node) -> bool:
@@ -307,7 +326,12 @@ def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
         if m.dtype(residual) != np.float32 or m.shape(user.outputs[0]) != m.shape(y):
             return None
         add, user = user, m.only_use(user.outputs[0])
+    bounds = None
     if user is not None and is_onnx(user, *_QCONV_ACTIVATIONS) and len(user.outputs) == 1:
+        if user.op_type == "Clip":
+            bounds = _clip_bounds(m, user)
+            if bounds is None:
+                return None
         act, user = user, m.only_use(user.outputs[0])
     if user is None or not is_onnx(user, "QuantizeLinear") or not _scalar_quantize(m, user):
         return None
@@ -315,6 +339,8 @@ def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
         return None
     attrs = dict(qconv.attrs)
     attrs["activation"] = "none" if act is None else _QCONV_ACTIVATIONS[act.op_type]
+    if bounds is not None:
+        attrs["alpha"], attrs["beta"] = bounds
     inputs = [*qconv.inputs, user.inputs[1], user.inputs[2]] + ([residual] if residual else [])
     fused = Node("QConvQuantize", inputs, list(user.outputs), attrs, g.fresh_node_name("QConvQuantize"),
                  OPSTRATA_DOMAIN)  # fmt: skip
@@ -322,7 +348,8 @@ def _qconv_into_quantize(g: Graph, m: Matcher, qconv: Node) -> Rewrite | None:
 
 
 def fuse_qconv_quantize(graph: Graph) -> Graph:
-    """``QuantizeLinear(act(QConv(...) [+ r]), y_scale, y_zp)`` (act: none, Relu or HardSwish; r: a float32
+    """``QuantizeLinear(act(QConv(...) [+ r]), y_scale, y_zp)`` (act: none, Relu, HardSwish or a Clip with
+    constant bounds; r: a float32
     residual of the same shape; per-tensor int8/uint8 codes) -> ``QConvQuantize(..., y_scale, y_zp[, r])``
     where the float results have no other reader:
     the same codes (``ops.qconv_quantize``, opstrata-ops >= 0.4.64), no float tensor in between."""

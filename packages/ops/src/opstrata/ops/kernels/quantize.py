@@ -772,12 +772,14 @@ def qconv(
 
 
 #: the activations qconv_quantize applies between the float result and its quantization
-QCONV_ACTIVATIONS = ("none", "relu", "hardswish")
+QCONV_ACTIVATIONS = ("none", "relu", "hardswish", "clip")
 
 
 def _qconv_activation(y: np.ndarray, activation: str, alpha: float, beta: float) -> np.ndarray:
     """The activation in float32, step by step as graph's FusedElementwise runs it (same bits):
-    relu ``max(y, 0)``; hardswish ``min(max(y * alpha + beta, 0), 1) * y``."""
+    relu ``max(y, 0)``; hardswish ``min(max(y * alpha + beta, 0), 1) * y``; clip ``min(max(y, alpha), beta)``."""
+    if activation == "clip":
+        return np.minimum(np.maximum(y, np.float32(alpha)), np.float32(beta))
     if activation == "relu":
         return np.maximum(y, np.float32(0))
     if activation == "hardswish":
@@ -847,7 +849,8 @@ def qconv_quantize(
     device: str | None = None,
 ) -> np.ndarray:
     """:func:`qconv`'s float32 result, plus ``residual`` (a float32 array of the result's shape, or None),
-    through ``activation`` (``"none"``, ``"relu"`` or ``"hardswish"`` with ``alpha`` / ``beta``), then ONNX
+    through ``activation`` (``"none"``, ``"relu"``, ``"hardswish"`` with ``alpha`` / ``beta``, or ``"clip"``
+    to ``[alpha, beta]``), then ONNX
     QuantizeLinear with a scalar ``y_scale`` and ``y_zero_point`` (int8 or uint8: the output dtype) --
     ``QuantizeLinear(act(Conv(DQ(x), DQ(w), b) [+ r]))`` of a QDQ model as one op, so a native kernel never
     writes the float tensor (QLinearConv with a fused residual add and activation). The bytes equal the
@@ -869,8 +872,17 @@ def qconv_quantize(
     if yz.dtype not in MM_DTYPES or yz.size != 1:
         raise OpError(op, "y_zero_point", "an int8 or uint8 scalar", f"{yz.dtype}{list(yz.shape)}",
                       fix="per-axis output quantization runs as qconv then quantize_linear")  # fmt: skip
-    if not (np.isfinite(alpha) and np.isfinite(beta)):
-        raise OpError(op, "alpha/beta", "finite floats", f"alpha={alpha!r}, beta={beta!r}")
+    if (
+        np.isnan(alpha)
+        or np.isnan(beta)
+        or (activation != "clip" and not (np.isfinite(alpha) and np.isfinite(beta)))
+    ):
+        raise OpError(
+            op,
+            "alpha/beta",
+            "finite floats (clip's bounds may be infinite)",
+            f"alpha={alpha!r}, beta={beta!r}",
+        )
     if residual is not None:
         r = np.asarray(residual)
         if r.dtype != float32:

@@ -2149,10 +2149,15 @@ int opstrata_qconv2d_depthwise(int path, int64_t N, int64_t C, int64_t H, int64_
 
 /* The activations applied before a quantization (QConvQuantize's epilogue), step by step as numpy and ops'
    elementwise code compute them in float32, NaN kept: relu max(x, 0); hardswish min(max(x * alpha + beta,
-   0), 1) * x. */
-enum { QG_ACT_NONE = 0, QG_ACT_RELU = 1, QG_ACT_HARDSWISH = 2 };
+   0), 1) * x; clip min(max(x, alpha), beta). */
+enum { QG_ACT_NONE = 0, QG_ACT_RELU = 1, QG_ACT_HARDSWISH = 2, QG_ACT_CLIP = 3 };
 static inline __attribute__((always_inline)) float qg_act_scalar(float x, int act, float alpha, float beta) {
     if (act == QG_ACT_RELU) return (x != x || x >= 0.0f) ? x : 0.0f;
+    if (act == QG_ACT_CLIP) {
+        if (x != x) return x;
+        const float t = x < alpha ? alpha : x;
+        return t > beta ? beta : t;
+    }
     if (act == QG_ACT_HARDSWISH) {
         float t = x * alpha;
         t = t + beta;
@@ -2185,6 +2190,7 @@ static inline __attribute__((always_inline)) T512 __m512 qg_act_512(__m512 v, in
                                                                   __m512 beta) {
     const __m512 zero = _mm512_setzero_ps();
     if (act == QG_ACT_RELU) return _mm512_max_ps(zero, v);
+    if (act == QG_ACT_CLIP) return _mm512_min_ps(beta, _mm512_max_ps(alpha, v));
     if (act == QG_ACT_HARDSWISH) {
         __m512 t = _mm512_add_ps(_mm512_mul_ps(v, alpha), beta);
         t = _mm512_min_ps(_mm512_set1_ps(1.0f), _mm512_max_ps(zero, t));
@@ -2249,7 +2255,7 @@ static void qg_ql_job_run(const void *p) {
    res: NULL or n float32 added first (a residual connection; x + res is res + x in IEEE arithmetic). */
 int opstrata_requantize_f32(const float *x, const float *res, int64_t n, int act, float alpha, float beta,
                             float s, int32_t zp, int is_signed, uint8_t *y, int nthreads) {
-    if (n < 0 || !(s == s) || act < QG_ACT_NONE || act > QG_ACT_HARDSWISH) return QG_ERR_ARGS;
+    if (n < 0 || !(s == s) || act < QG_ACT_NONE || act > QG_ACT_CLIP) return QG_ERR_ARGS;
     int64_t nt = nthreads < 1 ? 1 : nthreads;
     if (nt > 64) nt = 64;
     if (nt > n / QG_QL_MIN_PER_THREAD) nt = n / QG_QL_MIN_PER_THREAD;
