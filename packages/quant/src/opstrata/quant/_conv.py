@@ -200,22 +200,39 @@ def qconv_native_call(
     its address when the call runs (``x_zero_point``: one value of x's dtype, or None for 0). None with an
     opstrata-ops without foreign calls (< 0.4.56) or a zero point of another dtype; ``keep`` holds the arrays
     the C arguments point into; calling it returns ``result`` (the destination)."""
+    packed = _packed_args(call, x_zero_point, x)
+    if packed is None:
+        return None
+    foreign, args = packed
+    entry = call[0].__name__ + "_packed"
+    return foreign(entry_address(_lib("qconv2d"), entry), args, (keep, x_zero_point, call[2]),
+                   _failure("qconv2d", x), result, name=entry)  # fmt: skip
+
+
+def _packed_args(
+    call: tuple[Any, tuple[Any, ...], tuple[Any, ...]], x_zero_point: np.ndarray | None, x: np.ndarray
+) -> tuple[Any, list[int]] | None:
+    """(ops.foreign_call, the call's C arguments as integers with the activation zero point's address), or
+    None with an opstrata-ops without foreign calls (< 0.4.56) or a zero point of another dtype / size."""
     foreign = getattr(ops, "foreign_call", None)
     if foreign is None or (
         x_zero_point is not None and (x_zero_point.dtype != x.dtype or x_zero_point.size != 1)
     ):
         return None
-    fn, head, tail = call
-    lib = _lib("qconv2d")
-    entry = fn.__name__ + "_packed"
+    _, head, tail = call
     zp_addr = 0 if x_zero_point is None else x_zero_point.ctypes.data
+    args = [ctypes.addressof(a) if isinstance(a, ctypes.Array) else (a or 0) for a in (*head, zp_addr, *tail)]
+    return foreign, args
+
+
+def _failure(op: str, x: np.ndarray) -> Any:
+    """The error a failed packed call raises: the C code's reason and the activation."""
     shape = f"{x.dtype}{list(x.shape)}"
 
     def error(rc: int) -> QuantError:
-        return QuantError("qconv2d", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {shape}")
+        return QuantError(op, f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {shape}")
 
-    args = [ctypes.addressof(a) if isinstance(a, ctypes.Array) else a for a in (*head, zp_addr, *tail)]
-    return foreign(entry_address(lib, entry), args, (keep, x_zero_point, tail), error, result, name=entry)
+    return error
 
 
 def qconv_quantize_native_call(
@@ -231,31 +248,20 @@ def qconv_quantize_native_call(
     scratch, not the arena. ``requant``: (activation id, [alpha, beta] float32, y_scale float32 scalar,
     y_zero_point int8/uint8 scalar, signed output, threads, a float32 residual of out's shape or None); the
     scale and zero point are read when the call runs. None where :func:`qconv_native_call` would be."""
-    foreign = getattr(ops, "foreign_call", None)
-    if foreign is None or (
-        x_zero_point is not None and (x_zero_point.dtype != x.dtype or x_zero_point.size != 1)
-    ):
+    packed = _packed_args(call, x_zero_point, x)
+    if packed is None:
         return None
-    fn, head, tail = call
-    lib = _lib("qconv2d")
-    zp_addr = 0 if x_zero_point is None else x_zero_point.ctypes.data
-    block = np.array(
-        [ctypes.addressof(a) if isinstance(a, ctypes.Array) else (a or 0) for a in (*head, zp_addr, *tail)],
-        np.int64,
-    )
+    foreign, conv_args = packed
+    block = np.array(conv_args, np.int64)
     act, ab, y_scale, y_zp, signed, threads, residual = requant
-    depthwise = int(fn.__name__.endswith("_depthwise"))
+    depthwise = int(call[0].__name__.endswith("_depthwise"))
     args = [depthwise, block.ctypes.data, block.size, block.size - 2, out.size, act, ab.ctypes.data,
             y_scale.ctypes.data, y_zp.ctypes.data, signed, out.ctypes.data, threads,
             0 if residual is None else residual.ctypes.data]  # fmt: skip
-    shape = f"{x.dtype}{list(x.shape)}"
-
-    def error(rc: int) -> QuantError:
-        return QuantError("qconv_quantize", f"the native kernel failed ({_ERRORS.get(rc, rc)}) for x {shape}")
-
     entry = "opstrata_qconv_quantize_packed"
-    return foreign(entry_address(lib, entry), args, (keep, x_zero_point, tail, block, ab, y_scale, y_zp, residual), error,
-                   out, name=entry)  # fmt: skip
+    keep_alive = (keep, x_zero_point, call[2], block, ab, y_scale, y_zp, residual)
+    return foreign(entry_address(_lib("qconv2d"), entry), args, keep_alive, _failure("qconv_quantize", x), out,
+                   name=entry)  # fmt: skip
 
 
 def qconv2d(

@@ -253,14 +253,19 @@ def _fuse_conv(g: Graph, m: Matcher, node: Node) -> Rewrite | None:
 
 
 def _rewrite_each(
-    graph: Graph, op_types: tuple[str, ...], match: Callable[[Graph, Matcher, Node], Rewrite | None]
+    graph: Graph,
+    op_types: tuple[str, ...],
+    match: Callable[[Graph, Matcher, Node], Rewrite | None],
+    domain: str = "",
 ) -> Graph:
-    """A copy of ``graph`` in which every ONNX node of ``op_types`` that ``match`` turns into (the nodes it
-    replaces, the new nodes) is rewritten; the matcher is rebuilt after each rewrite."""
+    """A copy of ``graph`` in which every node of ``op_types`` (ONNX's, or of ``domain``) that ``match``
+    turns into (the nodes it replaces, the new nodes) is rewritten; the matcher is rebuilt after each."""
     g = graph.copy()
     m = Matcher(g)
     for node in list(g.nodes):
-        if node not in g.nodes or not is_onnx(node, *op_types):
+        if node not in g.nodes:
+            continue
+        if not (node.domain == domain and node.op_type in op_types if domain else is_onnx(node, *op_types)):
             continue
         found = match(g, m, node)
         if found is not None:
@@ -353,18 +358,9 @@ def fuse_qconv_quantize(graph: Graph) -> Graph:
     residual of the same shape; per-tensor int8/uint8 codes) -> ``QConvQuantize(..., y_scale, y_zp[, r])``
     where the float results have no other reader:
     the same codes (``ops.qconv_quantize``, opstrata-ops >= 0.4.64), no float tensor in between."""
-    g = graph.copy()
     if not hasattr(ops, "qconv_quantize"):  # an older opstrata-ops: nothing runs the fused node
-        return g
-    m = Matcher(g)
-    for node in list(g.nodes):
-        if node not in g.nodes or node.domain != OPSTRATA_DOMAIN or node.op_type != "QConv":
-            continue
-        found = _qconv_into_quantize(g, m, node)
-        if found is not None:
-            replace_nodes(g, *found)
-            m = Matcher(g)
-    return g
+        return graph.copy()
+    return _rewrite_each(graph, ("QConv",), _qconv_into_quantize, OPSTRATA_DOMAIN)
 
 
 def _saturating_quantize(m: Matcher, q: Node) -> bool:
