@@ -215,7 +215,6 @@ def test_quantized_mobile_cnn_session_runs_fused_convs_with_the_unfused_bytes(mo
     residual): the session fuses Conv -> act -> QuantizeLinear into QConvQuantize and gives the same output
     as the same session without that fusion, at one and two threads."""
     import opstrata.runtime as rt
-    from opstrata.graph.testing import mobile_cnn_model
 
     try:
         from opstrata.graph.passes import fuse_qdq
@@ -223,6 +222,8 @@ def test_quantized_mobile_cnn_session_runs_fused_convs_with_the_unfused_bytes(mo
         pytest.skip("opstrata-graph without the pass module")
     if not hasattr(fuse_qdq, "fuse_qconv_quantize"):
         pytest.skip("opstrata-graph without fuse_qconv_quantize (< 0.4.24)")
+    from opstrata.graph.testing import mobile_cnn_model
+
     r = np.random.default_rng(0)
     feeds = [{"x": r.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(3)]
     qm = oq.quantize(mobile_cnn_model(), feeds, "w8a8")

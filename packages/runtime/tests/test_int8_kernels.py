@@ -85,8 +85,8 @@ def test_fused_conv_quantize_runs_in_a_session_with_the_graphs_codes(monkeypatch
     the first run and the bound steady state give the unfused graph's codes; on ops' numpy kernels the
     warning names the fused node."""
     import opstrata.graph as og
-    from opstrata.graph.passes import fuse_qdq
 
+    fuse_qdq = pytest.importorskip("opstrata.graph.passes.fuse_qdq")
     if not hasattr(fuse_qdq, "fuse_qconv_quantize") or not hasattr(ops, "qconv_quantize"):
         pytest.skip("opstrata-graph < 0.4.24 or opstrata-ops < 0.4.64: no QConvQuantize")
     reference = str(getattr(ops.resolve_kernel("qconv_quantize", np.uint8, "cpu"), "__module__", ""))

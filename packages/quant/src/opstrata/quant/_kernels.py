@@ -66,7 +66,8 @@ def get_qgemm_threads() -> int:
 
 def _threads() -> int:
     """The enclosing ``ops.intra_op_threads`` limit (an InferenceSession's intra-op count during its runs),
-    else :func:`set_qgemm_threads`' setting. The C kernel still gives each thread >= ~4M multiply-adds."""
+    else :func:`set_qgemm_threads`' setting. The C kernel still gives each thread a minimum of work (the GEMM
+    ~2M multiply-adds on VNNI, ~16M on AMX with ops' pool)."""
     limit = ops.intra_op_thread_limit()
     return int(limit) if limit is not None else int(_state["threads"])
 

@@ -14,8 +14,9 @@ same weight pays no packing. ``qgemm(a, packed, ...)`` then returns, for ``a`` (
 ``dynamic_qgemm(x, packed, b_scale, bias)`` takes float32 ``x`` and quantizes it in the same C call
 (ONNX DynamicQuantizeLinear per tensor, or per row: per token), then runs the float epilogue.
 
-Every code path (``path=``) is exact; ``threads`` (an upper bound: each thread gets at least ~4M
-multiply-adds, so small products stay on one) splits rows, or column panels when rows are few.
+Every code path (``path=``) is exact; ``threads`` (an upper bound: each thread gets at least ~2M
+multiply-adds on VNNI / ~16M on AMX on ops' pool, 4M / 32M with threads started per call, so small products
+stay on one) splits rows, or column panels when rows are few.
 """
 
 from __future__ import annotations
