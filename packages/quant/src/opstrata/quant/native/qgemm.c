@@ -2590,11 +2590,12 @@ static float *qg_scratch_get(int64_t n) {
 
 /* QConvQuantize: a packed convolution (a[0]: 0 opstrata_qconv2d_packed, 1 the depthwise one; a[1]: the
    address of its argument block, a[2] entries, a[3] the index of its float output there) into this
-   thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] (a[11]: threads, unused): a[5] the
+   thread's scratch, then QuantizeLinear(act(.)) of its a[4] values into a[10] on up to a[11] threads: a[5] the
    activation (QG_ACT_*), a[6] its alpha and beta (two float32), a[7] the output scale (a float32) and a[8]
    the zero point (one byte, 0: none), a[9] signed codes, a[12] a float32 residual added before the
    activation (0: none). Scale and zero point read when the call runs; a NaN scale makes every code 0, as
    QuantizeLinear does. */
+#define QG_RQ_MIN_PER_THREAD (128 * 1024)
 int opstrata_qconv_quantize_packed(const int64_t *a) {
     int64_t blk[40];
     const int64_t entries = a[2], slot = a[3], n = a[4];
@@ -2612,9 +2613,13 @@ int opstrata_qconv_quantize_packed(const int64_t *a) {
         return QG_OK;
     }
     const float *ab = QG_PTR(6, const float *);
-    /* on this thread: the scratch is hot in its cache (another core reading half of it cost more than the
-       split saved: MobileNet-V3 at two threads 0.70 -> 0.84 ms in these calls) */
+    /* on this thread below QG_RQ_MIN_PER_THREAD values a thread: the scratch is hot in this core's cache
+       (another core reading half of a small one cost more than the split saved: MobileNet-V3's fused calls
+       at two threads 0.70 -> 0.84 ms with 16K); large outputs split (ResNet-18's) */
+    const int64_t cap = n / QG_RQ_MIN_PER_THREAD;
+    const int nt = (int)(a[11] < cap ? a[11] : cap);
     return opstrata_requantize_f32(scratch, QG_PTR(12, const float *), n, (int)a[5], ab[0], ab[1], s,
-                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *), 1);
+                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *),
+                                   nt < 1 ? 1 : nt);
 }
 #undef QG_PTR
