@@ -5,13 +5,12 @@ quantized CNN that runs its Conv nodes as QConv on them."""
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import warnings
 from typing import Any
 
 import numpy as np
 import pytest
+from _native import needs_native
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
@@ -20,11 +19,7 @@ import opstrata.runtime as rt
 from opstrata.ops.testing import TOLERANCES
 from opstrata.quant.native import _library
 
-pytestmark = pytest.mark.skipif(
-    shutil.which((os.environ.get("CC") or "cc").split()[0]) is None
-    or os.environ.get("OPSTRATA_NATIVE") == "off",
-    reason="no C compiler on this machine (or OPSTRATA_NATIVE=off): the int8 library cannot be built",
-)
+pytestmark = needs_native
 RTOL, ATOL = TOLERANCES[np.dtype(np.float32)]
 
 

@@ -3,24 +3,19 @@ bytes of ops' reference (qconv -> Relu / HardSwish -> quantize_linear), eager, b
 
 from __future__ import annotations
 
-import os
-import shutil
 import warnings
 from typing import Any
 
 import numpy as np
 import pytest
+from _native import needs_native
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
 import opstrata.quant as oq
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which((os.environ.get("CC") or "cc").split()[0]) is None
-        or os.environ.get("OPSTRATA_NATIVE") == "off",
-        reason="no C compiler on this machine (or OPSTRATA_NATIVE=off): the int8 library cannot be built",
-    ),
+    needs_native,
     pytest.mark.skipif(
         not hasattr(ops, "qconv_quantize"), reason="opstrata-ops without qconv_quantize (< 0.4.64)"
     ),
@@ -84,8 +79,9 @@ def test_native_qconv_quantize_gives_the_reference_bytes(
 
 
 def test_large_outputs_split_over_threads_with_the_same_bytes() -> None:
-    """An output past the threading threshold (16K values per thread) on 1, 2 and 3 threads: same bytes."""
-    o = _operands(3, depthwise=False, out_dt=np.uint8, c=16, hw=40)
+    """An output past the requantization's threading threshold (128K values per thread: 2 x 32 x 64 x 64)
+    on 1, 2 and 3 threads: same bytes."""
+    o = _operands(3, depthwise=False, out_dt=np.uint8, c=16, hw=64)
     geo = {"stride": [1, 1], "pads": [1, 1, 1, 1]}
     want = _call(o, "hardswish", geo, device="ref")
     before = oq.get_qgemm_threads()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _native import needs_native
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
@@ -27,11 +27,7 @@ from opstrata.quant import _kernels
 from opstrata.quant.native import _library
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which((os.environ.get("CC") or "cc").split()[0]) is None
-        or os.environ.get("OPSTRATA_NATIVE") == "off",
-        reason="no C compiler on this machine (or OPSTRATA_NATIVE=off): the int8 library cannot be built",
-    ),
+    needs_native,
     pytest.mark.skipif(
         not hasattr(ops, "build_library"),
         reason="this opstrata-ops (<= 0.4.2, compatibility matrix) cannot build quant's library: numpy kernels only",

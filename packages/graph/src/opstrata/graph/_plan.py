@@ -97,14 +97,14 @@ def kernels_of(node: Node, device: str | None = None) -> list[str]:
     return out
 
 
-#: fused integer nodes whose kernels dispatch on their quantized input 0 although a float scale follows
-_INT_DISPATCH = frozenset({(OPSTRATA_DOMAIN, "QConvQuantize")})
-
-
 def _primary_dtype(g: Graph, node: Node) -> np.dtype | None:
+    """The dtype the node's ops kernels dispatch on: its OpDef's ``dispatch_input``, else the first float
+    input's, else the first input's."""
+    d = registry.lookup(node.op_type, node.domain)
+    i = None if d is None else d.dispatch_input
+    if i is not None and i < len(node.inputs) and node.inputs[i] in g.values:
+        return g.values[node.inputs[i]].dtype
     dts = [g.values[x].dtype for x in node.inputs if x and x in g.values and g.values[x].dtype is not None]
-    if (node.domain, node.op_type) in _INT_DISPATCH and dts:
-        return dts[0]
     floats = [d for d in dts if d.kind == "f" or d.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")]
     return (floats or dts or [None])[0]
 

@@ -499,41 +499,34 @@ def _qconv_quantize_native(
     stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any = None,
 ) -> np.ndarray:  # fmt: skip
     """ops' ``qconv_quantize``: the native int8 convolution (:func:`_qconv_native`), then the residual add,
-    the activation and QuantizeLinear in one threaded C pass (same bytes as ops' kernel); what either does
-    not cover goes to ops' kernel."""
+    the activation and QuantizeLinear in one C pass (same bytes as ops' kernel); what either does not
+    cover goes to ops' kernel (which also names a residual of the wrong shape)."""
     window = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
-    act = {"activation": activation, "alpha": alpha, "beta": beta}
+    epilogue = {"activation": activation, "alpha": alpha, "beta": beta}
     if residual is not None:
-        act["residual"] = residual
-    x, w = np.asarray(x), np.asarray(w)
-    if not (_requant_fits(y_scale, y_zero_point, activation, alpha, beta) and _qconv_fits(
-        x, w, x_zero_point, w_zero_point, scale, bias, groups
-    )) or library() is None:  # fmt: skip
+        epilogue["residual"] = residual
+
+    def hand_off() -> np.ndarray:
         return _hand_off("qconv_quantize", x, x_zero_point, w, w_zero_point, scale, bias, y_scale, y_zero_point,
-                         out=out, **act, **window)  # fmt: skip
+                         out=out, **epilogue, **window)  # fmt: skip
+
+    x, w = np.asarray(x), np.asarray(w)
+    fits = _requant_fits(y_scale, y_zero_point, activation, alpha, beta) and _qconv_fits(
+        x, w, x_zero_point, w_zero_point, scale, bias, groups
+    )
+    if not fits or library() is None:
+        return hand_off()
     y = np.ascontiguousarray(_qconv_native(x, x_zero_point, w, w_zero_point, scale, bias, **window))
     res = None if residual is None else np.ascontiguousarray(residual)
     if res is not None and (res.dtype != _F32 or res.shape != y.shape):
-        return _hand_off(
-            "qconv_quantize",
-            x,
-            x_zero_point,
-            w,
-            w_zero_point,
-            scale,
-            bias,
-            y_scale,
-            y_zero_point,
-            out=out,
-            **act,
-            **window,
-        )  # fmt: skip  (ops' kernel names the mismatch)
+        return hand_off()
     yz = np.asarray(y_zero_point)
     dst = _c_target(out) if out is not None and out.dtype == yz.dtype else None
     q = np.empty(y.shape, yz.dtype) if dst is None else dst
     rc = library().opstrata_requantize_f32(
-        y.ctypes.data, None if res is None else res.ctypes.data, y.size, _ACTIVATION_IDS[activation], alpha, beta, float(np.asarray(y_scale).reshape(())),
-        int(yz.reshape(())), int(yz.dtype == _S8), q.ctypes.data, _threads(),
+        y.ctypes.data, None if res is None else res.ctypes.data, y.size, _ACTIVATION_IDS[activation], alpha,
+        beta, float(np.asarray(y_scale).reshape(())), int(yz.reshape(())), int(yz.dtype == _S8), q.ctypes.data,
+        _threads(),
     )  # fmt: skip
     if rc:
         raise QuantError("qconv_quantize", f"the native requantization failed with code {rc} for {y.shape}")
@@ -547,7 +540,7 @@ def _bind_qconv_quantize_native(
     stride: Any = 1, pads: Any = 0, dilation: Any = 1, groups: int = 1, out: Any,
 ) -> Callable[[], np.ndarray] | None:  # fmt: skip
     """``_qconv_quantize_native(...)`` into ``out`` as one native call (ops' foreign call: the convolution
-    into a per-thread float scratch, then the threaded requantization) for a session's read-only weight and
+    into a per-thread float scratch, then the requantization) for a session's read-only weight and
     zero points and array scale / zero point operands (read when it runs); None otherwise (the per-node
     path)."""
     if not all(type(a) is np.ndarray for a in (x, w, out, y_scale, y_zero_point)) or library() is None:

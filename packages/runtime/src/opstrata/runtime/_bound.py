@@ -24,6 +24,7 @@ import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, OPSTRATA_DOMAIN
 
 from ._errors import ExecutionError
+from ._into import qconv_quantize_kwargs
 
 if TYPE_CHECKING:
     from ._arena import Arena
@@ -392,11 +393,9 @@ def _bind_qconv(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) ->
     s, d, pads = helpers[0](node, static[0], kernel)
     window = {"stride": list(s), "pads": list(pads), "dilation": list(d), "groups": a.get("group", 1)}
     if len(static) >= 6:
-        extra = {"residual": static[6]} if len(static) > 6 else {}
         return ops.bind(
-            "qconv_quantize", *static[:4], a["scale"], a.get("bias"), static[4], static[5],
-            activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5),
-            out=dst, device=sch.device, **extra, **window,
+            "qconv_quantize", *static[:4], a["scale"], a.get("bias"), static[4], static[5], out=dst,
+            device=sch.device, **qconv_quantize_kwargs(node, static), **window,
         )  # fmt: skip
     return ops.bind("qconv", *static, a["scale"], a.get("bias"), out=dst, device=sch.device, **window)
 

@@ -97,6 +97,15 @@ def _dynamic_qmatmul(
     return _call_into("dynamic_qmatmul", dsts[0], args[0], args[1], scale, w_zp, bias, **kw)
 
 
+def qconv_quantize_kwargs(node: Node, args: list[Any]) -> dict[str, Any]:
+    """QConvQuantize's ``ops.qconv_quantize`` keywords: the activation attributes it has (ops' defaults
+    for the others) and the residual, its optional seventh input."""
+    kw = {k: node.attrs[k] for k in ("activation", "alpha", "beta") if k in node.attrs}
+    if len(args) > 6:
+        kw["residual"] = args[6]
+    return kw
+
+
 def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
     """QConv's window from its attributes: graph fuses only Convs with explicit pads (no auto_pad), so
     the defaults are ONNX's (stride 1, no pads, dilation 1, one group)."""
@@ -106,11 +115,7 @@ def _qconv(node: Node, args: list[Any], dsts: list[np.ndarray]) -> object:
         "dilation": list(a.get("dilations") or [1] * nd), "groups": int(a.get("group", 1)),
     }  # fmt: skip
     if len(args) >= 6:  # QConvQuantize (y_scale, y_zp[, residual])
-        kw.update(
-            activation=a.get("activation", "none"), alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5)
-        )
-        if len(args) > 6:
-            kw["residual"] = args[6]
+        kw.update(qconv_quantize_kwargs(node, args))
         return _call_into("qconv_quantize", dsts[0], *args[:4], a["scale"], a.get("bias"), *args[4:6], **kw)
     return _call_into("qconv", dsts[0], *args[:4], a["scale"], a.get("bias"), **kw)
 

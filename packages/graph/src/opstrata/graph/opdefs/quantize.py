@@ -217,6 +217,10 @@ def _run_qconv(n: Node, x: list[Arr]) -> list[Arr]:
 # --------------------------------------------------------------------------- QConvQuantize (QConv -> act -> Q)
 
 
+#: QConvQuantize's attributes that are ``ops.qconv_quantize`` keywords of the same name (absent: its defaults)
+QCONV_QUANTIZE_ATTRS = ("activation", "alpha", "beta")
+
+
 def _qconv_quantize_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
     ctx.need_dtype(0, "iu", "int8/uint8 activations")
     ctx.need_dtype(2, "iu", "an int8/uint8 weight")
@@ -227,13 +231,14 @@ def _qconv_quantize_rule(n: Node, ctx: RuleContext) -> list[TypeShape]:
 def _run_qconv_quantize(n: Node, x: list[Arr]) -> list[Arr]:
     """``ops.qconv_quantize``: QConv's float result through the activation, quantized with (y_scale, y_zp)."""
     a = n.attrs
-    extra = {"residual": x[6]} if len(x) > 6 and x[6] is not None else {}
+    extra = {k: a[k] for k in QCONV_QUANTIZE_ATTRS if k in a}
+    if len(x) > 6 and x[6] is not None:
+        extra["residual"] = x[6]
     return [
         ops.qconv_quantize(
-            x[0], x[1], x[2], x[3], a["scale"], a.get("bias"), x[4], x[5], activation=a.get("activation", "none"),
-            alpha=a.get("alpha", 1.0 / 6.0), beta=a.get("beta", 0.5), **extra, **_window(n, x[0], x[2]),
+            x[0], x[1], x[2], x[3], a["scale"], a.get("bias"), x[4], x[5], **extra, **_window(n, x[0], x[2])
         )
-    ]  # fmt: skip
+    ]
 
 
 # --------------------------------------------------------------------------- DequantMatMul (weight-only)
@@ -320,7 +325,7 @@ define(
 )  # fmt: skip
 define(
     "QConvQuantize", OPSTRATA_DOMAIN, shape=_qconv_quantize_rule, kernel=_run_qconv_quantize,
-    uses=("qconv_quantize",), onnx=False, dtypes="int8/uint8 -> int8/uint8",
+    uses=("qconv_quantize",), onnx=False, dtypes="int8/uint8 -> int8/uint8", dispatch_input=0,
     doc="QConv [+ residual] -> activation (none/relu/hardswish/clip: attrs activation, alpha, beta) -> QuantizeLinear "
     "fused: (x_q, x_zp, w_q, w_zp, y_scale, y_zp[, residual]); the float result is never written",
 )  # fmt: skip

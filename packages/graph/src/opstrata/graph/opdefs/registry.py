@@ -77,6 +77,7 @@ class OpDef:
     nondeterministic: bool = False  # outputs differ run to run (random ops): never folded nor merged by CSE
     layout: str | None = None  # tensor-parallel layout rule (LAYOUT_CLASSES); None: partition stops here
     dtypes: str = ""  # the dtypes the kernel takes, for docs ("float", "numeric", "all", ...)
+    dispatch_input: int | None = None  # the input whose dtype picks the ops kernel; None: the first float one
     doc: str = ""  # one line for docs/ir-ops.md
     module: str = ""  # the module that defined the op (set by define)
 

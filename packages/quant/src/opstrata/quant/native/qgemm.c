@@ -918,8 +918,8 @@ typedef void (*qg_pool_fn)(qg_pool_task_fn, void *, int64_t, int);
 static qg_pool_fn qg_pool;
 
 /* log2 of the fewest multiply-adds worth a thread of the int8 GEMM: threads started per call cost ~20-50 us
-   (4M on VNNI, ~50 us of work; AMX is ~6x faster: 32M); ops' pool wakes a spinning worker in ~1-2 us (1M on
-   VNNI, 4M on AMX) */
+   (4M on VNNI, ~50 us of work; AMX is ~6x faster: 32M); ops' pool wakes a spinning worker in ~1-2 us (2M on
+   VNNI, 16M on AMX: smaller splits lost to the cache traffic between the cores) */
 static int qg_min_macs_log2(int path) {
     if (qg_pool) return path == QG_PATH_AMX ? 24 : 21;
     return path == QG_PATH_AMX ? 25 : 22;
@@ -2247,18 +2247,23 @@ static void qg_ql_job_run(const void *p) {
               j->alpha, j->beta, j->y + j->i0);
 }
 
-/* below this many values per thread a split costs more than it saves (the pool's wake-up ~ a few us) */
+/* the fewest values worth a thread: a QuantizeLinear of a tensor another kernel wrote (the pool's wake-up
+   is a few us), and a convolution's requantization, whose input is hot in the calling core's cache
+   (another core reading half of a small one cost more than the split saved: MobileNet-V3's fused calls at
+   two threads 0.70 -> 0.84 ms with 16K) */
 #define QG_QL_MIN_PER_THREAD (16 * 1024)
+#define QG_RQ_MIN_PER_THREAD (128 * 1024)
 
-/* QuantizeLinear(act(x [+ res])) of n values on up to nthreads threads (ops' pool when set), in 64-value
-   aligned shares: every value is computed alone, so the bytes do not depend on the split. act: QG_ACT_*;
-   res: NULL or n float32 added first (a residual connection; x + res is res + x in IEEE arithmetic). */
-int opstrata_requantize_f32(const float *x, const float *res, int64_t n, int act, float alpha, float beta,
-                            float s, int32_t zp, int is_signed, uint8_t *y, int nthreads) {
+/* QuantizeLinear(act(x [+ res])) of n values on up to nthreads threads of >= min_per_thread values (ops'
+   pool when set), in 64-value aligned shares: every value is computed alone, so the bytes do not depend
+   on the split. act: QG_ACT_*; res: NULL or n float32 added first (a residual connection; x + res is
+   res + x in IEEE arithmetic). */
+static int qg_requantize(const float *x, const float *res, int64_t n, int act, float alpha, float beta, float s,
+                         int32_t zp, int is_signed, uint8_t *y, int nthreads, int64_t min_per_thread) {
     if (n < 0 || !(s == s) || act < QG_ACT_NONE || act > QG_ACT_CLIP) return QG_ERR_ARGS;
     int64_t nt = nthreads < 1 ? 1 : nthreads;
     if (nt > 64) nt = 64;
-    if (nt > n / QG_QL_MIN_PER_THREAD) nt = n / QG_QL_MIN_PER_THREAD;
+    if (nt > n / min_per_thread) nt = n / min_per_thread;
     if (nt <= 1) {
         qg_ql_one(x, res, n, s, zp, is_signed, act, alpha, beta, y);
         return QG_OK;
@@ -2272,9 +2277,15 @@ int opstrata_requantize_f32(const float *x, const float *res, int64_t n, int act
     return QG_OK;
 }
 
+/* a convolution's float result (x) requantized: qg_requantize with the convolution's thread minimum */
+int opstrata_requantize_f32(const float *x, const float *res, int64_t n, int act, float alpha, float beta,
+                            float s, int32_t zp, int is_signed, uint8_t *y, int nthreads) {
+    return qg_requantize(x, res, n, act, alpha, beta, s, zp, is_signed, y, nthreads, QG_RQ_MIN_PER_THREAD);
+}
+
 int opstrata_quantize_linear_mt(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y,
                                 int nthreads) {
-    return opstrata_requantize_f32(x, NULL, n, QG_ACT_NONE, 0.0f, 0.0f, s, zp, is_signed, y, nthreads);
+    return qg_requantize(x, NULL, n, QG_ACT_NONE, 0.0f, 0.0f, s, zp, is_signed, y, nthreads, QG_QL_MIN_PER_THREAD);
 }
 
 int opstrata_quantize_linear(const float *x, int64_t n, float s, int32_t zp, int is_signed, uint8_t *y) {
@@ -2541,9 +2552,9 @@ int opstrata_qgemm_packed(const int64_t *a) {
                           (int)a[22]);
 }
 
-/* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs, on a[6] threads. A NaN scale makes every
-   value NaN, which the reference (ops' kernel: division, rint, + zero point, NaN -> 0, saturation) turns
-   into 0: the same here, where the eager entry point refuses it. */
+/* x (n float32) -> y with the scale read at a[2] (a float32) when the call runs, on up to a[6] threads. A
+   NaN scale makes every value NaN, which the reference (ops' kernel: division, rint, + zero point, NaN -> 0,
+   saturation) turns into 0: the same here, where the eager entry point refuses it. */
 int opstrata_quantize_linear_packed(const int64_t *a) {
     const float s = *QG_PTR(2, const float *);
     const int is_signed = (int)a[4];
@@ -2554,6 +2565,7 @@ int opstrata_quantize_linear_packed(const int64_t *a) {
     return opstrata_quantize_linear_mt(QG_PTR(0, const float *), a[1], s, qg_zero_point_at(a[3], is_signed), is_signed,
                                        QG_PTR(5, uint8_t *), (int)a[6]);
 }
+
 /* A convolution's float result, kept per calling thread between the convolution and its quantization
    (opstrata_qconv_quantize_packed): grown as needed, freed when the thread ends. */
 static pthread_key_t qg_scratch_key;
@@ -2595,7 +2607,6 @@ static float *qg_scratch_get(int64_t n) {
    the zero point (one byte, 0: none), a[9] signed codes, a[12] a float32 residual added before the
    activation (0: none). Scale and zero point read when the call runs; a NaN scale makes every code 0, as
    QuantizeLinear does. */
-#define QG_RQ_MIN_PER_THREAD (128 * 1024)
 int opstrata_qconv_quantize_packed(const int64_t *a) {
     int64_t blk[40];
     const int64_t entries = a[2], slot = a[3], n = a[4];
@@ -2613,13 +2624,7 @@ int opstrata_qconv_quantize_packed(const int64_t *a) {
         return QG_OK;
     }
     const float *ab = QG_PTR(6, const float *);
-    /* on this thread below QG_RQ_MIN_PER_THREAD values a thread: the scratch is hot in this core's cache
-       (another core reading half of a small one cost more than the split saved: MobileNet-V3's fused calls
-       at two threads 0.70 -> 0.84 ms with 16K); large outputs split (ResNet-18's) */
-    const int64_t cap = n / QG_RQ_MIN_PER_THREAD;
-    const int nt = (int)(a[11] < cap ? a[11] : cap);
     return opstrata_requantize_f32(scratch, QG_PTR(12, const float *), n, (int)a[5], ab[0], ab[1], s,
-                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *),
-                                   nt < 1 ? 1 : nt);
+                                   qg_zero_point_at(a[8], is_signed), is_signed, QG_PTR(10, uint8_t *), (int)a[11]);
 }
 #undef QG_PTR
