@@ -241,18 +241,24 @@ def _compat_tests(package: str, lower: str) -> list[str]:
     return [str(p.relative_to(tests.parent)) for p in chosen] or ["tests"]
 
 
-def _run_tests(session: nox.Session, package: str, paths: list[str] | None = None) -> None:
-    """Run packages/<package>/tests (or `paths` below the package) in their own pytest process."""
+def _run_tests(
+    session: nox.Session, package: str, paths: list[str] | None = None, env: dict[str, str] | None = None
+) -> None:
+    """Run packages/<package>/tests (or `paths` below the package) in their own pytest process.
+
+    `env` adds environment variables to the pytest process.
+    """
     pkg_dir = ROOT / "packages" / package
     tests = pkg_dir / "tests"
     if not tests.is_dir():
         session.error(f"{package}: expected a tests directory at {tests}, found none; add tests/test_*.py")
-    env = {"PYTHONPATH": "", "OPSTRATA_CACHE_DIR": str(Path(session.create_tmp()).resolve() / "cache")}
+    run_env = {"PYTHONPATH": "", "OPSTRATA_CACHE_DIR": str(Path(session.create_tmp()).resolve() / "cache")}
+    run_env.update(env or {})
     xdist = _xdist_args(session, package)
     with session.chdir(pkg_dir):
         session.run(
             "pytest", *(paths or ["tests"]), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(pkg_dir),
-            "-p", "no:cacheprovider", *xdist, *_hypothesis_seed(), *session.posargs, env=env,
+            "-p", "no:cacheprovider", *xdist, *_hypothesis_seed(), *session.posargs, env=run_env,
         )  # fmt: skip
 
 
@@ -320,6 +326,18 @@ def tests(session: nox.Session, package: str) -> None:
     _install(session, wheels, package)
     _assert_only(session, names, _higher(package))
     _run_tests(session, package)
+
+
+@nox.session(python=None, tags=["ci"])
+def cuda_sources(session: nox.Session) -> None:
+    """The cuda device's kernel source compiles with NVRTC (pip's nvidia-cuda-nvrtc; no GPU needed).
+
+    OPSTRATA_REQUIRE_NVRTC=1 turns the test's skip-without-NVRTC into a failure.
+    """
+    wheel = _current_wheel(session, "ops")
+    _install(session, {"ops": wheel}, "ops")
+    session.install("nvidia-cuda-nvrtc>=13")
+    _run_tests(session, "ops", ["tests/cuda/test_cuda_sources.py"], env={"OPSTRATA_REQUIRE_NVRTC": "1"})
 
 
 # ---------------------------------------------------------------- other interpreters

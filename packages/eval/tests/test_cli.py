@@ -244,6 +244,23 @@ def test_info_reports_the_native_kernel_library(workdir, monkeypatch, capsys) ->
     assert bad["available"] is False and "OPSTRATA_NATIVE='fast'" in bad["reason"]
 
 
+def test_info_reports_every_device_and_why_one_is_absent(workdir, capsys) -> None:
+    import opstrata.ops as ops
+
+    _, report = _info_json(capsys)
+    rows = {d["name"]: d for d in report["devices"]}
+    assert rows["cpu"]["available"] and rows["ref"]["available"]
+    if not hasattr(ops, "device_status"):  # the compat matrix runs eval against older opstrata-ops
+        return
+    cuda = rows.get("cuda")
+    assert cuda is not None, "ops' own cuda entry point should report the device, present or absent"
+    shown = _info.format_text(report)
+    if cuda["available"]:
+        assert "device cuda: available" in shown
+    else:
+        assert cuda["reason"] and f"device cuda: not available: {cuda['reason']}" in shown
+
+
 def test_info_reports_the_session_threads(workdir, monkeypatch, capsys) -> None:
     import opstrata.runtime as rt
 

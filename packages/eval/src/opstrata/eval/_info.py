@@ -193,6 +193,19 @@ def native_info() -> dict[str, Any]:
     return {k: getattr(status, k) for k in ("mode", "available", "library", "compiler", "reason")}
 
 
+def devices_info() -> list[dict[str, Any]]:
+    """Every device opstrata-ops knows of, usable or not, with the reason an absent one (cuda) is absent."""
+    import opstrata.ops as ops
+
+    if not hasattr(ops, "device_status"):  # an opstrata-ops before 0.4.67: cpu and ref only, no probes
+        return [{"name": d, "available": True, "reason": "", "memory": "host"} for d in ops.list_devices()]
+    try:
+        rows = ops.device_status()
+    except Exception as e:  # a device plugin that fails to load: reported, not raised
+        return [{"name": "?", "available": False, "reason": str(e), "memory": ""}]
+    return [{"name": r.name, "available": r.available, "reason": r.reason, "memory": r.memory} for r in rows]
+
+
 def session_threads() -> dict[str, Any]:
     """The intra-op / inter-op threads an InferenceSession would use now (runtime's ``thread_info``)."""
     import opstrata.runtime as rt
@@ -217,6 +230,7 @@ def collect(cwd: Path | None = None, environ: Mapping[str, str] = os.environ) ->
         **platform_info(),
         "cache_dir": cache_dir(environ),
         "native": native_info(),
+        "devices": devices_info(),
         "session_threads": session_threads(),
     }
 
@@ -256,6 +270,11 @@ def format_text(info: Mapping[str, Any]) -> str:
         )
     else:
         lines.append(f"native kernels: off, numpy kernels run ({nat['reason']})")
+    for dev in info.get("devices", []):
+        if dev["available"]:
+            lines.append(f"device {dev['name']}: available (arrays in {dev['memory']} memory)")
+        else:
+            lines.append(f"device {dev['name']}: not available: {dev['reason']}")
     th = info.get("session_threads") or {"available": False, "reason": "not collected"}
     if th["available"]:
         lines.append(

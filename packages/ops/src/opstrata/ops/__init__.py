@@ -9,9 +9,16 @@ __version__: str = _check_compatible("opstrata-ops")
 from . import codegen as codegen
 from ._atomic import atomic_write as atomic_write
 from ._devices import (
+    DeviceMemory as DeviceMemory,
+    DeviceStatus as DeviceStatus,
     device as device,
+    device_memory as device_memory,
+    device_status as device_status,
     get_default_device as get_default_device,
     get_fallback_chain as get_fallback_chain,
+    is_device_array as is_device_array,
+    mark_unavailable as mark_unavailable,
+    register_memory as register_memory,
     set_default_device as set_default_device,
     set_fallback_chain as set_fallback_chain,
 )
@@ -45,6 +52,7 @@ from ._dtypes import (
 )
 from ._errors import (
     DevicePluginError as DevicePluginError,
+    DeviceUnavailableError as DeviceUnavailableError,
     FallbackError as FallbackError,
     FallbackWarning as FallbackWarning,
     NoKernelError as NoKernelError,
@@ -352,7 +360,10 @@ __all__ = [
     "AutotuneCacheWarning",
     "AutotuneStats",
     "BoundSteps",
+    "DeviceMemory",
     "DevicePluginError",
+    "DeviceStatus",
+    "DeviceUnavailableError",
     "FallbackError",
     "FallbackRecord",
     "FallbackReport",
@@ -445,6 +456,8 @@ __all__ = [
     "det",
     "device",
     "device_fingerprint",
+    "device_memory",
+    "device_status",
     "dft",
     "dispatch_path",
     "div",
@@ -493,6 +506,7 @@ __all__ = [
     "int64",
     "intra_op_thread_limit",
     "intra_op_threads",
+    "is_device_array",
     "is_low_precision",
     "isinf",
     "isnan",
@@ -514,6 +528,7 @@ __all__ = [
     "lp_pool_nd",
     "lrn",
     "lstm",
+    "mark_unavailable",
     "matmul",
     "matmul_backward",
     "matmul_integer",
@@ -552,6 +567,7 @@ __all__ = [
     "reduce_sum_square",
     "register",
     "register_decomposition",
+    "register_memory",
     "registry_generation",
     "relu",
     "reset_autotune_stats",

@@ -22,15 +22,24 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
-from ._errors import DevicePluginError, UnknownDeviceError
+import numpy as np
+
+from ._errors import DevicePluginError, DeviceUnavailableError, UnknownDeviceError
 
 __all__ = [
     "BUILTIN_DEVICES",
     "ENTRY_POINT_GROUP",
+    "DeviceMemory",
+    "DeviceStatus",
     "device",
+    "device_memory",
+    "device_status",
     "get_default_device",
     "get_fallback_chain",
+    "mark_unavailable",
+    "register_memory",
     "set_default_device",
     "set_fallback_chain",
 ]
@@ -42,6 +51,37 @@ SKIP_ENV = "OPSTRATA_SKIP_DEVICES"
 DEFAULT_CHAIN: tuple[str, ...] = ("cpu", "ref")
 
 
+def _no_sync() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Where a device's arrays live and how they cross to host memory (numpy arrays) and back.
+
+    ``ref`` and ``cpu`` have none: they compute on numpy arrays. A fallback from a device with its
+    own memory to another memory copies each array argument across and each result back; the audit
+    counts the bytes and the time (:func:`opstrata.ops.fallback_report`).
+    """
+
+    name: str  # the memory's name in reports, e.g. "cuda:0"
+    is_array: Callable[[Any], bool]  # True for an array living in this memory
+    to_host: Callable[[Any], np.ndarray]  # a host copy of one of its arrays (synchronous)
+    from_host: Callable[..., Any]  # from_host(host_array, out=None): a device copy, or written into out
+    synchronize: Callable[[], None] = _no_sync  # wait for queued work (timing of the copies)
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One device as this process sees it: usable or not, and why not."""
+
+    name: str
+    available: bool
+    reason: str = ""  # why it is absent ("" when available)
+    source: str = "built-in"  # "built-in" or the plugin entry point that provides it
+    memory: str = "host"  # the memory its arrays live in
+
+
 @dataclass
 class _State:
     """Process-wide device state (the ``device()`` override lives in ``CURRENT``)."""
@@ -51,6 +91,8 @@ class _State:
     plugin_devices: dict[str, str] = field(default_factory=dict)  # device -> its entry point, as text
     plugins_loaded: bool = False
     loading: bool = False
+    memories: dict[str, DeviceMemory] = field(default_factory=dict)  # devices with their own memory
+    unavailable: dict[str, str] = field(default_factory=dict)  # device -> why it is absent here
 
 
 STATE = _State()
@@ -80,12 +122,56 @@ def known_devices(extra: Iterable[str] = ()) -> list[str]:
 
 
 def validate_device(name: str, extra: Iterable[str] = ()) -> str:
-    """Return ``name`` if it is a known device, else raise :class:`UnknownDeviceError`."""
+    """Return ``name`` if it is a known device, else raise :class:`DeviceUnavailableError` for a device
+    whose plugin found it absent here (with the reason), or :class:`UnknownDeviceError`."""
     _check_name(name, "device")
     known = known_devices(extra)
     if name not in known:
+        if name in STATE.unavailable:
+            raise DeviceUnavailableError(name, STATE.unavailable[name], known)
         raise UnknownDeviceError(name, known)
     return name
+
+
+def register_memory(device_name: str, memory: DeviceMemory) -> None:
+    """Declare that ``device_name`` computes on arrays in ``memory`` (not numpy arrays in host memory)."""
+    _check_name(device_name, "register_memory")
+    if not isinstance(memory, DeviceMemory):
+        raise TypeError(f"register_memory({device_name!r}): expected a DeviceMemory, got {memory!r}")
+    STATE.memories[device_name] = memory
+    STATE.unavailable.pop(device_name, None)
+    _changed()
+
+
+def device_memory(name: str) -> DeviceMemory | None:
+    """The memory ``name``'s arrays live in; None for host memory (numpy arrays)."""
+    return STATE.memories.get(name)
+
+
+def is_device_array(x: Any) -> bool:
+    """True for an array of a registered device memory (not a numpy array)."""
+    return any(m.is_array(x) for m in STATE.memories.values())
+
+
+def mark_unavailable(name: str, reason: str) -> None:
+    """Record that device ``name`` is absent here and why (a plugin's probe found no hardware, say):
+    asking for it then raises :class:`DeviceUnavailableError` with ``reason`` instead of running."""
+    _check_name(name, "mark_unavailable")
+    STATE.unavailable[name] = str(reason)
+
+
+def device_status() -> list[DeviceStatus]:
+    """Every device this process knows of, usable or not, with the reason an absent one is absent."""
+    from ._registry import registered_devices
+
+    rows = []
+    for name in known_devices(registered_devices()):
+        mem = STATE.memories.get(name)
+        source = STATE.plugin_devices.get(name, "built-in")
+        rows.append(DeviceStatus(name, True, "", source, mem.name if mem else "host"))
+    for name, why in sorted(STATE.unavailable.items()):
+        rows.append(DeviceStatus(name, False, why, STATE.plugin_devices.get(name, "plugin")))
+    return rows
 
 
 def get_default_device() -> str:
@@ -155,7 +241,8 @@ def _load_one(ep: md.EntryPoint) -> None:
             obj()
     except Exception as exc:
         raise DevicePluginError(ep.name, label + dist_txt, exc, SKIP_ENV) from exc
-    STATE.plugin_devices[ep.name] = label
+    if ep.name not in STATE.unavailable:  # a plugin that found its hardware absent marks it so
+        STATE.plugin_devices[ep.name] = label
 
 
 def load_plugins() -> None:

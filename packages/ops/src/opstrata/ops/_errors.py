@@ -102,6 +102,19 @@ class UnknownDeviceError(LookupError):
         )
 
 
+class DeviceUnavailableError(UnknownDeviceError):
+    """A device whose plugin is installed but found it absent on this machine (no GPU, no driver)."""
+
+    def __init__(self, device: str, reason: str, known: Iterable[str]) -> None:
+        self.reason = reason
+        LookupError.__init__(
+            self,
+            f"device {device!r} is not available here: {reason}. Usable devices here: "
+            f"{', '.join(sorted(known))} (`opstrata info` lists every device and why one is absent)",
+        )
+        self.device, self.known = device, sorted(known)
+
+
 class DevicePluginError(RuntimeError):
     """A third-party device's ``opstrata.devices`` entry point failed to load."""
 

@@ -43,7 +43,8 @@ DEFAULT_POLICY = "warn"
 
 _global_policy: str | None = None  # set_fallback_policy(); None -> environment, then default
 _ctx_policy: ContextVar[str | None] = ContextVar("opstrata_ops_fallback_policy", default=None)
-_counts: dict[tuple[str, str, str, str, str, str], int] = {}
+#: (op, device, path, dtype, reason, via) -> [calls, bytes copied between memories, seconds copying]
+_counts: dict[tuple[str, str, str, str, str, str], list[Any]] = {}
 _lock = threading.Lock()
 
 
@@ -58,11 +59,25 @@ class FallbackRecord:
     reason: str  # why the requested device's kernel did not run
     count: int  # calls that took this path since the last reset
     via: str = ""  # the op whose decomposition made this call, if any
+    bytes_copied: int = 0  # arguments and results moved between device memories (cuda -> host -> cuda)
+    copy_seconds: float = 0.0  # time those copies took: what the fallback cost beyond the slower kernel
 
     def line(self) -> str:
         """The audit line: ``softmax on cpu (float32) -> decomposition: <reason>``."""
         via = f" [inside decomposition of {self.via}]" if self.via else ""
-        return f"{self.op} on {self.device} ({self.dtype}) -> {self.path}: {self.reason}{via}"
+        copied = (
+            f" (copied {_fmt_bytes(self.bytes_copied)} in {self.copy_seconds * 1e3:.3f} ms)"
+            if self.bytes_copied
+            else ""
+        )
+        return f"{self.op} on {self.device} ({self.dtype}) -> {self.path}: {self.reason}{via}{copied}"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,16 @@ class FallbackReport:
     def total(self) -> int:
         """Calls that fell back, over all records."""
         return sum(r.count for r in self.records)
+
+    @property
+    def bytes_copied(self) -> int:
+        """Bytes moved between device memories by fallbacks, over all records."""
+        return sum(r.bytes_copied for r in self.records)
+
+    @property
+    def copy_seconds(self) -> float:
+        """Seconds spent on those copies, over all records."""
+        return sum(r.copy_seconds for r in self.records)
 
     def count(self, op: str | None = None, *, device: str | None = None, path: str | None = None) -> int:
         """Calls that fell back, filtered by op, requested device and/or path."""
@@ -94,21 +119,36 @@ class FallbackReport:
         """A fixed-width table, one row per record, most frequent first."""
         if not self.records:
             return "fallback report: no fallbacks recorded"
-        head = ("op", "device", "dtype", "path", "count", "via", "reason")
+        copies = self.bytes_copied > 0  # the copy columns appear once a fallback crossed memories
+        head = ("op", "device", "dtype", "path", "count", *(("copied", "copy ms") if copies else ()), "via")
+        head = (*head, "reason")
+        order = sorted(self.records, key=lambda r: (-r.count, r.op, r.device, r.dtype))
         rows = [
-            (r.op, r.device, r.dtype, r.path, str(r.count), r.via or "-", r.reason)
-            for r in sorted(self.records, key=lambda r: (-r.count, r.op, r.device, r.dtype))
+            (
+                r.op,
+                r.device,
+                r.dtype,
+                r.path,
+                str(r.count),
+                *((_fmt_bytes(r.bytes_copied), f"{r.copy_seconds * 1e3:.3f}") if copies else ()),
+                r.via or "-",
+                r.reason,
+            )
+            for r in order
         ]
         widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head) - 1)]
+        right = {4, 5, 6} if copies else {4}
 
         def fmt(row: tuple[str, ...]) -> str:
             cells = [
-                c.rjust(w) if i == 4 else c.ljust(w)
+                c.rjust(w) if i in right else c.ljust(w)
                 for i, (c, w) in enumerate(zip(row, widths, strict=False))
             ]
             return "  ".join([*cells, row[-1]])
 
         title = f"fallback report: {self.total} call(s) fell back, {len(self.records)} kind(s)"
+        if copies:
+            title += f"; {_fmt_bytes(self.bytes_copied)} copied in {self.copy_seconds * 1e3:.3f} ms"
         return "\n".join([title, fmt(head), *(fmt(r) for r in rows)])
 
     def __str__(self) -> str:
@@ -169,7 +209,9 @@ def fallback_report() -> FallbackReport:
     """Every fallback since the last reset, aggregated by (op, device, path, dtype, reason, via)."""
     with _lock:
         items = list(_counts.items())
-    return FallbackReport([FallbackRecord(o, d, p, t, r, n, v) for (o, d, p, t, r, v), n in items])
+    return FallbackReport(
+        [FallbackRecord(o, d, p, t, r, n, v, b, sec) for (o, d, p, t, r, v), (n, b, sec) in items]
+    )
 
 
 def reset_fallback_report() -> None:
@@ -178,8 +220,12 @@ def reset_fallback_report() -> None:
         _counts.clear()
 
 
-def audit(op: str, device: str, path: str, dtype: str, reason: str, via: str = "") -> None:
-    """Apply the policy to one fallback about to run: raise, or count it (and warn)."""
+Key = tuple[str, str, str, str, str, str]
+
+
+def audit(op: str, device: str, path: str, dtype: str, reason: str, via: str = "") -> Key:
+    """Apply the policy to one fallback about to run: raise, or count it (and warn); returns the
+    record's key for :func:`record_copies`."""
     policy = get_fallback_policy()
     if policy == "error":
         rec = FallbackRecord(op, device, path, dtype, reason, 1, via)
@@ -190,8 +236,21 @@ def audit(op: str, device: str, path: str, dtype: str, reason: str, via: str = "
         raise FallbackError(f"fallback refused (policy 'error'): {rec.line()}. Fix: {fix}", rec)
     key = (op, device, path, dtype, reason, via)
     with _lock:
-        _counts[key] = _counts.get(key, 0) + 1
+        entry = _counts.get(key)
+        if entry is None:
+            _counts[key] = [1, 0, 0.0]
+        else:
+            entry[0] += 1
     if policy == "warn":
         line = FallbackRecord(op, device, path, dtype, reason, 1, via).line()
         # stacklevel 4: audit <- _run_fallback <- call <- the caller of call()
         warnings.warn(f"opstrata fallback: {line}", FallbackWarning, stacklevel=4)
+    return key
+
+
+def record_copies(key: Key, nbytes: int, seconds: float) -> None:
+    """Add one fallback call's copies between device memories to its record."""
+    with _lock:
+        entry = _counts.setdefault(key, [0, 0, 0.0])
+        entry[1] += int(nbytes)
+        entry[2] += float(seconds)

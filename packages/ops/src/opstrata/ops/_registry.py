@@ -28,7 +28,8 @@ import numpy as np
 from . import _devices
 from ._dispatch import DECOMPOSITION, NATIVE, Decomposition, KernelEntry, Plan, registered_summary, resolve
 from ._errors import NoKernelError, UnknownOpError
-from ._fallback import audit, get_fallback_policy
+from ._fallback import audit, get_fallback_policy, record_copies
+from ._transfer import Mover
 
 __all__ = [
     "KernelEntry",
@@ -179,15 +180,24 @@ def unregister(
 
 def snapshot() -> Any:
     """Opaque copy of the registry and device state, for :func:`restore` (tests)."""
+    _devices.load_plugins()  # plugins' kernels and absences belong to the state restored
     r = _REGISTRY
     kern = {op: {d: list(es) for d, es in by.items()} for op, by in r.kernels.items()}
     st = _devices.STATE
-    return (kern, dict(r.decomps), dict(r.dtype_arg), dict(st.chains), st.default)
+    return (
+        kern,
+        dict(r.decomps),
+        dict(r.dtype_arg),
+        dict(st.chains),
+        st.default,
+        dict(st.memories),
+        dict(st.unavailable),
+    )
 
 
 def restore(snap: Any) -> None:
     """Put back the state captured by :func:`snapshot`."""
-    kern, decomps, dtype_arg, chains, default = snap
+    kern, decomps, dtype_arg, chains, default, memories, unavailable = snap
     _REGISTRY.kernels.clear()
     _REGISTRY.kernels.update({op: {d: list(es) for d, es in by.items()} for op, by in kern.items()})
     _REGISTRY.decomps.clear()
@@ -196,6 +206,8 @@ def restore(snap: Any) -> None:
     _REGISTRY.dtype_arg.update(dtype_arg)
     _devices.STATE.chains = dict(chains)
     _devices.STATE.default = default
+    _devices.STATE.memories = dict(memories)
+    _devices.STATE.unavailable = dict(unavailable)
     _invalidate()
 
 
@@ -246,11 +258,19 @@ def _run_fallback(plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     active = _ACTIVE.get()
     if plan.path == DECOMPOSITION and (plan.op, plan.device, DECOMPOSITION) in active:
         plan = _plan(plan.op, plan.device, plan.dtype, decompose=False)  # a decomposition calling itself
-    audit(plan.op, plan.device, plan.path, plan.dtype_name, plan.reason, active[-1][0] if active else "")
+    key = audit(
+        plan.op, plan.device, plan.path, plan.dtype_name, plan.reason, active[-1][0] if active else ""
+    )
+    src, dst = _devices.STATE.memories.get(plan.device), _devices.STATE.memories.get(plan.target)
     dev_token = _devices.CURRENT.set(plan.target)  # sub-calls without device= stay on the target
     act_token = _ACTIVE.set((*active, (plan.op, plan.device, plan.path)))
     try:
-        return plan.fn(*args, **kwargs)
+        if src is dst:
+            return plan.fn(*args, **kwargs)
+        mover = Mover(src, dst)  # the target computes in another memory: copy there and back
+        out = mover.run(plan.fn, args, kwargs)
+        record_copies(key, mover.nbytes, mover.seconds)
+        return out
     finally:
         _ACTIVE.reset(act_token)
         _devices.CURRENT.reset(dev_token)

@@ -1,0 +1,180 @@
+"""The cuda device on a GPU: every cuda kernel (NVRTC ones included) against ``ref``, fallbacks with copies.
+
+Skipped where CuPy or a GPU is missing (CI, the development machines); run on the GPU machine by
+``tools/gpu_check.sh``, which saves the results beside the benchmark figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opstrata.ops as ops
+from opstrata.ops._cuda import cuda_status
+
+pytestmark = pytest.mark.skipif(not cuda_status().available, reason=f"no cuda device: {cuda_status().reason}")
+cp = pytest.importorskip("cupy") if cuda_status().available else None
+
+TOL = {
+    "float32": (2e-5, 2e-6),
+    "float64": (1e-12, 1e-13),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+}
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ops.bfloat16)]
+
+
+@pytest.fixture(autouse=True)
+def strict():
+    ops.set_fallback_policy("error")  # every call below must run on a cuda kernel
+
+
+def rand(shape, dtype, seed=0, lo=-2.0, hi=2.0):
+    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(dtype)
+
+
+def _dev(x):
+    if isinstance(x, np.ndarray):
+        return cp.asarray(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_dev(v) for v in x)
+    return x
+
+
+def check(op, *args, rtol=None, **kwargs):
+    got = ops.call(op, *_dev(args), device="cuda", **{k: _dev(v) for k, v in kwargs.items()})
+    want = ops.call(op, *args, device="ref", **kwargs)
+    for g, w in zip(*((x,) if not isinstance(x, tuple) else x for x in (got, want)), strict=True):
+        assert isinstance(g, cp.ndarray), f"{op}: expected a CuPy array from cuda, got {type(g)}"
+        h = cp.asnumpy(g)
+        assert h.dtype == w.dtype and h.shape == w.shape, (op, h.dtype, w.dtype, h.shape, w.shape)
+        r, a = TOL.get(w.dtype.name, (0, 0))
+        np.testing.assert_allclose(
+            h.astype(np.float64), w.astype(np.float64), rtol=rtol or r, atol=a, err_msg=op
+        )
+
+
+def test_device_is_registered_with_its_memory():
+    rows = {s.name: s for s in ops.device_status()}
+    assert rows["cuda"].available and rows["cuda"].memory.startswith("cuda:")
+    assert "cuda" in ops.list_devices()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow"])
+def test_binary(op, dtype):
+    check(op, rand((3, 4), dtype, 1, 0.5, 2.0), rand((4,), dtype, 2, 0.5, 2.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "op", ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "erf", "silu"]
+)
+def test_unary(op, dtype):
+    lo = 0.1 if op in ("log", "sqrt", "rsqrt") else -3.0
+    check(op, rand((5, 700), dtype, 3, lo, 3.0))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_reductions(op, axis):
+    check(op, rand((37, 129), np.float32, 4), axis=axis, keepdims=axis == 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("cols", [1, 7, 256, 1000, 4096])
+def test_softmax_rows_kernel(op, dtype, cols):
+    x = rand((5, cols), dtype, 5) * 4
+    x[1, :] = -np.inf
+    x[2, 0] = -np.inf
+    check(op, x)
+    check(op, rand((3, cols, 4), dtype, 6), axis=1)  # moved last, run, moved back
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [8, 255, 768, 4096])
+def test_norm_row_kernels(dtype, cols):
+    x = rand((2, 3, cols), dtype, 6) + 1.5
+    w, b, r = rand((cols,), dtype, 7), rand((cols,), dtype, 8), rand((2, 3, cols), dtype, 10)
+    check("layer_norm", x, w, b, eps=1e-5)
+    check("layer_norm", x, None, None)
+    check("rms_norm", x, w, eps=1e-6)
+    check("add_layer_norm", x, r, w, b, eps=1e-5, return_sum=True)
+    check("add_rms_norm", x, r, w, return_sum=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_bias_act_kernel(act, dtype):
+    x = rand((64, 96), dtype, 11)
+    check("bias_act", x, rand((96,), dtype, 12), rand((64, 96), dtype, 13), act=act)
+    check("bias_act", x, None, None, act=act)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemms(dtype):
+    rtol = {"float32": 1e-4}.get(dtype.name)  # cuBLAS sums in another order than numpy
+    check("matmul", rand((2, 33, 65), dtype, 14), rand((65, 40), dtype, 15), rtol=rtol)
+    check("linear", rand((17, 65), dtype, 16), rand((40, 65), dtype, 17), rand((40,), dtype, 18), rtol=rtol)
+    check("gemm", rand((65, 17), dtype, 19), rand((40, 65), dtype, 20), rand((17, 40), dtype, 21),
+          alpha=0.5, beta=2.0, trans_a=True, trans_b=True, rtol=rtol)  # fmt: skip
+
+
+@pytest.mark.parametrize("groups", [1, 2, 6])
+def test_conv2d(groups):
+    x = rand((2, 6, 15, 13), np.float32, 22)
+    w = rand((12, 6 // groups, 3, 3), np.float32, 23)
+    check(
+        "conv2d", x, w, rand((12,), np.float32, 24), stride=2, padding=1, dilation=1, groups=groups, rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    ("n", "m", "h", "hkv"), [(1, 77, 8, 2), (100, 100, 4, 4), (130, 300, 8, 1), (64, 33, 2, 2)]
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention(dtype, d, n, m, h, hkv, causal):
+    q, k, v = rand((2, h, n, d), dtype, 25), rand((2, hkv, m, d), dtype, 26), rand((2, hkv, m, d), dtype, 27)
+    check("attention", q, k, v, causal=causal, return_lse=True)
+
+
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_attention_with_mask_composed(mask):
+    q, k, v = (
+        rand((2, 4, 5, 8), np.float32, 25),
+        rand((2, 2, 7, 8), np.float32, 26),
+        rand((2, 2, 7, 8), np.float32, 27),
+    )
+    m = (
+        np.random.default_rng(28).random((5, 7)) > 0.3
+        if mask == "bool"
+        else rand((1, 4, 5, 7), np.float32, 29)
+    )
+    check("attention", q, k, v, causal=True, mask=m, return_lse=True, rtol=1e-4)
+
+
+def test_embedding_and_layout():
+    w = rand((1000, 64), np.float32, 30)
+    check("embedding", np.array([[0, 999], [3, 3]], np.int64), w)
+    x = rand((2, 3, 4), np.float32, 31)
+    check("transpose", x, perm=(2, 0, 1))
+    check("reshape", x, shape=(6, 4))
+    check("concat", [x, x], axis=1)
+    check("where", x > 0, x, -x)
+
+
+def test_op_without_a_cuda_kernel_falls_back_with_copies_counted():
+    ops.reset_fallback_report()
+    x = rand((64, 128), np.float32, 32)
+    with ops.fallback_policy("allow"):
+        got = ops.call("cumsum", cp.asarray(x), axis=1, device="cuda")
+    assert isinstance(got, cp.ndarray)
+    np.testing.assert_allclose(cp.asnumpy(got), np.cumsum(x, axis=1), rtol=1e-5, atol=1e-5)
+    (rec,) = ops.fallback_report().records
+    assert (rec.op, rec.device, rec.path) == ("cumsum", "cuda", "device:cpu")
+    assert rec.bytes_copied == 2 * x.nbytes and rec.copy_seconds > 0
+    with pytest.raises(ops.FallbackError, match="cumsum on cuda"):
+        ops.call("cumsum", cp.asarray(x), axis=1, device="cuda")
