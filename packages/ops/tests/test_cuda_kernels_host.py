@@ -155,6 +155,21 @@ def test_attention(dtype, causal, mask):
     check("attention", q, k, v, causal=causal, mask=m, scale=0.3)
 
 
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 3), stride=st.integers(1, 2), pad=st.integers(0, 1), ceil=st.booleans())
+def test_max_pool2d(k, stride, pad, ceil):
+    if pad > k // 2:
+        pad = 0
+    check(
+        "max_pool2d",
+        rand((2, 3, 9, 8), np.float32, 33),
+        kernel_size=k,
+        stride=stride,
+        padding=pad,
+        ceil_mode=ceil,
+    )
+
+
 def test_embedding_and_layout():
     w = rand((10, 4), np.float32, 30)
     check("embedding", np.array([[0, 9], [3, 3]], np.int64), w)

@@ -66,6 +66,7 @@ from ._fallback import (
     fallback_policy as fallback_policy,
     fallback_report as fallback_report,
     get_fallback_policy as get_fallback_policy,
+    record_fallback as record_fallback,
     reset_fallback_report as reset_fallback_report,
     set_fallback_policy as set_fallback_policy,
 )
@@ -560,6 +561,7 @@ __all__ = [
     "qlinear_matmul",
     "qmatmul",
     "quantize_linear",
+    "record_fallback",
     "reduce_l1",
     "reduce_l2",
     "reduce_log_sum",

@@ -33,6 +33,7 @@ __all__ = [
     "fallback_policy",
     "fallback_report",
     "get_fallback_policy",
+    "record_fallback",
     "reset_fallback_report",
     "set_fallback_policy",
 ]
@@ -254,3 +255,21 @@ def record_copies(key: Key, nbytes: int, seconds: float) -> None:
         entry = _counts.setdefault(key, [0, 0, 0.0])
         entry[1] += int(nbytes)
         entry[2] += float(seconds)
+
+
+def record_fallback(
+    op: str,
+    device: str,
+    path: str,
+    dtype: str,
+    reason: str,
+    *,
+    bytes_copied: int = 0,
+    copy_seconds: float = 0.0,
+    via: str = "",
+) -> None:
+    """Audit a fallback taken outside :func:`call`: a runtime running a graph node on the host for a device
+    (``path="device:cpu"``). The policy applies as for a call (``error`` raises :class:`FallbackError`)."""
+    key = audit(op, device, path, dtype, reason, via)
+    if bytes_copied or copy_seconds:
+        record_copies(key, bytes_copied, copy_seconds)

@@ -9,6 +9,7 @@ __version__: str = _check_compatible("opstrata-runtime")
 from ._allocator import Block as Block, CachingAllocator as CachingAllocator
 from ._arena import Arena as Arena
 from ._decoder import DecoderLayer as DecoderLayer, DecoderWeights as DecoderWeights
+from ._device_exec import HostNode as HostNode
 from ._errors import (
     ExecutionError as ExecutionError,
     InvalidArgument as InvalidArgument,
@@ -22,6 +23,7 @@ from ._int8_kernels import SlowKernelWarning as SlowKernelWarning
 from ._kv_cache import KVCacheFullError as KVCacheFullError, PagedKVCache as PagedKVCache
 from ._options import SessionOptions as SessionOptions
 from ._profiler import NodeEvent as NodeEvent, Profiler as Profiler
+from ._providers import PROVIDER_DEVICES as PROVIDER_DEVICES
 from ._session import InferenceSession as InferenceSession, NodeArg as NodeArg
 from ._threads import (
     ThreadSettings as ThreadSettings,
@@ -30,6 +32,7 @@ from ._threads import (
 )
 
 __all__ = [
+    "PROVIDER_DEVICES",
     "Arena",
     "Block",
     "CachingAllocator",
@@ -38,6 +41,7 @@ __all__ = [
     "DecoderWeights",
     "ExecutionError",
     "GenerateOutput",
+    "HostNode",
     "InferenceSession",
     "InvalidArgument",
     "InvalidModel",

@@ -27,12 +27,14 @@ from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases
 from ._blas import BLAS
 from ._bound import BoundProgram, bind_arena, merge_native, release, run_bound
+from ._device_exec import DeviceProgram, HostNode
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
 from ._gemm_threads import ThreadPlan, thread_plan, with_switches
 from ._int8_kernels import warn_reference_int8_kernels
 from ._options import SessionOptions
 from ._profiler import Profiler
+from ._providers import resolve_device
 from ._streams import (
     StreamPool,
     StreamProgram,
@@ -125,6 +127,12 @@ def _load(model: Any, level: int, device: str) -> og.Plan:
     return plan
 
 
+def _has_memory(device: str) -> bool:
+    """True for a device computing in its own memory (cuda); ops before 0.4.68 has host devices only (or
+    no ``record_fallback`` for the host nodes' audit)."""
+    return hasattr(ops, "record_fallback") and ops.device_memory(device) is not None
+
+
 class InferenceSession:
     """Run a model with the onnxruntime call shape: ``sess.run(output_names | None, feeds) -> list``.
 
@@ -135,7 +143,12 @@ class InferenceSession:
     """
 
     def __init__(
-        self, model: Any, sess_options: SessionOptions | None = None, *, device: str = "cpu"
+        self,
+        model: Any,
+        sess_options: SessionOptions | None = None,
+        *,
+        device: str | None = None,
+        providers: Sequence[Any] | None = None,
     ) -> None:
         opts = sess_options if sess_options is not None else SessionOptions()
         if not isinstance(opts, SessionOptions):
@@ -143,21 +156,29 @@ class InferenceSession:
                 "InferenceSession", f"sess_options must be SessionOptions, got {type(opts).__name__}"
             )
         self.options = opts.validate()
-        if not isinstance(device, str) or device not in ops.list_devices():
-            raise InvalidArgument(
-                "InferenceSession", f"unknown device {device!r}", f"use one of {ops.list_devices()}"
-            )
+        device = resolve_device(device, providers)
         self.device = device
         #: intra-op / inter-op thread counts as resolved now (OPSTRATA_NUM_THREADS, physical cores)
         self.threads = ThreadSettings.resolve(opts.intra_op_num_threads, opts.inter_op_num_threads)
         BLAS.refresh_if_imported()  # a BLAS loaded since the last session (torch's, say) is limited too
         BLAS.claim()  # this thread controls the BLAS count (threadpoolctl lets one thread at a time)
-        with self._policy():
+        # a device with its own memory places nodes itself (DeviceProgram audits what runs on the host), so
+        # the compile's per-kernel fallback check, which knows nothing of that placement, stays silent
+        placing = ops.fallback_policy("allow") if _has_memory(device) else self._policy()
+        with placing:
             self.plan = _load(model, opts.graph_optimization_level, device)
         self.graph = self.plan.graph
         warn_reference_int8_kernels(self.graph, device)  # a QDQ model without native int8 kernels: say so
         self.allocator = CachingAllocator(opts.memory_limit_bytes)
         self._schedule = Schedule(self.graph, self.plan.bindings, device)
+        #: a device with its own memory (cuda): its nodes run there, the rest on the host, counted
+        self._device_program: DeviceProgram | None = None
+        if _has_memory(device):
+            if opts.enable_profiling:
+                raise InvalidArgument("InferenceSession", f"profiling a '{device}' session is not built yet", "profile on device='cpu', or turn enable_profiling off")  # fmt: skip
+            self._device_program = DeviceProgram(self.graph, device)
+            with self._policy():
+                self._device_program.refuse_under_error_policy()
         # per input-shape signature: (arena or None = not plannable -> allocator, value template)
         self._programs: OrderedDict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = (
             OrderedDict()
@@ -390,12 +411,47 @@ class InferenceSession:
             raise InvalidArgument("InferenceSession.run", "run_options is not supported yet", "pass None")
         feeds = self._check_feeds(input_feed)
         slots = self._output_slots(output_names)
+        if self._device_program is not None:
+            return self._run_device(output_names, dict(zip(self.graph.inputs, feeds, strict=True)), False)
         if not self._plain_outputs:
             names = self.graph.outputs if output_names is None else list(output_names)
             kinds = [self._kinds[n] for n in names]
             res = self._run(slots, feeds)
             return [_output_value(r, k) for r, k in zip(res, kinds, strict=True)]
         return self._run(slots, feeds)
+
+    def run_on_device(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[Any]:
+        """As :meth:`run` on a device session (``cuda``), with feeds that may already be device arrays (not
+        copied) and outputs left on the device (CuPy arrays): onnxruntime's I/O binding, in one call."""
+        if self._device_program is None:
+            raise InvalidArgument("InferenceSession.run_on_device", f"device '{self.device}' computes in host memory", "use run()")  # fmt: skip
+        names = [a.name for a in self._inputs]
+        if not isinstance(input_feed, Mapping) or sorted(input_feed) != sorted(names):
+            got = sorted(input_feed) if isinstance(input_feed, Mapping) else type(input_feed).__name__
+            raise InvalidArgument("InferenceSession.run_on_device", f"feeds must name exactly the inputs {names}, got {got}", "feed every input of get_inputs()")  # fmt: skip
+        self._output_slots(output_names)  # validates the names
+        return self._run_device(output_names, dict(input_feed), True)
+
+    def _run_device(
+        self, output_names: Sequence[str] | None, feeds: dict[str, Any], on_device: bool
+    ) -> list[Any]:
+        names = list(self.graph.outputs) if output_names is None else list(output_names)
+        with self._lock, self._policy():
+            if self._closed:
+                raise InvalidArgument(
+                    "InferenceSession.run", "the session is closed", "create a new InferenceSession"
+                )
+            return self._device_program.run(feeds, names, on_device=on_device)  # type: ignore[union-attr]
+
+    def device_fallbacks(self) -> list[HostNode]:
+        """The nodes a device session runs on the host (empty on cpu), each with the reason: the per-run
+        copies they cost are in ``opstrata.ops.fallback_report()``."""
+        return [] if self._device_program is None else self._device_program.fallbacks()
+
+    def host_nodes(self) -> list[HostNode]:
+        """Every node a device session runs on the host: fallbacks and the integer / boolean shape work
+        kept there by design (``HostNode.fallback`` tells them apart); empty on cpu."""
+        return [] if self._device_program is None else list(self._device_program.host_nodes)
 
     def _run(self, slots: list[int], feeds: list[np.ndarray]) -> list[Any]:
         """One run with BLAS limited to the plan's thread count; the previous count is restored after it,

@@ -19,6 +19,7 @@ from .._dtypes import FLOAT_DTYPES, accumulation_dtype, compute_dtype
 from .._errors import OpError
 from ..kernels.attention import _check_attention
 from ..kernels.conv import _check_conv
+from ..kernels.pool import _check_pool
 from ..kernels.reduce import normalize_axes, normalize_axis
 
 __all__ = ["CudaOps", "op_table"]
@@ -342,6 +343,29 @@ class CudaOps:
             y = self._back(self._up(y) + self._up(bias)[:, None, None], x.dtype)
         return y
 
+    def max_pool2d(
+        self,
+        x: Any,
+        *,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        ceil_mode: bool = False,
+    ) -> Any:
+        """Windows by strides over the -inf-padded input, then one max over the window axes."""
+        xp = self.xp
+        g = _check_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+        top, left, bottom, right = g.pads
+        pad = ((0, 0), (0, 0), (top, bottom + g.extra[0]), (left, right + g.extra[1]))
+        xpad = xp.pad(x, pad, constant_values=-xp.inf)
+        (kh, kw), (sh, sw), (dh, dw), (ho, wo) = g.kernel, g.stride, g.dilation, g.out_hw
+        s = xpad.strides
+        win = xp.lib.stride_tricks.as_strided(
+            xpad, (*x.shape[:2], ho, wo, kh, kw), (s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw)
+        )
+        return xp.ascontiguousarray(win.max(axis=(-2, -1)))
+
     def attention(
         self,
         q: Any,
@@ -443,7 +467,7 @@ def op_table(k: CudaOps) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...],
         t[name] = (k.reduction(name), f, 0)
     for name in (
         "silu", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-        "matmul", "linear", "gemm", "conv2d", "attention", "transpose", "reshape", "cast",
+        "matmul", "linear", "gemm", "conv2d", "max_pool2d", "attention", "transpose", "reshape", "cast",
     ):  # fmt: skip
         t[name] = (getattr(k, name), f, 0)
     t["concat"] = (k.concat, f, 0)

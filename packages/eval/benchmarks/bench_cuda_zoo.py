@@ -1,0 +1,123 @@
+"""Zoo models on the GPU: an opstrata session on ``cuda`` against torch eager on the same GPU, batch 8.
+
+For each model (random weights, built in code, exported by the TorchScript exporter): outputs compared
+(max relative error against torch), the nodes the session runs on the host, and the latency of both in
+interleaved rounds (alternating which goes first; each side synchronised), medians. float32. Needs
+CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
+
+    python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _ms(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> float:
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def interleaved(
+    a: Callable[[], Any], b: Callable[[], Any], sync: Callable[[], None], rounds: int, reps: int
+) -> tuple[float, float]:
+    """Median ms of ``a`` and ``b`` over ``rounds``, alternating which runs first (warmed up once)."""
+    a(), b()
+    ta, tb = [], []
+    for r in range(rounds):
+        first, second = ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta))
+        first[1].append(_ms(first[0], sync, reps))
+        second[1].append(_ms(second[0], sync, reps))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet18,gpt2,bert")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    import cupy as cp
+    import torch
+
+    import opstrata.ops as ops
+    from opstrata.eval.zoo import MODELS, export_model
+    from opstrata.eval.zoo._builders import build
+    from opstrata.runtime import InferenceSession
+
+    if "cuda" not in ops.list_devices():
+        print(
+            f"bench_cuda_zoo: no cuda device: {[s.reason for s in ops.device_status() if s.name == 'cuda']}",
+            file=sys.stderr,
+        )
+        return 2
+    ops.set_fallback_policy("allow")
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="opstrata_cuda_zoo_")
+    for name in args.models.split(","):
+        spec = MODELS[name]
+        module = build(spec.builder)
+        path = export_model(name, "torchscript", tmp, model=module)
+        seq = max(s[1] for s in spec.shapes) if spec.input_kind == "tokens" else 0
+        rng = np.random.default_rng(0)
+        if spec.input_kind == "image":
+            x = rng.standard_normal((args.batch, 3, 64, 64)).astype(np.float32)
+        else:
+            x = rng.integers(0, spec.vocab, (args.batch, seq)).astype(np.int64)
+        sess = InferenceSession(str(path), device="cuda")
+        feeds = {sess.get_inputs()[0].name: x}
+        dev_feeds = {k: cp.asarray(v) for k, v in feeds.items()}
+        tmod = module.to("cuda")
+        tx = torch.from_numpy(x).to("cuda")
+        with torch.no_grad():
+            want = tmod(tx)
+            want = (want if isinstance(want, torch.Tensor) else want[0]).float().cpu().numpy()
+        got = sess.run(None, feeds)[0]
+        err = float(np.max(np.abs(got - want)) / max(1e-12, float(np.max(np.abs(want)))))
+
+        def ours(sess: Any = sess, dev_feeds: Any = dev_feeds) -> Any:
+            return sess.run_on_device(None, dev_feeds)
+
+        def theirs(tmod: Any = tmod, tx: Any = tx) -> Any:
+            with torch.no_grad():
+                return tmod(tx)
+
+        def sync() -> None:
+            cp.cuda.Device().synchronize()
+            torch.cuda.synchronize()
+
+        o, t = interleaved(ours, theirs, sync, args.rounds, 10)
+        host = sess.device_fallbacks()
+        rows.append({"model": name, "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
+                     "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}; float32")
+    print("| model | ours ms | torch eager ms | ours / torch | max rel err | host nodes (ops) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        host = f"{r['host_nodes']} ({', '.join(r['host_ops'])})" if r["host_nodes"] else "0"
+        print(
+            f"| {r['model']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}x | {r['max_rel_err']:.1e} | {host} |"
+        )
+    print(ops.fallback_report().table())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Sessions on a device with its own memory, on the CPU: a stand-in for cuda whose arrays are a
+numpy subclass, running the cuda device's kernels (over numpy) with the runtime's device executor.
+
+Checks what a GPU session relies on: device kernels only ever see device arrays, outputs equal the
+cpu session's, nodes without a device kernel run on the host with their copies counted, the
+``error`` policy refuses such a model at creation, and the onnxruntime ``providers=`` spelling.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import opstrata.ops as ops
+from opstrata.graph.testing import (
+    bert_block_model,
+    cnn_model,
+    gpt_block_model,
+    gpt_gqa_model,
+    mlp_model,
+    random_feeds,
+)
+from opstrata.runtime import InferenceSession, InvalidArgument, SessionOptions
+
+pytest.importorskip("opstrata.ops._cuda", reason="opstrata-ops < 0.4.67 has no device memories")
+if not hasattr(ops, "record_fallback"):
+    pytest.skip("opstrata-ops < 0.4.68 has no record_fallback", allow_module_level=True)
+
+from opstrata.ops._cuda._kernels import CudaOps, op_table
+from opstrata.ops.kernels.erf import erf_cpu
+
+DEV = "_stand"
+
+
+class DevArray(np.ndarray):
+    """An array in the stand-in device's memory."""
+
+
+def _from_host(a, out=None):
+    if out is None:
+        return np.array(a, copy=True).view(DevArray)
+    out[...] = a
+    return out
+
+
+MEMORY = ops.DeviceMemory(
+    "stand:0", lambda x: isinstance(x, DevArray), lambda x: np.array(x, copy=True), _from_host
+)
+
+
+def _on_device(fn):
+    def kernel(*args, **kwargs):
+        nested = [v for a in args if isinstance(a, list) for v in a]
+        for v in (*args, *kwargs.values(), *nested):
+            if isinstance(v, np.ndarray) and not isinstance(v, DevArray):
+                raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
+        r = fn(*args, **kwargs)
+        return (
+            tuple(np.asarray(t).view(DevArray) for t in r)
+            if isinstance(r, tuple)
+            else np.asarray(r).view(DevArray)
+        )
+
+    return kernel
+
+
+@pytest.fixture(autouse=True)
+def stand_in():
+    ops.register_memory(DEV, MEMORY)
+    for op, (fn, dtypes, dtype_arg) in op_table(CudaOps(np, erf=erf_cpu)).items():
+        ops.register(op, device=DEV, dtypes=dtypes, dtype_arg=dtype_arg)(_on_device(fn))
+    ops.reset_fallback_report()
+
+
+def _same_as_cpu(model, dims, rtol=2e-5, atol=2e-5, **kw):
+    feeds = random_feeds(model, dims)
+    dev = InferenceSession(model, device=DEV, **kw)
+    got = dev.run(None, feeds)
+    want = InferenceSession(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is np.ndarray and g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    return dev
+
+
+@pytest.mark.parametrize(
+    ("model", "dims"),
+    [
+        (mlp_model(), {"batch": 3}),
+        (cnn_model(), {"batch": 2}),
+        (bert_block_model(), {"batch": 2, "seq": 5}),
+        (gpt_block_model(), {"batch": 2, "seq": 6}),
+        (gpt_gqa_model(), {"batch": 1, "seq": 7}),
+    ],
+    ids=["mlp", "cnn", "bert", "gpt", "gqa"],
+)
+def test_outputs_equal_the_cpu_session(model, dims):
+    sess = _same_as_cpu(model, dims)
+    report = ops.fallback_report()
+    host = sess.device_fallbacks()
+    assert report.count(device=DEV) == len(host)  # one audited fallback per host node per run
+    for h in host:
+        assert h.reason, h
+
+
+def test_mlp_runs_wholly_on_the_device():
+    sess = _same_as_cpu(mlp_model(), {"batch": 4})
+    assert sess.device_fallbacks() == []
+    assert ops.fallback_report().total == 0
+
+
+def test_host_nodes_are_counted_with_their_copies():
+    ops.unregister("softmax", device=DEV)  # the MLP's last node now has no device kernel
+    ops.set_fallback_policy("allow")
+    sess = _same_as_cpu(mlp_model(), {"batch": 4})
+    (h,) = sess.device_fallbacks()
+    assert h.op_type == "Softmax" and "softmax" in h.reason and "decomposition" in h.reason
+    (rec,) = ops.fallback_report().records
+    assert (rec.op, rec.device, rec.path, rec.count) == ("Softmax", DEV, "device:cpu", 1)
+    assert (
+        rec.bytes_copied == 4 * 8 * 4
+    )  # its (4, 8) float32 input brought down; its result stays on the host
+
+
+def test_error_policy_refuses_the_model_at_creation():
+    opts = SessionOptions(fallback_policy="error")
+    InferenceSession(mlp_model(), opts, device=DEV)  # wholly on the device: nothing to refuse
+    gpt = InferenceSession(gpt_block_model(), opts, device=DEV)  # Shape / Range / int Gather: host by design
+    assert gpt.device_fallbacks() == []
+    ops.unregister("softmax", device=DEV)  # a float kernel missing on the device
+    with pytest.raises(
+        ops.FallbackError, match=r"1 node\(s\).*softmax \(Softmax, float32\): ops.softmax on _stand"
+    ):
+        InferenceSession(mlp_model(), opts, device=DEV)
+
+
+def test_integer_shape_work_stays_on_the_host_without_being_a_fallback():
+    model = gpt_block_model()
+    sess = _same_as_cpu(model, {"batch": 2, "seq": 6})
+    host = sess.host_nodes()
+    assert {h.op_type for h in host} == {"Gather", "Range"} and not any(h.fallback for h in host)
+    assert ops.fallback_report().total == 0
+
+
+def test_run_on_device_takes_and_returns_device_arrays():
+    model = mlp_model()
+    feeds = random_feeds(model, {"batch": 2})
+    sess = InferenceSession(model, device=DEV)
+    (out,) = sess.run_on_device(None, {k: v.view(DevArray) for k, v in feeds.items()})
+    assert isinstance(out, DevArray)
+    np.testing.assert_allclose(
+        np.asarray(out), InferenceSession(model).run(None, feeds)[0], rtol=2e-5, atol=2e-6
+    )
+    with pytest.raises(InvalidArgument, match="computes in host memory"):
+        InferenceSession(model).run_on_device(None, feeds)
+    with pytest.raises(InvalidArgument, match="feeds must name exactly the inputs"):
+        sess.run_on_device(None, {})
+
+
+def test_providers_spelling():
+    model = mlp_model()
+    assert InferenceSession(model, providers=[DEV]).device == DEV
+    assert InferenceSession(model, providers=["CPUExecutionProvider"]).device == "cpu"
+    assert InferenceSession(model, providers=[("CPUExecutionProvider", {})]).device == "cpu"
+    with pytest.raises(InvalidArgument, match="both device= and providers="):
+        InferenceSession(model, device="cpu", providers=["CPUExecutionProvider"])
+    with pytest.raises(InvalidArgument, match="non-empty list"):
+        InferenceSession(model, providers=[])
+
+
+@pytest.mark.skipif("cuda" in ops.list_devices(), reason="a GPU is visible here")
+def test_cuda_provider_without_a_gpu_says_why():
+    model = mlp_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sess = InferenceSession(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert sess.device == "cpu"
+    assert any("CUDAExecutionProvider skipped" in str(w.message) for w in caught)
+    with pytest.raises(
+        InvalidArgument, match="no listed provider is usable here: CUDAExecutionProvider skipped"
+    ):
+        InferenceSession(model, providers=["CUDAExecutionProvider"])
+    with pytest.raises(InvalidArgument, match="'cuda' is not available here"):
+        InferenceSession(model, device="cuda")
+
+
+def test_profiling_a_device_session_is_refused():
+    with pytest.raises(InvalidArgument, match="profiling a '_stand' session is not built yet"):
+        InferenceSession(mlp_model(), SessionOptions(enable_profiling=True), device=DEV)
