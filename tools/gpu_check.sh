@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# The one prepared run on the GPU machine (docs/cuda.md): install the carried opstrata-ops wheel, run the
-# cuda tests and the cuda benchmark, and write their results to $OUT (or ./gpu_results).
+# The one prepared run on the GPU machine (docs/cuda.md): install the carried opstrata wheels, run the cuda
+# tests and the cuda benchmarks, and write their results to $OUT (or ./gpu_results).
 #
-# Here, before the run:   python -m pip wheel --no-deps -w .whl packages/ops   (.whl ignored by git)
-# There (device tool):    bash tools/gpu_check.sh            (with `carry: [".whl"]`)
+# Here, before the run:   bash tools/gpu_check.sh --wheels     (builds .whl/; ignored by git)
+# There (device tool):    bash tools/gpu_check.sh              (with `carry: [".whl"]`, timeout ~600 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--wheels" ]; then
+    rm -rf .whl && mkdir -p .whl
+    for p in ops graph runtime comm quant eval; do python -m pip wheel -q --no-deps -w .whl "packages/$p" || exit 1; done
+    python -m pip download -q --no-deps -d .whl tomlkit || exit 1   # eval's one dependency the GPU image lacks
+    ls -la .whl; exit 0
+fi
 out="${OUT:-gpu_results}"
 mkdir -p "$out"
 site=/tmp/opstrata_site
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/opstrata_ops-*.whl \
-    || { echo "gpu_check: no .whl/opstrata_ops-*.whl to install (build it first, see the header)"; exit 2; }
-export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl \
+    || { echo "gpu_check: no wheels in .whl/ (run 'bash tools/gpu_check.sh --wheels' first)"; exit 2; }
+export PYTHONPATH="$site" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$out/machine.txt" 2>&1
-python3 - >> "$out/machine.txt" 2>&1 <<'PY'
-import opstrata.ops as ops
-from opstrata.ops._cuda import cuda_status
-print(cuda_status().summary(), "| opstrata-ops", ops.__version__)
-PY
+python3 -c "import opstrata.ops as o; from opstrata.ops._cuda import cuda_status as s; print(s().summary(), '| opstrata-ops', o.__version__)" >> "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-cd packages/ops
-timeout 420 python3 -m pytest tests/cuda tests/test_cuda_kernels_host.py tests/test_device_memory.py -q -p no:cacheprovider \
-    -o addopts="" --junitxml="$out/cuda_tests.xml" -rfE 2>&1 | tee "$out/cuda_tests.txt" | tail -40
-tests_rc=${PIPESTATUS[0]}
-cd ../..
-timeout 240 python3 packages/ops/benchmarks/bench_cuda.py --json "$out/bench_cuda.json" 2>&1 | tee "$out/bench_cuda.txt"
-bench_rc=${PIPESTATUS[0]}
-echo "gpu_check: tests exit $tests_rc, bench exit $bench_rc (results in $out)"
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+rc=0
+( cd packages/ops && timeout 300 python3 -m pytest tests/cuda tests/test_cuda_kernels_host.py tests/test_device_memory.py \
+    -q -p no:cacheprovider -x --maxfail=20 --junitxml="$out/ops_cuda_tests.xml" -rfE ) > "$out/ops_cuda_tests.txt" 2>&1 || rc=1
+tail -25 "$out/ops_cuda_tests.txt"
+( cd packages/runtime && timeout 120 python3 -m pytest tests/cuda tests/test_device_session.py -q -p no:cacheprovider -rfE \
+    --junitxml="$out/runtime_cuda_tests.xml" ) > "$out/runtime_cuda_tests.txt" 2>&1 || rc=1
+tail -15 "$out/runtime_cuda_tests.txt"
+timeout 150 python3 packages/ops/benchmarks/bench_cuda.py --json "$out/bench_cuda.json" > "$out/bench_cuda.txt" 2>&1 || rc=1
+cat "$out/bench_cuda.txt"
+timeout 150 python3 packages/eval/benchmarks/bench_cuda_zoo.py --json "$out/bench_cuda_zoo.json" > "$out/bench_cuda_zoo.txt" 2>&1 || rc=1
+tail -30 "$out/bench_cuda_zoo.txt"
+echo "gpu_check: exit $rc (results in $out)"
+exit $rc
