@@ -16,7 +16,6 @@ import numpy as np
 
 import opstrata.ops as ops
 from opstrata.graph import Graph, Node
-from opstrata.graph.opdefs.conv import conv_geometry
 
 __all__ = ["HOST_INPUTS", "NODE_KERNELS", "node_runs_on_device"]
 
@@ -93,6 +92,14 @@ def _rms_norm(n: Node, x: list[Any], d: str) -> list[Any]:
             "rms_norm", x[0], w, axis=int(a.get("axis", -1)), eps=float(a.get("epsilon", 1e-6)), device=d
         )
     ]
+
+
+def conv_geometry(n: Node, x: Any, kernel: Any) -> Any:
+    """graph's (strides, dilations, explicit pads) of a Conv / pool node (imported when first needed: the
+    device path runs only with an opstrata-graph that has it)."""
+    from opstrata.graph.opdefs.conv import conv_geometry as geometry
+
+    return geometry(n, x, kernel)
 
 
 def _conv(n: Node, x: list[Any], d: str) -> list[Any]:
