@@ -324,3 +324,21 @@ def test_examples_bad_value_and_missing_hypothesis(monkeypatch, capsys) -> None:
     code = _cli.main(["conformance", "ops", "--ops", "abs", "--dtypes", "float32", "--examples", "5"])
     assert code == 2
     assert "pip install 'opstrata-eval[conformance]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(ops, "device_memory"), reason="opstrata-ops < 0.4.69 has no device memories")
+def test_a_device_with_its_own_memory_runs_the_matrix_on_device_arrays() -> None:
+    """The stand-in for cuda (its kernels refuse host arrays): every cuda op agrees with ref."""
+    import opstrata.ops.testing as ot
+
+    if not hasattr(ot, "register_standin_device"):
+        pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    from opstrata.ops._cuda import CudaOps, op_table
+
+    with ot.isolated_registry():
+        dev = ot.register_standin_device("_conf_standin")
+        names = sorted(op_table(CudaOps(np, erf=np.tanh)))
+        report = conformance_ops(dev, op_names=names, dtypes=["float32", "bfloat16"])
+    assert not report.deviations, report.deviations
+    assert report.cells[("softmax", "float32")].status == "native"
+    assert report.cells[("relu", "float32")].variants >= 3  # nan/inf among them: relu(-inf) is 0

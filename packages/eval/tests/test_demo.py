@@ -58,6 +58,7 @@ def test_demo_compares_with_onnxruntime_when_installed(tmp_path: Path) -> None:
     result = run_demo(tmp_path, new_tokens=1, say=lambda _: None)
     passed, detail = result.checks["session vs onnxruntime"]
     assert passed, detail
+    assert result.ok, result.checks  # one new token: no fork appends, every prompt block stays shared
 
 
 def test_demo_with_tqdm_draws_bars_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,3 +96,28 @@ def test_demo_command_exit_code(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "all checks passed" in proc.stdout and "KV cache (greedy)" in proc.stdout
     assert (tmp_path / "model.onnx").is_file() and (tmp_path / "profile.json").is_file()
+
+
+def test_demo_on_a_device_with_its_own_memory(tmp_path: Path) -> None:
+    """--device: the stand-in for cuda (its kernels refuse host arrays) gives the cpu session's logits."""
+    import opstrata.ops as ops
+    import opstrata.ops.testing as ot
+
+    if not hasattr(ot, "register_standin_device"):
+        pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    lines: list[str] = []
+    with ot.isolated_registry():
+        dev = ot.register_standin_device("_demo_standin")
+        result = run_demo(tmp_path, new_tokens=2, device=dev, say=lines.append)
+        assert ops.fallback_report().count(device=dev) == 0
+    assert result.ok, result.checks
+    assert result.checks[f"{dev} session vs cpu session"][0]
+    assert "device" in result.timings
+    assert any("nodes on _demo_standin; on the host:" in line for line in lines)
+
+
+def test_demo_cli_refuses_an_absent_device(capsys: pytest.CaptureFixture[str]) -> None:
+    from opstrata.eval import _cli
+
+    assert _cli.main(["demo", "--device", "nosuch"]) == 2
+    assert "--device 'nosuch' is not usable here" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import opstrata.ops as ops
+import opstrata.ops.testing as ot
 from opstrata.graph.testing import (
     bert_block_model,
     cnn_model,
@@ -24,53 +25,16 @@ from opstrata.graph.testing import (
 )
 from opstrata.runtime import InferenceSession, InvalidArgument, SessionOptions
 
-pytest.importorskip("opstrata.ops._cuda", reason="opstrata-ops < 0.4.67 has no device memories")
-if not hasattr(ops, "record_fallback"):
-    pytest.skip("opstrata-ops < 0.4.68 has no record_fallback", allow_module_level=True)
-
-from opstrata.ops._cuda._kernels import CudaOps, op_table
-from opstrata.ops.kernels.erf import erf_cpu
+if not hasattr(ops, "record_fallback") or not hasattr(ot, "register_standin_device"):
+    pytest.skip("opstrata-ops < 0.4.69 has no stand-in device for sessions", allow_module_level=True)
 
 DEV = "_stand"
-
-
-class DevArray(np.ndarray):
-    """An array in the stand-in device's memory."""
-
-
-def _from_host(a, out=None):
-    if out is None:
-        return np.array(a, copy=True).view(DevArray)
-    out[...] = a
-    return out
-
-
-MEMORY = ops.DeviceMemory(
-    "stand:0", lambda x: isinstance(x, DevArray), lambda x: np.array(x, copy=True), _from_host
-)
-
-
-def _on_device(fn):
-    def kernel(*args, **kwargs):
-        nested = [v for a in args if isinstance(a, list) for v in a]
-        for v in (*args, *kwargs.values(), *nested):
-            if isinstance(v, np.ndarray) and not isinstance(v, DevArray):
-                raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
-        r = fn(*args, **kwargs)
-        return (
-            tuple(np.asarray(t).view(DevArray) for t in r)
-            if isinstance(r, tuple)
-            else np.asarray(r).view(DevArray)
-        )
-
-    return kernel
+DevArray = ot.StandInArray if hasattr(ot, "StandInArray") else np.ndarray
 
 
 @pytest.fixture(autouse=True)
 def stand_in():
-    ops.register_memory(DEV, MEMORY)
-    for op, (fn, dtypes, dtype_arg) in op_table(CudaOps(np, erf=erf_cpu)).items():
-        ops.register(op, device=DEV, dtypes=dtypes, dtype_arg=dtype_arg)(_on_device(fn))
+    ot.register_standin_device(DEV)
     ops.reset_fallback_report()
 
 

@@ -173,9 +173,13 @@ def _call(
     fn: Callable[..., Any], device: str, inputs: Sequence[Any], kwargs: dict[str, Any] | None = None,
     inplace: tuple[int, ...] = (),
 ) -> list[np.ndarray | None]:  # fmt: skip
-    """Every output of one call on ``device`` (copies of the inputs; in-place args appended as outputs)."""
-    args = [_copy(a) for a in inputs]
-    kw = {k: _copy(v) for k, v in (kwargs or {}).items()}
+    """Every output of one call on ``device`` (copies of the inputs; in-place args appended as outputs).
+
+    On a device with its own memory (cuda) the array inputs are copied there first and the outputs back.
+    """
+    mem = ops.device_memory(device) if hasattr(ops, "device_memory") else None
+    args = [_to_device(mem, _copy(a)) for a in inputs]
+    kw = {k: _to_device(mem, _copy(v)) for k, v in (kwargs or {}).items()}
     with (
         ops.device(device),
         ops.fallback_policy("allow"),
@@ -187,7 +191,22 @@ def _call(
     items = list(result) if isinstance(result, (tuple, list)) else [result]
     if inplace:
         items = [r for r in items if r is not None] + [args[i] for i in inplace]
-    return [None if r is None else np.asarray(r) for r in items]
+    return [None if r is None else _to_host(mem, r) for r in items]
+
+
+def _to_device(mem: Any, v: Any) -> Any:
+    """``v`` with its numpy arrays copied into device memory ``mem`` (None: the host; unchanged)."""
+    if mem is None:
+        return v
+    if isinstance(v, np.ndarray) and not mem.is_array(v):
+        return mem.from_host(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_device(mem, x) for x in v)
+    return v
+
+
+def _to_host(mem: Any, r: Any) -> np.ndarray:
+    return mem.to_host(r) if mem is not None and mem.is_array(r) else np.asarray(r)
 
 
 def _reference(fn: Callable[..., Any], against: str, case: Case, inplace: tuple[int, ...]) -> list[Any]:

@@ -103,3 +103,57 @@ def isolated_registry() -> Iterator[None]:
         _registry.restore(snap)
         _fallback.set_fallback_policy(policy)
         _fallback.reset_fallback_report()
+
+
+class StandInArray(np.ndarray):
+    """An array in the stand-in device's memory: a numpy subclass, so the host can still compute on it."""
+
+
+def _standin_from_host(a: np.ndarray, out: Any = None) -> Any:
+    if out is None:
+        return np.array(a, copy=True).view(StandInArray)
+    out[...] = a
+    return out
+
+
+def _device_only(fn: Any) -> Any:
+    """``fn`` refusing host arrays (the executor must have copied them up) and returning stand-in arrays."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        nested = [v for a in args if isinstance(a, (list, tuple)) for v in a]
+        for v in (*args, *kwargs.values(), *nested):
+            if isinstance(v, np.ndarray) and not isinstance(v, StandInArray):
+                raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
+        r = fn(*args, **kwargs)
+        if isinstance(r, tuple):
+            return tuple(np.asarray(t).view(StandInArray) for t in r)
+        return np.asarray(r).view(StandInArray)
+
+    kernel.__name__ = getattr(fn, "__name__", "kernel")
+    return kernel
+
+
+def register_standin_device(name: str = "_standin") -> str:
+    """Register a device with its own memory that runs the cuda device's kernels over numpy, on the CPU.
+
+    Its arrays are :class:`StandInArray`; its kernels refuse plain numpy arrays, so a caller that forgets
+    to copy a value to the device fails loudly. Sessions, conformance runs and the demo are tested on it
+    where there is no GPU. Use inside :func:`isolated_registry` (the ops tests' fixture does).
+    """
+    from ._cuda import CudaOps, op_table
+    from ._devices import DeviceMemory, register_memory
+    from ._registry import register
+    from .kernels.erf import erf_cpu
+
+    register_memory(
+        name,
+        DeviceMemory(
+            f"{name}:0",
+            lambda x: isinstance(x, StandInArray),
+            lambda x: np.array(x, copy=True),
+            _standin_from_host,
+        ),
+    )
+    for op, (fn, dtypes, dtype_arg) in op_table(CudaOps(np, erf=erf_cpu)).items():
+        register(op, device=name, dtypes=dtypes, dtype_arg=dtype_arg)(_device_only(fn))
+    return name

@@ -95,11 +95,18 @@ def _rms_norm(n: Node, x: list[Any], d: str) -> list[Any]:
 
 
 def conv_geometry(n: Node, x: Any, kernel: Any) -> Any:
-    """graph's (strides, dilations, explicit pads) of a Conv / pool node (imported when first needed: the
-    device path runs only with an opstrata-graph that has it)."""
+    """graph's (strides, dilations, explicit pads) of a Conv / pool node."""
     from opstrata.graph.opdefs.conv import conv_geometry as geometry
 
     return geometry(n, x, kernel)
+
+
+def _has_conv_geometry() -> bool:
+    try:
+        from opstrata.graph.opdefs.conv import conv_geometry  # noqa: F401
+    except ImportError:  # opstrata-graph before it: windows (auto_pad) are resolved on the host only
+        return False
+    return True
 
 
 def _conv(n: Node, x: list[Any], d: str) -> list[Any]:
@@ -330,6 +337,8 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
     t, a = n.op_type, n.attrs
     if t == "LayerNormalization" and sum(1 for o in n.outputs[1:] if o) > 0:
         return "mean / inverse-std outputs are computed on the host"
+    if t in ("Conv", "FusedConv", "MaxPool") and not _has_conv_geometry():
+        return "this opstrata-graph has no conv_geometry (windows resolve on the host)"
     if t == "MaxPool":
         k = a.get("kernel_shape") or ()
         if len(k) != 2 or sum(1 for o in n.outputs[1:] if o):

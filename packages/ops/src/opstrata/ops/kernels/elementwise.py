@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._devices import STATE as _STATE, is_device_array
 from .._dtypes import (
     ALL_DTYPES,
     FLOAT_DTYPES,
@@ -60,8 +61,13 @@ def ieee(fn: F) -> F:
 
 
 def nd(x: Any) -> np.ndarray:
-    """``x`` as an ndarray without copying (ufuncs return numpy scalars for 0-d inputs)."""
-    return x if isinstance(x, np.ndarray) else np.asarray(x)
+    """``x`` as an ndarray without copying (ufuncs return numpy scalars for 0-d inputs); an array of a
+    device memory (a CuPy array) passes as it is, for the device's kernels (or the audited fallback) to take."""
+    if isinstance(x, np.ndarray):
+        return x
+    if _STATE.memories and is_device_array(x):
+        return x  # type: ignore[no-any-return]
+    return np.asarray(x)
 
 
 def is_weak(v: Any) -> bool:
