@@ -83,7 +83,9 @@ class CudaOps:
         return 1 / (1 + self.xp.exp(-t))
 
     def relu(self, t: Any) -> Any:
-        return self.xp.maximum(t, 0)  # NaN stays NaN, -inf -> 0 (found by the conformance matrix: t * 0 was NaN)
+        return self.xp.maximum(
+            t, 0
+        )  # NaN stays NaN, -inf -> 0 (found by the conformance matrix: t * 0 was NaN)
 
     def gelu_f(self, t: Any, approximate: str = "none") -> Any:
         if approximate == "tanh":
