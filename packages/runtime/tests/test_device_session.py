@@ -150,6 +150,21 @@ def test_cuda_provider_without_a_gpu_says_why():
         InferenceSession(model, device="cuda")
 
 
-def test_profiling_a_device_session_is_refused():
-    with pytest.raises(InvalidArgument, match="profiling a '_stand' session is not built yet"):
-        InferenceSession(mlp_model(), SessionOptions(enable_profiling=True), device=DEV)
+def test_profiling_a_device_session_records_every_node_with_its_placement(tmp_path):
+    import json
+
+    ops.unregister("softmax", device=DEV)  # one float node on the host
+    ops.set_fallback_policy("allow")
+    model = mlp_model()
+    sess = InferenceSession(model, SessionOptions(enable_profiling=True), device=DEV)
+    sess.run(None, random_feeds(model, {"batch": 2}))
+    events = sess.profiler.events
+    assert [e.name for e in events] == [n.name for n in sess.graph.nodes]
+    by = {e.op_type: e for e in events}
+    assert by["Softmax"].device == "cpu" and by["Softmax"].fallback and by["Softmax"].kernels == ("host",)
+    assert by["Linear"].device == DEV and not by["Linear"].fallback and by["Linear"].kernels == ("linear",)
+    assert all(e.dur_ns > 0 and e.run == 0 for e in events)
+    path = sess.end_profiling(str(tmp_path / "trace.json"))
+    trace = json.loads(open(path, encoding="utf-8").read())
+    assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X") >= len(events)
+    assert "Softmax" in sess.profile_summary()

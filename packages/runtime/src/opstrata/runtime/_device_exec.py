@@ -23,6 +23,8 @@ from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
 from ._device_nodes import HOST_INPUTS, NODE_KERNELS, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
+from ._flops import node_flops
+from ._profiler import NodeEvent, Profiler
 
 __all__ = ["DeviceProgram", "HostNode"]
 
@@ -127,12 +129,21 @@ class DeviceProgram:
 
     # ------------------------------------------------------------------ a run
 
-    def run(self, feeds: dict[str, Any], outputs: Sequence[str], *, on_device: bool = False) -> list[Any]:
+    def run(
+        self,
+        feeds: dict[str, Any],
+        outputs: Sequence[str],
+        *,
+        on_device: bool = False,
+        prof: Profiler | None = None,
+    ) -> list[Any]:
         """Outputs named ``outputs`` for ``feeds`` (host or device arrays); host arrays unless ``on_device``.
 
         A host node's fallback cost is what it moved: its device inputs down, and its results up when a
-        device node reads them.
+        device node reads them. With ``prof`` every node is timed between two device synchronisations (its
+        copies included), so each event is that node's device time, at the cost of a sync per node.
         """
+        run_id = len(prof.runs) if prof is not None else 0
         vals: dict[str, Any] = dict(feeds)
         inits = self.graph.initializers
         made_by: dict[str, int] = {}  # value -> index into host_nodes of the host node that made it
@@ -160,7 +171,10 @@ class DeviceProgram:
                     args.append(v)
                 while args and args[-1] is None:
                     args.pop()
+                t0 = self._sync_ns() if prof is not None else 0
                 res = self._call(n, on_dev, fn, args)
+                if prof is not None:
+                    self._record(prof, n, on_dev, args, res, t0, run_id, hi)
                 for o, r in zip(n.outputs, res, strict=False):
                     if o:
                         vals[o] = r
@@ -185,6 +199,35 @@ class DeviceProgram:
             else:
                 out.append(self.memory.to_host(v) if self.memory.is_array(v) else np.array(v, copy=True))
         return out
+
+    def _sync_ns(self) -> int:
+        self.memory.synchronize()
+        return time.perf_counter_ns()
+
+    def _record(
+        self,
+        prof: Profiler,
+        n: Node,
+        on_dev: bool,
+        args: list[Any],
+        res: list[Any],
+        t0: int,
+        run_id: int,
+        hi: int,
+    ) -> None:
+        dur = self._sync_ns() - t0
+        shape = lambda a: None if a is None else tuple(int(d) for d in a.shape)  # noqa: E731
+        ins = tuple(shape(a) for a in args)
+        outs = tuple(shape(r) for r in res)
+        moved = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *res) if a is not None)
+        if on_dev:
+            kernels, where, fell = NODE_KERNELS[_key(n)][1] or ("view",), self.device, False
+        else:
+            kernels, where, fell = ("host",), "cpu", self.host_nodes[hi].fallback
+        prof.events.append(
+            NodeEvent(n.name, n.op_type, tuple(kernels), where, fell, t0, dur, ins, outs, moved,
+                      node_flops(n, ins, outs), run_id)
+        )  # fmt: skip
 
     def _call(self, n: Node, on_dev: bool, fn: Any, args: list[Any]) -> list[Any]:
         try:

@@ -174,8 +174,6 @@ class InferenceSession:
         #: a device with its own memory (cuda): its nodes run there, the rest on the host, counted
         self._device_program: DeviceProgram | None = None
         if _has_memory(device):
-            if opts.enable_profiling:
-                raise InvalidArgument("InferenceSession", f"profiling a '{device}' session is not built yet", "profile on device='cpu', or turn enable_profiling off")  # fmt: skip
             self._device_program = DeviceProgram(self.graph, device)
             with self._policy():
                 self._device_program.refuse_under_error_policy()
@@ -441,7 +439,12 @@ class InferenceSession:
                 raise InvalidArgument(
                     "InferenceSession.run", "the session is closed", "create a new InferenceSession"
                 )
-            return self._device_program.run(feeds, names, on_device=on_device)  # type: ignore[union-attr]
+            prof = self._profiler
+            t0 = time.perf_counter_ns()
+            out = self._device_program.run(feeds, names, on_device=on_device, prof=prof)  # type: ignore[union-attr]
+            if prof is not None:
+                prof.add_run(t0, time.perf_counter_ns() - t0)
+            return out
 
     def device_fallbacks(self) -> list[HostNode]:
         """The nodes a device session runs on the host (empty on cpu), each with the reason: the per-run
