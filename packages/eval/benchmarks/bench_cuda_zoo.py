@@ -2,10 +2,11 @@
 
 For each model (random weights, built in code, exported by the TorchScript exporter): outputs compared
 (max relative error against torch), the nodes the session runs on the host, and the latency of both in
-interleaved rounds (alternating which goes first; each side synchronised), medians. float32. Needs
-CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
+interleaved rounds (alternating which goes first; each side synchronised), medians; float32 and bfloat16
+(the module cast to bfloat16 and wrapped so it takes and returns float32: the exported Casts run on the
+device too). Needs CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
 
-    python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--json out.json]
+    python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet18,gpt2,bert")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -68,10 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     ops.set_fallback_policy("allow")
     rows = []
     tmp = tempfile.mkdtemp(prefix="opstrata_cuda_zoo_")
-    for name in args.models.split(","):
+
+    class InBf16(torch.nn.Module):
+        """``inner`` in bfloat16, taking and returning float32 (token ids pass as they are)."""
+
+        def __init__(self, inner: Any, image: bool) -> None:
+            super().__init__()
+            self.inner, self.image = inner.to(torch.bfloat16), image
+
+        def forward(self, x: Any) -> Any:
+            y = self.inner(x.to(torch.bfloat16) if self.image else x)
+            return (y if isinstance(y, torch.Tensor) else y[0]).float()
+
+    for name, dtype in ((m, d) for m in args.models.split(",") for d in args.dtypes.split(",")):
         spec = MODELS[name]
         module = build(spec.builder)
-        path = export_model(name, "torchscript", tmp, model=module)
+        if dtype == "bfloat16":
+            module = InBf16(module, spec.input_kind == "image").eval()
+        path = export_model(name, "torchscript", f"{tmp}/{dtype}", model=module)
         seq = max(s[1] for s in spec.shapes) if spec.input_kind == "tokens" else 0
         rng = np.random.default_rng(0)
         if spec.input_kind == "image":
@@ -102,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
         o, t = interleaved(ours, theirs, sync, args.rounds, 10)
         host = sess.device_fallbacks()
-        rows.append({"model": name, "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
+        rows.append({"model": f"{name} {dtype}", "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
                      "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}; float32")
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}")
     print("| model | ours ms | torch eager ms | ours / torch | max rel err | host nodes (ops) |")
     print("|---|---|---|---|---|---|")
     for r in rows:

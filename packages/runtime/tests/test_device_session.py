@@ -168,3 +168,26 @@ def test_profiling_a_device_session_records_every_node_with_its_placement(tmp_pa
     trace = json.loads(open(path, encoding="utf-8").read())
     assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X") >= len(events)
     assert "Softmax" in sess.profile_summary()
+
+
+def test_float_casts_run_on_the_device_and_other_casts_on_the_host():
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    z = helper.make_tensor_value_info("z", TensorProto.INT32, [2, 3])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16, name="down"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT, name="up"),
+        helper.make_node("Cast", ["x"], ["z"], to=TensorProto.INT32, name="to_int"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "casts", [x], [y, z]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.checker.check_model(model)
+    ops.set_fallback_policy("allow")
+    sess = _same_as_cpu(model, {}, rtol=1e-2, atol=1e-2)
+    assert [(h.node, h.fallback) for h in sess.host_nodes()] == [("to_int", True)]
+    assert "casts to int32 run on the host" in sess.host_nodes()[0].reason

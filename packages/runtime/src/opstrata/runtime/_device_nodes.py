@@ -202,6 +202,10 @@ def _reduce_mean(n: Node, x: list[Any], d: str) -> list[Any]:
     return [ops.call("mean", x[0], axis=tuple(axes) if axes else None, keepdims=keep, device=d)]
 
 
+def _cast(n: Node, x: list[Any], d: str) -> list[Any]:
+    return [ops.call("cast", x[0], dtype=np.dtype(n.attrs["to"]), device=d)]
+
+
 def _global_avg_pool(n: Node, x: list[Any], d: str) -> list[Any]:
     return [ops.call("mean", x[0], axis=tuple(range(2, x[0].ndim)), keepdims=True, device=d)]
 
@@ -290,6 +294,7 @@ NODE_KERNELS: dict[tuple[str, str], tuple[Kernel, tuple[str, ...]]] = {
     ("", "Conv"): (_conv, ("conv2d",)),
     ("", "GlobalAveragePool"): (_global_avg_pool, ("mean",)),
     ("", "Split"): (_split, ()),
+    ("", "Cast"): (_cast, ("cast",)),
     ("", "MaxPool"): (_max_pool, ("max_pool2d",)),
     ("", "ReduceMean"): (_reduce_mean, ("mean",)),
     ("", "Shape"): (_shape, ()),
@@ -328,6 +333,10 @@ DTYPE_INPUTS: dict[tuple[str, str], frozenset[int]] = {
 }
 
 
+#: Float dtypes a device session computes in (float8 stays on the host).
+_DEVICE_FLOATS = frozenset(np.dtype(d) for d in ("float16", "float32", "float64")) | {np.dtype(ops.bfloat16)}
+
+
 def _key(n: Node) -> tuple[str, str]:
     return ("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type)
 
@@ -337,6 +346,8 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
     t, a = n.op_type, n.attrs
     if t == "LayerNormalization" and sum(1 for o in n.outputs[1:] if o) > 0:
         return "mean / inverse-std outputs are computed on the host"
+    if t == "Cast" and (np.dtype(a["to"]) not in _DEVICE_FLOATS or a.get("saturate")):
+        return f"casts to {np.dtype(a['to'])} run on the host"
     if t in ("Conv", "FusedConv", "MaxPool") and not _has_conv_geometry():
         return "this opstrata-graph has no conv_geometry (windows resolve on the host)"
     if t == "MaxPool":
