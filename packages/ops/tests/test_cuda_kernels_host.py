@@ -55,6 +55,8 @@ def test_every_op_in_the_table_is_registered_native():
             "embedding", "conv2d", "attention"} <= set(table)  # fmt: skip
     for op in table:
         assert ops.dispatch_path(op, DEV, "float32") == "native", op
+        assert ops.dispatch_path(op, DEV, "bfloat16") == "native", op
+    assert ops.dispatch_path("add", DEV, "float8_e4m3fn") == "device:cpu"  # no float8 CuPy arrays
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

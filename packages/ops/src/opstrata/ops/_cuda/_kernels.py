@@ -22,7 +22,10 @@ from ..kernels.conv import _check_conv
 from ..kernels.pool import _check_pool
 from ..kernels.reduce import normalize_axes, normalize_axis
 
-__all__ = ["CudaOps", "op_table"]
+__all__ = ["DEVICE_FLOATS", "CudaOps", "op_table"]
+
+#: The float dtypes the cuda kernels take: float8 has no CuPy arrays (it falls back, audited).
+DEVICE_FLOATS: tuple[np.dtype, ...] = tuple(d for d in FLOAT_DTYPES if d.itemsize >= 2)
 
 _ACTS = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _SQRT_HALF = 0.7071067811865476
@@ -434,7 +437,7 @@ class CudaOps:
 
 def op_table(k: CudaOps) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], int]]:
     """The cuda device's coverage: ``{op: (kernel, dtypes of the primary argument, its position)}``."""
-    f = FLOAT_DTYPES
+    f = DEVICE_FLOATS
     xp = k.xp
     t: dict[str, tuple[Callable[..., Any], tuple[Any, ...], int]] = {}  # op -> (kernel, dtypes, dtype_arg)
     for name, ufunc in (
