@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _cuda_cases import DTYPES, check_against_ref, rand
 
 import opstrata.ops as ops
 from opstrata.ops._cuda import cuda_status
@@ -15,43 +16,16 @@ from opstrata.ops._cuda import cuda_status
 pytestmark = pytest.mark.skipif(not cuda_status().available, reason=f"no cuda device: {cuda_status().reason}")
 cp = pytest.importorskip("cupy") if cuda_status().available else None
 
-TOL = {
-    "float32": (2e-5, 2e-6),
-    "float64": (1e-12, 1e-13),
-    "float16": (2e-3, 2e-3),
-    "bfloat16": (1.6e-2, 1.6e-2),
-}
-DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ops.bfloat16)]
-
 
 @pytest.fixture(autouse=True)
 def strict():
     ops.set_fallback_policy("error")  # every call below must run on a cuda kernel
 
 
-def rand(shape, dtype, seed=0, lo=-2.0, hi=2.0):
-    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(dtype)
-
-
-def _dev(x):
-    if isinstance(x, np.ndarray):
-        return cp.asarray(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_dev(v) for v in x)
-    return x
-
-
 def check(op, *args, rtol=None, **kwargs):
-    got = ops.call(op, *_dev(args), device="cuda", **{k: _dev(v) for k, v in kwargs.items()})
-    want = ops.call(op, *args, device="ref", **kwargs)
-    for g, w in zip(*((x,) if not isinstance(x, tuple) else x for x in (got, want)), strict=True):
-        assert isinstance(g, cp.ndarray), f"{op}: expected a CuPy array from cuda, got {type(g)}"
-        h = cp.asnumpy(g)
-        assert h.dtype == w.dtype and h.shape == w.shape, (op, h.dtype, w.dtype, h.shape, w.shape)
-        r, a = TOL.get(w.dtype.name, (0, 0))
-        np.testing.assert_allclose(
-            h.astype(np.float64), w.astype(np.float64), rtol=rtol or r, atol=a, err_msg=op
-        )
+    return check_against_ref(
+        op, "cuda", args, kwargs, to_device=cp.asarray, to_host=cp.asnumpy, array_type=cp.ndarray, rtol=rtol
+    )
 
 
 def test_device_is_registered_with_its_memory():

@@ -3,13 +3,14 @@
 ``CudaOps`` is written against the array API CuPy and numpy share; registered here on a stand-in
 device over numpy, its composed paths (every op without an NVRTC kernel, and each NVRTC kernel's
 fallback for masks, strides and dtypes it does not take) are checked on every CI run. The NVRTC
-kernels themselves run only on a GPU (tests/cuda/, tools/gpu_check.sh).
+kernels themselves run only on a GPU (test_cuda_device.py, tools/gpu_check.sh).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _cuda_cases import DTYPES, check_against_ref, rand
 from hypothesis import given, settings, strategies as st
 
 import opstrata.ops as ops
@@ -18,13 +19,6 @@ from opstrata.ops._cuda._kernels import CudaOps, op_table
 from opstrata.ops.kernels.erf import erf_cpu
 
 DEV = "_cuda_np"
-TOL = {
-    "float32": (2e-5, 2e-6),
-    "float64": (1e-12, 1e-13),
-    "float16": (2e-3, 2e-3),
-    "bfloat16": (1.6e-2, 1.6e-2),
-}
-DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ops.bfloat16)]
 
 
 @pytest.fixture(autouse=True)
@@ -33,20 +27,8 @@ def stand_in():
     ops.set_fallback_policy("error")  # every op below must run on the stand-in's own kernel
 
 
-def rand(shape, dtype, seed=0, lo=-2.0, hi=2.0):
-    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(dtype)
-
-
 def check(op, *args, **kwargs):
-    got = ops.call(op, *args, device=DEV, **kwargs)
-    want = ops.call(op, *args, device="ref", **kwargs)
-    for g, w in zip(*((x,) if not isinstance(x, tuple) else x for x in (got, want)), strict=True):
-        assert type(g) is np.ndarray and g.dtype == w.dtype and g.shape == w.shape, (op, g.dtype, w.dtype)
-        rtol, atol = TOL[w.dtype.name] if w.dtype.name in TOL else (0, 0)
-        np.testing.assert_allclose(
-            g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, err_msg=op
-        )
-    return got
+    return check_against_ref(op, DEV, args, kwargs)
 
 
 def test_every_op_in_the_table_is_registered_native():
