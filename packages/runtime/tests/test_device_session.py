@@ -191,3 +191,20 @@ def test_float_casts_run_on_the_device_and_other_casts_on_the_host():
     sess = _same_as_cpu(model, {}, rtol=1e-2, atol=1e-2)
     assert [(h.node, h.fallback) for h in sess.host_nodes()] == [("to_int", True)]
     assert "casts to int32 run on the host" in sess.host_nodes()[0].reason
+
+
+def test_scalar_initializers_keep_their_rank_on_the_device():
+    """A 0-d index (x[:, 0] as Gather(axis=1) of a scalar constant) stays 0-d when uploaded."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    idx = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    node = helper.make_node("Gather", ["x", "zero"], ["y"], axis=1, name="first")
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x], [y], [idx]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.checker.check_model(model)
+    sess = _same_as_cpu(model, {})
+    assert sess.device_fallbacks() == [] and sess.host_nodes() == []

@@ -130,6 +130,21 @@ def test_attention_with_mask_composed(mask):
     check("attention", q, k, v, causal=True, mask=m, return_lse=True, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compare_gather_expand_rope(dtype):
+    a, b = rand((33, 40), dtype, 34), rand((40,), dtype, 35)
+    for op in ("greater", "less", "equal", "sin", "cos"):
+        check(op, a, b) if op in ("greater", "less", "equal") else check(op, a)
+    check("gather", rand((2, 50, 3), dtype, 36), np.array([[49, -1], [0, 2]], np.int64), axis=1)
+    check("expand", rand((3, 1), dtype, 37), shape=(2, 3, 64))
+    check(
+        "rope_rotate_half",
+        rand((2, 4, 16, 64), dtype, 38),
+        rand((16, 64), dtype, 39),
+        rand((16, 64), dtype, 40),
+    )
+
+
 def test_embedding_and_layout():
     w = rand((1000, 64), np.float32, 30)
     check("embedding", np.array([[0, 999], [3, 3]], np.int64), w)

@@ -154,6 +154,18 @@ def test_max_pool2d(k, stride, pad, ceil):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compare_gather_expand_rope(dtype):
+    a, b = rand((3, 4), dtype, 34), rand((4,), dtype, 35)
+    for op in ("greater", "less", "equal"):
+        check(op, a, b)
+    check("equal", a, a.copy())
+    check("gather", rand((2, 5, 3), dtype, 36), np.array([[4, -1], [0, 2]], np.int64), axis=1)
+    check("expand", rand((3, 1), dtype, 37), shape=(2, 3, 4))
+    x, cos, sin = rand((2, 4, 6, 8), dtype, 38), rand((6, 8), dtype, 39), rand((6, 8), dtype, 40)
+    check("rope_rotate_half", x, cos, sin)
+
+
 def test_embedding_and_layout():
     w = rand((10, 4), np.float32, 30)
     check("embedding", np.array([[0, 9], [3, 3]], np.int64), w)

@@ -47,6 +47,11 @@ def _shape_work(n: Node, graph: Graph) -> bool:
     return bool(dts) and all(d is not None and np.dtype(d).kind in "biu" for d in dts)
 
 
+def _c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` in C order, keeping its shape (``np.ascontiguousarray`` turns a 0-d array into 1-d)."""
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
 def _key(n: Node) -> tuple[str, str]:
     return ("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type)
 
@@ -104,7 +109,7 @@ class DeviceProgram:
         if v is None or self.memory.is_array(v) or not isinstance(v, np.ndarray):
             return v
         t0 = time.perf_counter()
-        d = self.memory.from_host(np.ascontiguousarray(v))
+        d = self.memory.from_host(_c_order(v))
         self.memory.synchronize()
         moved[0] += v.nbytes
         moved[1] += time.perf_counter() - t0
@@ -122,9 +127,7 @@ class DeviceProgram:
     def _initializer(self, name: str) -> Any:
         d = self._uploaded.get(name)
         if d is None:
-            d = self._uploaded[name] = self.memory.from_host(
-                np.ascontiguousarray(self.graph.initializers[name])
-            )
+            d = self._uploaded[name] = self.memory.from_host(_c_order(self.graph.initializers[name]))
         return d
 
     # ------------------------------------------------------------------ a run

@@ -121,8 +121,10 @@ def _conv(n: Node, x: list[Any], d: str) -> list[Any]:
     ]  # fmt: skip
 
 
-#: The elementwise steps a FusedElementwise / FusedConv expression may hold to run on the device.
+#: The elementwise steps a FusedElementwise / FusedConv expression may hold to run on the device
+#: (Max / Min as ``where(greater(a, b), a, b)``, as graph's own kernel computes them).
 STEP_OPS = {
+    "Max": "greater", "Min": "less", "Sin": "sin", "Cos": "cos",
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Relu": "relu", "Sigmoid": "sigmoid",
     "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Erf": "erf",
 }  # fmt: skip
@@ -137,8 +139,29 @@ def _expr(n: Node, x: list[Any], d: str, dtype: Any) -> Any:
             x[int(r[1:])] if r[0] == "x" else t[int(r[1:])] if r[0] == "t" else dtype.type(consts[int(r[1:])])
             for r in refs
         ]
-        t.append(ops.call(STEP_OPS[op], *args, device=d))
+        t.append(_step(op, args, d))
     return t[-1]
+
+
+def _step(op: str, args: list[Any], d: str) -> Any:
+    if op in ("Max", "Min"):
+        acc = args[0]
+        for b in args[1:]:
+            acc = ops.call("where", ops.call(STEP_OPS[op], acc, b, device=d), acc, b, device=d)
+        return acc
+    return ops.call(STEP_OPS[op], *args, device=d)
+
+
+def _variadic(n: Node, x: list[Any], d: str) -> list[Any]:
+    return [_step(n.op_type, [a for a in x if a is not None], d)]
+
+
+def _rotary_half(n: Node, x: list[Any], d: str) -> list[Any]:
+    return [ops.call("rope_rotate_half", x[0], x[1], x[2], device=d)]
+
+
+def _expand(n: Node, x: list[Any], d: str) -> list[Any]:
+    return [ops.call("expand", x[0], shape=_ints(x[1]), device=d)]
 
 
 def _fused_elementwise(n: Node, x: list[Any], d: str) -> list[Any]:
@@ -273,7 +296,11 @@ def _concat(n: Node, x: list[Any], d: str) -> list[Any]:
 
 
 def _gather(n: Node, x: list[Any], d: str) -> list[Any]:
-    return [ops.call("embedding", x[1], x[0], device=d)]
+    """Row lookups (axis 0 of a 2-D table: embeddings) as ``embedding``, any other gather as ``gather``."""
+    axis = int(n.attrs.get("axis", 0))
+    if axis == 0 and x[0].ndim == 2:
+        return [ops.call("embedding", x[1], x[0], device=d)]
+    return [ops.call("gather", x[0], x[1], axis=axis, device=d)]
 
 
 #: (domain, op type) -> (kernel, the ops ops it calls: each must be native on the device for the node's dtype)
@@ -295,6 +322,12 @@ NODE_KERNELS: dict[tuple[str, str], tuple[Kernel, tuple[str, ...]]] = {
     ("", "GlobalAveragePool"): (_global_avg_pool, ("mean",)),
     ("", "Split"): (_split, ()),
     ("", "Cast"): (_cast, ("cast",)),
+    ("", "Max"): (_variadic, ("greater", "where")),
+    ("", "Min"): (_variadic, ("less", "where")),
+    ("", "Sin"): (_unary("sin"), ("sin",)),
+    ("", "Cos"): (_unary("cos"), ("cos",)),
+    ("", "Expand"): (_expand, ("expand",)),
+    (OPS_DOMAIN, "RotaryHalf"): (_rotary_half, ("rope_rotate_half",)),
     ("", "MaxPool"): (_max_pool, ("max_pool2d",)),
     ("", "ReduceMean"): (_reduce_mean, ("mean",)),
     ("", "Shape"): (_shape, ()),
@@ -308,7 +341,7 @@ NODE_KERNELS: dict[tuple[str, str], tuple[Kernel, tuple[str, ...]]] = {
     ("", "Identity"): (lambda n, x, d: [x[0]], ()),
     ("", "Transpose"): (_transpose, ("transpose",)),
     ("", "Concat"): (_concat, ("concat",)),
-    ("", "Gather"): (_gather, ("embedding",)),
+    ("", "Gather"): (_gather, ("embedding", "gather")),
     (OPS_DOMAIN, "Linear"): (_linear, ("linear",)),
     (OPS_DOMAIN, "SkipLayerNorm"): (_skip_norm, ("add_layer_norm",)),
     (OPS_DOMAIN, "SkipRMSNorm"): (_skip_norm, ("add_rms_norm",)),
@@ -322,6 +355,7 @@ HOST_INPUTS: dict[tuple[str, str], frozenset[int]] = {
     ("", "Squeeze"): frozenset({1}),
     ("", "Unsqueeze"): frozenset({1}),
     ("", "Split"): frozenset({1}),
+    ("", "Expand"): frozenset({1}),
     ("", "ReduceMean"): frozenset({1}),
 }
 
@@ -367,9 +401,7 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
         if missing:
             return f"its expression holds {missing}, which run on the host"
     if t == "Gather":
-        data, idx = (graph.values.get(n.inputs[i]) for i in (0, 1))
-        if int(a.get("axis", 0)) != 0 or data is None or len(data.shape or ()) != 2:
-            return "only row lookups (axis 0 of a 2-D table) run on the device"
+        idx = graph.values.get(n.inputs[1])
         if idx is None or idx.dtype is None or np.dtype(idx.dtype).kind not in "iu":
             return "indices must be integers"
     if t in ("SkipLayerNorm", "SkipRMSNorm") and int(a.get("axis", -1)) != -1:

@@ -51,6 +51,10 @@ class CudaOps:
             return out
         return t if t.dtype == dtype else t.astype(dtype)
 
+    def contiguous(self, x: Any) -> Any:
+        """``x`` in C order with its shape kept (``ascontiguousarray`` makes a 0-d array 1-d)."""
+        return x if x.flags.c_contiguous else self.xp.ascontiguousarray(x).reshape(x.shape)
+
     def _raw_ok(self, *xs: Any) -> bool:
         return self.raw is not None and all(
             x is None or (x.dtype.name in self.raw.dtypes and x.flags.c_contiguous) for x in xs
@@ -155,7 +159,7 @@ class CudaOps:
 
     def _rows(self, x: Any, axis: int) -> Any:
         """``x`` with ``axis`` moved last, contiguous, as (rows, cols)."""
-        return self.xp.ascontiguousarray(self.xp.moveaxis(x, axis, -1))
+        return self.contiguous(self.xp.moveaxis(x, axis, -1))
 
     def _softmax(self, x: Any, axis: int, log: bool) -> Any:
         op = "log_softmax" if log else "softmax"
@@ -190,7 +194,7 @@ class CudaOps:
         for name, p in params.items():
             if p is not None and tuple(p.shape) != shape:
                 raise OpError(op, name, f"shape x.shape[axis:] = {shape}", str(tuple(p.shape)))
-            out.append(None if p is None else self.xp.ascontiguousarray(p.astype(x.dtype, copy=False)))
+            out.append(None if p is None else self.contiguous(p.astype(x.dtype, copy=False)))
         return a, out
 
     def _norm(
@@ -200,8 +204,8 @@ class CudaOps:
         xp = self.xp
         if x.size and self._raw_ok(x, residual):
             cols = math.prod(x.shape[a:])
-            x2 = xp.ascontiguousarray(x).reshape(-1, cols)
-            r2 = None if residual is None else xp.ascontiguousarray(residual).reshape(-1, cols)
+            x2 = self.contiguous(x).reshape(-1, cols)
+            r2 = None if residual is None else self.contiguous(residual).reshape(-1, cols)
             y, s = self.raw.norm(kind, x2, r2, w, b, eps, want_sum)
             return y.reshape(x.shape), None if s is None else s.reshape(x.shape)
         t = self._up(x) if residual is None else self._up(x) + self._up(residual)
@@ -369,7 +373,7 @@ class CudaOps:
         win = xp.lib.stride_tricks.as_strided(
             xpad, (*x.shape[:2], ho, wo, kh, kw), (s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw)
         )
-        return xp.ascontiguousarray(win.max(axis=(-2, -1)))
+        return self.contiguous(win.max(axis=(-2, -1)))
 
     def attention(
         self,
@@ -417,10 +421,41 @@ class CudaOps:
         lse = xp.where(empty, -xp.inf, row_max + xp.log(xp.where(empty, 1, total)))[..., 0]
         return out, lse
 
+    def compare(self, ufunc: str) -> Callable[..., Any]:
+        def kernel(a: Any, b: Any) -> Any:
+            xp = self.xp
+            a, b = xp.asarray(a), xp.asarray(b)
+            return getattr(xp, ufunc)(self._up(a), self._up(b.astype(a.dtype, copy=False)))
+
+        kernel.__name__ = f"{ufunc}_cuda"
+        return kernel
+
+    def rope_rotate_half(self, x: Any, cos: Any, sin: Any, *, out: Any = None) -> Any:
+        """``x cos + rotate_half(x) sin`` with rotate_half(x) = [-x2, x1] over the last dim."""
+        xp, t = self.xp, self._up(x)
+        h = x.shape[-1] // 2
+        rot = xp.concatenate([-t[..., h:], t[..., :h]], axis=-1)
+        return self._back(t * self._up(cos) + rot * self._up(sin), x.dtype, out)
+
     # ------------------------------------------------------------------ layout
 
+    def gather(self, x: Any, indices: Any, *, axis: int = 0) -> Any:
+        xp = self.xp
+        ax = normalize_axis("gather", x, axis)
+        idx = xp.asarray(indices)
+        dim = x.shape[ax]
+        if idx.size and (int(idx.min()) < -dim or int(idx.max()) >= dim):
+            raise OpError(
+                "gather", "indices", f"values in [-{dim}, {dim})", f"[{int(idx.min())}, {int(idx.max())}]"
+            )
+        return xp.take(x, xp.where(idx < 0, idx + dim, idx), axis=ax)
+
+    def expand(self, x: Any, *, shape: Any) -> Any:
+        target = np.broadcast_shapes(tuple(x.shape), tuple(int(d) for d in shape))
+        return self.contiguous(self.xp.broadcast_to(x, target))
+
     def transpose(self, x: Any, *, perm: Any = None) -> Any:
-        return self.xp.ascontiguousarray(self.xp.transpose(x, None if perm is None else tuple(perm)))
+        return self.contiguous(self.xp.transpose(x, None if perm is None else tuple(perm)))
 
     def reshape(self, x: Any, *, shape: Any) -> Any:
         return self.xp.reshape(x, tuple(int(d) for d in shape))
@@ -456,6 +491,8 @@ def op_table(k: CudaOps) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...],
         "sqrt": xp.sqrt,
         "rsqrt": lambda u: 1 / xp.sqrt(u),
         "tanh": xp.tanh,
+        "sin": xp.sin,
+        "cos": xp.cos,
         "sigmoid": k.sigmoid,
         "relu": k.relu,
     }
@@ -475,7 +512,12 @@ def op_table(k: CudaOps) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...],
         "matmul", "linear", "gemm", "conv2d", "max_pool2d", "attention", "transpose", "reshape", "cast",
     ):  # fmt: skip
         t[name] = (getattr(k, name), f, 0)
+    for name, ufunc in (("greater", "greater"), ("less", "less"), ("equal", "equal")):
+        t[name] = (k.compare(ufunc), f, 0)
     t["concat"] = (k.concat, f, 0)
+    t["gather"] = (k.gather, f, 0)
+    t["expand"] = (k.expand, f, 0)
+    t["rope_rotate_half"] = (k.rope_rotate_half, f, 0)
     t["embedding"] = (k.embedding, f, 1)
     t["where"] = (k.where, f, 1)
     return t
