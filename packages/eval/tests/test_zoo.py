@@ -182,6 +182,34 @@ def test_exported_file_runs_the_same_in_opstrata_and_onnxruntime(zoo_deps, tmp_p
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("name", ["resnet18", "vit_b_16", "gpt2"])
+def test_exported_models_run_wholly_on_a_device_with_its_own_memory(zoo_deps, tmp_path, name: str) -> None:
+    """The stand-in for cuda (ops.testing; its kernels refuse host arrays): every float node on the device,
+    the cpu session's outputs. The GPU runs the same placement (tools/gpu_check.sh)."""
+    import opstrata.ops as ops
+    import opstrata.ops.testing as ot
+    from opstrata.runtime import InferenceSession
+
+    if not hasattr(ot, "register_standin_device"):
+        pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    path = export_model(name, "torchscript", tmp_path)
+    spec = MODELS[name]
+    rng = np.random.default_rng(0)
+    if spec.input_kind == "image":
+        x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+    else:
+        x = rng.integers(0, spec.vocab, (2, 16)).astype(np.int64)
+    with ot.isolated_registry():
+        dev = ot.register_standin_device("_zoo_standin")
+        sess = InferenceSession(str(path), device=dev)
+        feeds = {sess.get_inputs()[0].name: x}
+        got = sess.run(None, feeds)[0]
+        assert sess.device_fallbacks() == [], sess.device_fallbacks()
+        assert ops.fallback_report().count(device=dev) == 0
+    want = InferenceSession(str(path)).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
 def test_bench_reports_a_latency_ratio(zoo_deps) -> None:
     row = run_model("squeezenet1_1", "torchscript", bench=True, threads=1, memory=True)
     assert row.status == "ok" and row.latency_ratio is not None and row.latency_ratio > 0
