@@ -102,9 +102,12 @@ def test_demo_on_a_device_with_its_own_memory(tmp_path: Path) -> None:
     """--device: the stand-in for cuda (its kernels refuse host arrays) gives the cpu session's logits."""
     import opstrata.ops as ops
     import opstrata.ops.testing as ot
+    import opstrata.runtime as rt
 
     if not hasattr(ot, "register_standin_device"):
         pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    if not hasattr(rt.InferenceSession, "run_on_device"):
+        pytest.skip("opstrata-runtime < 0.5.48 runs no sessions on a device with its own memory")
     lines: list[str] = []
     with ot.isolated_registry():
         dev = ot.register_standin_device("_demo_standin")
@@ -121,3 +124,17 @@ def test_demo_cli_refuses_an_absent_device(capsys: pytest.CaptureFixture[str]) -
 
     assert _cli.main(["demo", "--device", "nosuch"]) == 2
     assert "--device 'nosuch' is not usable here" in capsys.readouterr().err
+
+
+def test_demo_refuses_a_device_memory_the_runtime_cannot_run(tmp_path: Path, monkeypatch) -> None:
+    import opstrata.ops.testing as ot
+    import opstrata.runtime as rt
+
+    if not hasattr(ot, "register_standin_device"):
+        pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    if hasattr(rt.InferenceSession, "run_on_device"):
+        monkeypatch.delattr(rt.InferenceSession, "run_on_device")
+    with ot.isolated_registry():
+        dev = ot.register_standin_device("_demo_old_runtime")
+        with pytest.raises(RuntimeError, match="cannot run sessions on a device with its own memory"):
+            run_demo(tmp_path, new_tokens=2, device=dev, say=lambda _: None)

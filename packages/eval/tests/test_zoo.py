@@ -192,6 +192,8 @@ def test_exported_models_run_wholly_on_a_device_with_its_own_memory(zoo_deps, tm
 
     if not hasattr(ot, "register_standin_device"):
         pytest.skip("opstrata-ops < 0.4.69 has no stand-in device")
+    if not hasattr(InferenceSession, "run_on_device"):
+        pytest.skip("opstrata-runtime < 0.5.48 runs no sessions on a device with its own memory")
     path = export_model(name, "torchscript", tmp_path)
     spec = MODELS[name]
     rng = np.random.default_rng(0)

@@ -104,6 +104,10 @@ def _kv_line(stats: dict[str, float | int]) -> str:
     )
 
 
+def _own_memory(device: str) -> bool:
+    return hasattr(ops, "device_memory") and ops.device_memory(device) is not None
+
+
 def run_demo(
     out_dir: Path, *, level: int = 3, tp: int = 2, batch: int = 2, seq: int = 12, new_tokens: int = 16,
     samples: int = 4, block_size: int = 8, progress_kind: str = "plain", say: Callable[[str], None] = print,
@@ -111,6 +115,11 @@ def run_demo(
 ) -> DemoResult:  # fmt: skip
     """Run every step of the demo, writing model.onnx and the profile into ``out_dir``; with ``device``
     other than cpu (``cuda``) also run the model there and check it against the cpu session."""
+    if device != "cpu" and _own_memory(device) and not hasattr(rt.InferenceSession, "run_on_device"):
+        raise RuntimeError(
+            f"opstrata demo: this opstrata-runtime ({rt.__version__}) cannot run sessions on a device with its own "
+            f"memory ({device!r}); install opstrata-runtime >= 0.5.48"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     result = DemoResult()
     max_pos = seq + new_tokens
