@@ -2,9 +2,9 @@
 
 For each model (random weights, built in code, exported by the TorchScript exporter): outputs compared
 (max relative error against torch), the nodes the session runs on the host, and the latency of both in
-interleaved rounds (alternating which goes first; each side synchronised), medians; float32 and bfloat16
-(the module cast to bfloat16 and wrapped so it takes and returns float32: the exported Casts run on the
-device too). Needs CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
+interleaved rounds (``ops.benchtools.compare``: alternating which goes first; each call synchronised),
+medians; float32 and bfloat16 (the module cast to bfloat16 and wrapped so it takes and returns float32:
+the exported Casts run on the device too). Needs CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
 
     python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--dtypes float32,bfloat16]
 """
@@ -13,36 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-
-def _ms(fn: Callable[[], Any], sync: Callable[[], None], reps: int) -> float:
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / reps * 1e3
-
-
-def interleaved(
-    a: Callable[[], Any], b: Callable[[], Any], sync: Callable[[], None], rounds: int, reps: int
-) -> tuple[float, float]:
-    """Median ms of ``a`` and ``b`` over ``rounds``, alternating which runs first (warmed up once)."""
-    a(), b()
-    ta, tb = [], []
-    for r in range(rounds):
-        first, second = ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta))
-        first[1].append(_ms(first[0], sync, reps))
-        second[1].append(_ms(second[0], sync, reps))
-    return statistics.median(ta), statistics.median(tb)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import opstrata.ops as ops
     from opstrata.eval.zoo import MODELS, export_model
     from opstrata.eval.zoo._builders import build
+    from opstrata.ops.benchtools import compare
     from opstrata.runtime import InferenceSession
 
     if "cuda" not in ops.list_devices():
@@ -105,18 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         got = sess.run(None, feeds)[0]
         err = float(np.max(np.abs(got - want)) / max(1e-12, float(np.max(np.abs(want)))))
 
-        def ours(sess: Any = sess, dev_feeds: Any = dev_feeds) -> Any:
-            return sess.run_on_device(None, dev_feeds)
-
-        def theirs(tmod: Any = tmod, tx: Any = tx) -> Any:
-            with torch.no_grad():
-                return tmod(tx)
-
-        def sync() -> None:
+        def ours(sess: Any = sess, dev_feeds: Any = dev_feeds) -> None:
+            sess.run_on_device(None, dev_feeds)
             cp.cuda.Device().synchronize()
+
+        def theirs(tmod: Any = tmod, tx: Any = tx) -> None:
+            with torch.no_grad():
+                tmod(tx)
             torch.cuda.synchronize()
 
-        o, t = interleaved(ours, theirs, sync, args.rounds, 10)
+        # interleaved rounds, alternating which goes first; each call ends synchronised (its latency)
+        timed = compare({"ours": ours, "torch": theirs}, repeats=args.rounds, number=10)
+        o, t = timed["ours"].median * 1e3, timed["torch"].median * 1e3
         host = sess.device_fallbacks()
         rows.append({"model": f"{name} {dtype}", "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
                      "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip

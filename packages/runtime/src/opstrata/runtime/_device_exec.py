@@ -21,7 +21,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
-from ._device_nodes import HOST_INPUTS, NODE_KERNELS, node_runs_on_device
+from ._device_nodes import HOST_INPUTS, NODE_KERNELS, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
 from ._profiler import NodeEvent, Profiler
@@ -52,10 +52,6 @@ def _c_order(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.array(a, order="C")
 
 
-def _key(n: Node) -> tuple[str, str]:
-    return ("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type)
-
-
 class DeviceProgram:
     """The plan's nodes placed on ``device`` or the host; runs them with values in either memory."""
 
@@ -71,9 +67,9 @@ class DeviceProgram:
         for n in graph.nodes:
             on_dev, why = node_runs_on_device(n, graph, device)
             if on_dev:
-                self.steps.append((n, True, NODE_KERNELS[_key(n)][0]))
+                self.steps.append((n, True, NODE_KERNELS[node_key(n)][0]))
                 continue
-            fn = KERNELS.get(_key(n))
+            fn = KERNELS.get(node_key(n))
             if fn is None:
                 raise InvalidModel(f"node '{n.name}' ({n.qualified_type})", "the executor has no kernel for this op type", "lower it to supported ops or recompile the plan")  # fmt: skip
             dts = [graph.values[x].dtype for x in n.inputs if x and x in graph.values]
@@ -154,8 +150,11 @@ class DeviceProgram:
         hi = 0
         with ops.device(self.device):
             for i, (n, on_dev, fn) in enumerate(self.steps):
-                host_pos = HOST_INPUTS.get(_key(n), frozenset()) if on_dev else frozenset()
-                metadata = on_dev and _key(n) == ("", "Shape")  # reads no device memory: no copy either way
+                host_pos = HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset()
+                metadata = on_dev and node_key(n) == (
+                    "",
+                    "Shape",
+                )  # reads no device memory: no copy either way
                 args = []
                 for k, x in enumerate(n.inputs):
                     if not x:
@@ -224,7 +223,7 @@ class DeviceProgram:
         outs = tuple(shape(r) for r in res)
         moved = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *res) if a is not None)
         if on_dev:
-            kernels, where, fell = NODE_KERNELS[_key(n)][1] or ("view",), self.device, False
+            kernels, where, fell = NODE_KERNELS[node_key(n)][1] or ("view",), self.device, False
         else:
             kernels, where, fell = ("host",), "cpu", self.host_nodes[hi].fallback
         prof.events.append(

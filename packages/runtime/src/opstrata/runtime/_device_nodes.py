@@ -17,7 +17,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import Graph, Node
 
-__all__ = ["HOST_INPUTS", "NODE_KERNELS", "node_runs_on_device"]
+__all__ = ["HOST_INPUTS", "NODE_KERNELS", "node_key", "node_runs_on_device"]
 
 OPS_DOMAIN = "ai.opstrata"
 Kernel = Callable[[Node, list[Any], str], list[Any]]
@@ -371,7 +371,8 @@ DTYPE_INPUTS: dict[tuple[str, str], frozenset[int]] = {
 _DEVICE_FLOATS = frozenset(np.dtype(d) for d in ("float16", "float32", "float64")) | {np.dtype(ops.bfloat16)}
 
 
-def _key(n: Node) -> tuple[str, str]:
+def node_key(n: Node) -> tuple[str, str]:
+    """(domain, op type) as the kernel tables key it: the ONNX domain as ""."""
     return ("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type)
 
 
@@ -412,16 +413,16 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
 def node_runs_on_device(n: Node, graph: Graph, device: str) -> tuple[bool, str]:
     """(runs on ``device``, why not): the mapping exists, its attributes are handled, and every ops op it
     calls is native on ``device`` for the node's first float input dtype."""
-    entry = NODE_KERNELS.get(_key(n))
+    entry = NODE_KERNELS.get(node_key(n))
     if entry is None:
         return False, f"no {device} mapping for {n.qualified_type}"
     why = _attrs_ok(n, graph)
     if why:
         return False, why
-    if _key(n) == ("", "Shape"):
+    if node_key(n) == ("", "Shape"):
         return True, ""  # reads metadata only: the tensor stays where it is
-    host = HOST_INPUTS.get(_key(n), frozenset())
-    keyed = DTYPE_INPUTS.get(_key(n))
+    host = HOST_INPUTS.get(node_key(n), frozenset())
+    keyed = DTYPE_INPUTS.get(node_key(n))
     dts = [
         graph.values[x].dtype
         for i, x in enumerate(n.inputs)
@@ -435,9 +436,9 @@ def node_runs_on_device(n: Node, graph: Graph, device: str) -> tuple[bool, str]:
     if dt is not None and dt not in ops.FLOAT_DTYPES:
         return False, f"{dt} tensors are computed on the host"
     uses = entry[1]
-    if _key(n) in ((OPS_DOMAIN, "FusedConv"), (OPS_DOMAIN, "FusedElementwise")):
+    if node_key(n) in ((OPS_DOMAIN, "FusedConv"), (OPS_DOMAIN, "FusedElementwise")):
         uses = (*uses, *sorted({STEP_OPS[op] for op, _ in n.attrs["expr"]}))
-    if _key(n) == (OPS_DOMAIN, "Attention") and (n.attrs.get("bshd") or n.attrs.get("bshd_out")):
+    if node_key(n) == (OPS_DOMAIN, "Attention") and (n.attrs.get("bshd") or n.attrs.get("bshd_out")):
         uses = (*uses, "transpose")
     for op in uses:
         path = ops.dispatch_path(op, device, dt)

@@ -43,9 +43,10 @@ def cuda_memory(cp: ModuleType) -> DeviceMemory:
     def from_host(a: Any, out: Any = None) -> Any:
         if out is None:
             return cp.asarray(a)
-        out.set(a) if out.flags.c_contiguous and a.flags.c_contiguous else out.__setitem__(
-            Ellipsis, cp.asarray(a)
-        )
+        if out.flags.c_contiguous and a.flags.c_contiguous:
+            out.set(a)  # one host-to-device copy into the existing buffer
+        else:
+            out[...] = cp.asarray(a)
         return out
 
     return DeviceMemory(

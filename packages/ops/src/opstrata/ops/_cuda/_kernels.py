@@ -322,6 +322,15 @@ class CudaOps:
             )
         return xp.take(weight, idx, axis=0)
 
+    def _windows(self, xpad: Any, kernel: Any, stride: Any, dilation: Any, out_hw: Any) -> Any:
+        """A (N, C, Ho, Wo, kh, kw) strided view of padded NCHW ``xpad``: every window, no copy."""
+        (kh, kw), (sh, sw), (dh, dw), (ho, wo) = kernel, stride, dilation, out_hw
+        s = xpad.strides
+        shape = (*xpad.shape[:2], ho, wo, kh, kw)
+        return self.xp.lib.stride_tricks.as_strided(
+            xpad, shape, (s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw)
+        )
+
     def conv2d(
         self,
         x: Any,
@@ -338,13 +347,11 @@ class CudaOps:
         g = _check_conv(x, weight, bias, stride, padding, dilation, groups)
         top, left, bottom, right = g.pads
         xpad = xp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-        n, c = xpad.shape[:2]
+        n = x.shape[0]
         o, cg, kh, kw = weight.shape
-        (sh, sw), (dh, dw), (ho, wo) = g.stride, g.dilation, g.out_hw
-        s = xpad.strides
-        cols = xp.lib.stride_tricks.as_strided(
-            xpad, (n, c, kh, kw, ho, wo), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw)
-        )
+        ho, wo = g.out_hw
+        win = self._windows(xpad, (kh, kw), g.stride, g.dilation, (ho, wo))  # (N, C, Ho, Wo, kh, kw)
+        cols = xp.moveaxis(win, (4, 5), (2, 3))  # (N, C, kh, kw, Ho, Wo): the GEMM's K before L
         cols = xp.ascontiguousarray(cols).reshape(n, g.groups, cg * kh * kw, ho * wo)
         w = weight.reshape(g.groups, o // g.groups, cg * kh * kw)
         y = self._mm(w[None], cols).reshape(n, o, ho, wo)  # (N, G, Og, L) -> (N, O, Ho, Wo)
@@ -368,11 +375,7 @@ class CudaOps:
         top, left, bottom, right = g.pads
         pad = ((0, 0), (0, 0), (top, bottom + g.extra[0]), (left, right + g.extra[1]))
         xpad = xp.pad(x, pad, constant_values=-xp.inf)
-        (kh, kw), (sh, sw), (dh, dw), (ho, wo) = g.kernel, g.stride, g.dilation, g.out_hw
-        s = xpad.strides
-        win = xp.lib.stride_tricks.as_strided(
-            xpad, (*x.shape[:2], ho, wo, kh, kw), (s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw)
-        )
+        win = self._windows(xpad, g.kernel, g.stride, g.dilation, g.out_hw)
         return self.contiguous(win.max(axis=(-2, -1)))
 
     def attention(
