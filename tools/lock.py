@@ -3,10 +3,12 @@
     python tools/lock.py sync [--layers ops,graph,...]   # rewrite the lock from the pyprojects (keeps releases)
     python tools/lock.py check [--ref HEAD]              # exit 1 listing every inconsistency
     python tools/lock.py tighten [--dry-run]             # raise uninstallable lower bounds, then sync
+    python tools/lock.py relink PACKAGE VERSION          # re-record a release whose tree no commit holds
 
 check is what CI runs (nox -s lock): it catches code changed without a version bump, ranges that
 exclude the locked lower version, lower bounds no installer can ever pick (the release at the bound
-conflicts with the package's other ranges), upward/sideways/cyclic dependencies and a malformed lock.
+conflicts with the package's other ranges), upward/sideways/cyclic dependencies, release trees no commit holds (a fresh clone could not rebuild them)
+and a malformed lock.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Problem:
 
     package: str | None
     kind: str  # malformed | not-in-lock | version | stale | layering | cycle | range | uninstallable-bound
-    #            | unreleased-change
+    #            | unreleased-change | uncommitted-release
     message: str
 
 
@@ -112,6 +114,7 @@ def check(repo_root: Path, ref: str | None = None) -> list[Problem]:
     if len(pyprojects) == len(layers):
         problems += _check_bounds(repo_root, lock, pyprojects)
     problems += _check_trees(repo_root, lock, ref)
+    problems += _check_release_history(repo_root, lock, ref)
     return problems
 
 
@@ -335,6 +338,72 @@ def _check_trees(repo_root: Path, lock: Any, ref: str | None) -> list[Problem]:
     return out
 
 
+def _check_release_history(repo_root: Path, lock: Any, ref: str | None) -> list[Problem]:
+    """Every recorded release tree is the package's directory in some commit, so any full clone can rebuild it.
+
+    A tree recorded by release.py and then edited before the commit (a formatter run, a late fix) lives
+    only in the releasing machine's object db: CI's clone cannot build that release and the compat matrix
+    fails. Checking the working tree (no ref), the current version's release may still be uncommitted.
+    """
+    if ref is None and not lf.has_head(repo_root):
+        return []
+    names = [str(n) for n in lock["layers"]]
+    paths = {n: str(lock["packages"][n]["path"]) for n in names}
+    try:
+        committed = lf.committed_trees(repo_root, list(paths.values()), ref=ref or "HEAD")
+    except LockError as e:
+        return [Problem(None, "malformed", str(e))]
+    out: list[Problem] = []
+    for name in names:
+        t = lock["packages"][name]
+        for version in lf.released_versions(lock, name):
+            if ref is None and version == str(t["version"]):
+                continue  # _check_trees compares it with the working tree
+            tree = str(t["releases"][version]["tree"])
+            if tree in committed[paths[name].strip("/")]:
+                continue
+            out.append(
+                Problem(
+                    name,
+                    "uncommitted-release",
+                    f"{t['distribution']} {version}'s recorded tree {tree[:12]} is {paths[name]} in no commit of "
+                    f"{ref or 'HEAD'}'s history (released, then edited before the commit?), so a fresh clone "
+                    f"cannot rebuild it; run `python tools/lock.py relink {name} {version}` to record the tree "
+                    f"committed as {version}",
+                )
+            )
+    return out
+
+
+def relink(repo_root: Path, name: str, version: str) -> tuple[str, str, str]:
+    """Record, for a release whose tree no commit holds, the tree of the oldest commit declaring that version.
+
+    Returns (old tree, new tree, commit). Refuses a release whose tree is committed: history is not
+    rewritten for releases a clone can already rebuild.
+    """
+    path = lf.lock_path(repo_root)
+    doc = lf.read_lock(path)
+    if name not in doc["packages"]:
+        raise LockError(f"relink: no package {name!r} in versions.lock; known: {', '.join(doc['layers'])}")
+    table = doc["packages"][name]
+    old = lf.release_tree(doc, name, version)
+    rel = str(table["path"])
+    if old in lf.committed_trees(repo_root, [rel])[rel.strip("/")]:
+        raise LockError(
+            f"relink: {table['distribution']} {version}'s tree {old[:12]} is committed; nothing to relink"
+        )
+    commit = lf.commit_with_version(repo_root, rel, version)
+    if commit is None:
+        raise LockError(
+            f"relink: no commit of HEAD declares {table['distribution']} {version} in {rel}/pyproject.toml; "
+            "commit the release first"
+        )
+    new = lf.tree_of(repo_root, rel, ref=commit)
+    table["releases"][version]["tree"] = new
+    lf.write_lock(doc, path)
+    return old, new, commit
+
+
 def _changed_files(repo_root: Path, old: str, new: str, prefix: str, limit: int = 8) -> str:
     """'; changed: a, b, ...' between two trees, or a note that the recorded tree is not in this clone."""
     try:
@@ -368,9 +437,11 @@ def summary(repo_root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `sync`, `check` or `tighten`."""
+    """Entry point: `sync`, `check`, `tighten` or `relink`."""
     ap = argparse.ArgumentParser(prog="tools/lock.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["sync", "check", "tighten"])
+    ap.add_argument("command", choices=["sync", "check", "tighten", "relink"])
+    ap.add_argument("package", nargs="?", help="relink: the package (e.g. eval)")
+    ap.add_argument("version", nargs="?", help="relink: the released version (e.g. 0.7.19)")
     ap.add_argument("--root", type=Path, help="repository root (default: git toplevel of the cwd)")
     ap.add_argument(
         "--layers", help="sync: comma-separated layer order, bottom first (default: keep the lock's)"
@@ -392,6 +463,21 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "tighten":
             return _tighten_cli(root, args.dry_run)
+        if args.command == "relink":
+            if not (args.package and args.version):
+                ap.error("relink needs PACKAGE VERSION, e.g. `lock.py relink eval 0.7.19`")
+            old, new, commit = relink(root, args.package, args.version)
+            changed = _changed_files(root, old, new, f"packages/{args.package}")
+            print(
+                f"relinked {args.package} {args.version}: tree {old[:12]} -> {new[:12]} "
+                f"(as committed in {commit[:12]}{changed})"
+            )
+            problems = check(root)
+            if problems:
+                print(format_problems(problems), file=sys.stderr)
+                return 1
+            print(summary(root))
+            return 0
         problems = check(root, ref=args.ref)
     except LockError as e:
         print(f"error: {e}", file=sys.stderr)

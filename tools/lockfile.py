@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ def tree_of(
         raise LockError(f"{rel}: expected a package directory in {repo_root}, found none")
     with tempfile.TemporaryDirectory(prefix="opstrata-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        if _has_head(repo_root):
+        if has_head(repo_root):
             git(repo_root, "read-tree", "HEAD", env=env)  # keeps tracked-but-ignored files, as a commit would
         git(repo_root, "add", "-A", "--", rel, env=env)
         for file_rel, data in (overrides or {}).items():
@@ -135,7 +135,46 @@ def tree_of(
             raise LockError(f"{rel}: has no files git would track (all ignored or empty?)") from e
 
 
-def _has_head(repo_root: Path | str) -> bool:
+def committed_trees(
+    repo_root: Path | str, rel_paths: Sequence[str], ref: str = "HEAD"
+) -> dict[str, set[str]]:
+    """Per directory, every tree hash it had in a commit reachable from `ref` (what a fresh clone holds).
+
+    One `git log` and one `git cat-file --batch-check` for all directories, so it stays fast on long
+    histories. An empty dict entry means the directory was never committed.
+    """
+    commits = git(repo_root, "log", "--format=%H", ref).split()
+    rels = [r.strip("/") for r in rel_paths]
+    query = "".join(f"{c}:{rel}\n" for c in commits for rel in rels).encode()
+    out = (
+        git(repo_root, "cat-file", "--batch-check=%(objectname) %(objecttype)", input=query)
+        if commits
+        else ""
+    )
+    found: dict[str, set[str]] = {rel: set() for rel in rels}
+    for (_, rel), line in zip(((c, rel) for c in commits for rel in rels), out.splitlines(), strict=True):
+        name, _, kind = line.partition(" ")
+        if kind == "tree":
+            found[rel].add(name)
+    return found
+
+
+def commit_with_version(repo_root: Path | str, rel_path: str, version: str, ref: str = "HEAD") -> str | None:
+    """The oldest commit reachable from `ref` whose `rel_path`/pyproject.toml declares `version` (None if none)."""
+    rel = rel_path.strip("/")
+    commits = git(repo_root, "log", "--reverse", "--format=%H", ref, "--", f"{rel}/pyproject.toml").split()
+    for commit in commits:
+        try:
+            text = git(repo_root, "show", f"{commit}:{rel}/pyproject.toml")
+        except LockError:
+            continue  # deleted in this commit
+        project = parse_toml(text, f"{commit[:12]}:{rel}/pyproject.toml").get("project", {})
+        if str(project.get("version", "")) == version:
+            return commit
+    return None
+
+
+def has_head(repo_root: Path | str) -> bool:
     """True once the repository has a first commit."""
     proc = subprocess.run(
         ["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=repo_root, capture_output=True, check=False

@@ -66,7 +66,8 @@ def _tree_requires(repo_root: str, tree: str) -> tuple[tuple[str, str], ...]:
     except LockError as e:
         raise LockError(
             f"cannot read pyproject.toml of release tree {tree[:12]} ({e}); the compat resolver needs every "
-            "recorded release tree in this clone's object db (fetch full history, not a shallow clone)"
+            "recorded release tree in this clone's object db (fetch full history, not a shallow clone; a tree "
+            "released but never committed: `python tools/lock.py relink PACKAGE VERSION`)"
         ) from None
     doc = lf.parse_toml(text, f"{tree[:12]}:pyproject.toml")
     problems: list[str] = []

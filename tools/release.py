@@ -110,6 +110,14 @@ def plan_release(root: Path, name: str, part: str, date: str) -> Plan:
         )
     if released and Version(version) < Version(released[-1]):
         raise LockError(f"{table['distribution']} {version} would be older than the released {released[-1]}")
+    if old in released and lf.has_head(root):
+        rel = str(table["path"])
+        if str(table["releases"][old]["tree"]) not in lf.committed_trees(root, [rel])[rel.strip("/")]:
+            raise LockError(
+                f"{table['distribution']} {old} is released but not committed: releasing {version} on top would "
+                f"leave {old}'s tree in no commit, and no clone could rebuild it; commit first "
+                f"(git add {rel} {lf.LOCK_NAME} && git commit), then release again"
+            )
     pyproject, changelog = pkg_dir / "pyproject.toml", pkg_dir / "CHANGELOG.md"
     texts = {
         pyproject: lf.read_text(pyproject, "pyproject.toml"),

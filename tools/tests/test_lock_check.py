@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lock
-from conftest import commit_all, run
+from conftest import commit_all, git, run
 
 
 def _edit(repo: Path, rel: str, old: str, new: str) -> None:
@@ -136,3 +136,72 @@ def test_missing_lock_says_how_to_create_it(repo: Path) -> None:
     commit_all(repo)
     err = _check(repo)
     assert "versions.lock: not found; create it with `python tools/lock.py sync`" in err
+
+
+def _release_then_edit_then_commit(released: Path) -> None:
+    """The failure that stopped CI once: ops 0.1.1 released, then edited (a formatter run) before the commit."""
+    changelog = released / "packages/ops/CHANGELOG.md"
+    changelog.write_text(
+        changelog.read_text().replace("## Unreleased\n", "## Unreleased\n\n### Fixed\n- A bug.\n")
+    )
+    _edit(released, "packages/ops/src/opstrata/ops/__init__.py", "VALUE = 1", "VALUE = 2")
+    assert run(released, "release.py", "ops", "patch", "--date", "2026-12-04").returncode == 0
+    _edit(released, "packages/ops/src/opstrata/ops/__init__.py", "VALUE = 2", "VALUE  =  2")
+    commit_all(released, "ops 0.1.1 (formatted after the release)")
+
+
+def test_release_tree_no_commit_holds_is_reported(released: Path) -> None:
+    _release_then_edit_then_commit(released)
+    proc = run(released, "lock.py", "check", "--ref", "HEAD")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "[uncommitted-release] opstrata-ops 0.1.1's recorded tree" in proc.stderr
+    assert "a fresh clone cannot rebuild it" in proc.stderr
+    assert "python tools/lock.py relink ops 0.1.1" in proc.stderr
+    assert "opstrata-ops 0.1.0" not in proc.stderr.split("[uncommitted-release]")[1]  # 0.1.0 is committed
+
+
+def test_relink_records_the_committed_tree_of_that_version(released: Path) -> None:
+    _release_then_edit_then_commit(released)
+    proc = run(released, "lock.py", "relink", "ops", "0.1.1")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "relinked ops 0.1.1" in proc.stdout
+        and "changed: packages/ops/src/opstrata/ops/__init__.py" in proc.stdout
+    )
+    head_tree = git(released, "rev-parse", "HEAD:packages/ops")
+    assert f'tree = "{head_tree}"' in (released / "versions.lock").read_text()
+    commit_all(released, "relink")
+    assert run(released, "lock.py", "check", "--ref", "HEAD").returncode == 0
+    again = run(released, "lock.py", "relink", "ops", "0.1.1")  # committed now: history is not rewritten
+    assert again.returncode == 2 and "is committed; nothing to relink" in again.stderr
+
+
+def test_relink_refuses_unknown_packages_versions_and_uncommitted_releases(released: Path) -> None:
+    assert "no package 'nope'" in run(released, "lock.py", "relink", "nope", "0.1.0").stderr
+    assert "expected a recorded release" in run(released, "lock.py", "relink", "ops", "9.9.9").stderr
+    assert "relink needs PACKAGE VERSION" in run(released, "lock.py", "relink", "ops").stderr
+    changelog = released / "packages/ops/CHANGELOG.md"
+    changelog.write_text(
+        changelog.read_text().replace("## Unreleased\n", "## Unreleased\n\n### Fixed\n- A bug.\n")
+    )
+    assert run(released, "release.py", "ops", "patch", "--date", "2026-12-04").returncode == 0
+    proc = run(released, "lock.py", "relink", "ops", "0.1.1")  # released, never committed
+    assert proc.returncode == 2 and "no commit of HEAD declares opstrata-ops 0.1.1" in proc.stderr
+    assert "commit the release first" in proc.stderr
+
+
+def test_a_release_stacked_on_an_uncommitted_one_is_refused(released: Path) -> None:
+    changelog = released / "packages/ops/CHANGELOG.md"
+    for n in (1, 2):
+        changelog.write_text(
+            changelog.read_text().replace("## Unreleased\n", f"## Unreleased\n\n### Fixed\n- Bug {n}.\n")
+        )
+        _edit(released, "packages/ops/src/opstrata/ops/__init__.py", f"VALUE = {n}", f"VALUE = {n + 1}")
+        proc = run(released, "release.py", "ops", "patch", "--date", "2026-12-04")
+    assert proc.returncode == 2, proc.stdout  # 0.1.2 would leave 0.1.1's tree in no commit
+    assert "opstrata-ops 0.1.1 is released but not committed" in proc.stderr
+    assert "git add packages/ops versions.lock && git commit" in proc.stderr
+    commit_all(released, "ops 0.1.1, with the edit made after its release")
+    assert run(released, "lock.py", "relink", "ops", "0.1.1").returncode == 0
+    commit_all(released, "relink ops 0.1.1")
+    assert run(released, "release.py", "ops", "patch", "--date", "2026-12-04").returncode == 0
