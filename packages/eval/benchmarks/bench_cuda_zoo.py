@@ -4,7 +4,9 @@ For each model (random weights, built in code, exported by the TorchScript expor
 (max relative error against torch), the nodes the session runs on the host, and the latency of both in
 interleaved rounds (``ops.benchtools.compare``: alternating which goes first; each call synchronised),
 medians; float32 and bfloat16 (the module cast to bfloat16 and wrapped so it takes and returns float32:
-the exported Casts run on the device too). Needs CuPy, torch (CUDA), torchvision and transformers; run by ``tools/gpu_check.sh``::
+the exported Casts run on the device too); also the session with ``enable_device_graph`` (a CUDA graph
+recorded on its second run, then replayed) against the same session without it. Needs CuPy, torch (CUDA),
+torchvision and transformers; run by ``tools/gpu_check.sh``::
 
     python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--dtypes float32,bfloat16]
 """
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from opstrata.eval.zoo import MODELS, export_model
     from opstrata.eval.zoo._builders import build
     from opstrata.ops.benchtools import compare
-    from opstrata.runtime import InferenceSession
+    from opstrata.runtime import InferenceSession, SessionOptions
 
     if "cuda" not in ops.list_devices():
         print(
@@ -90,19 +92,39 @@ def main(argv: list[str] | None = None) -> int:
                 tmod(tx)
             torch.cuda.synchronize()
 
+        cands = {"ours": ours, "torch": theirs}
+        graph_note = ""
+        try:  # the same plan recorded as one CUDA graph (its second run records it; later runs replay)
+            gsess = InferenceSession(str(path), SessionOptions(enable_device_graph=True), device="cuda")
+            for _ in range(2):
+                gsess.run_on_device(None, dev_feeds)
+            ggot = gsess.run(None, feeds)[0]
+            graph_note = f"{float(np.max(np.abs(ggot - got)) / max(1e-12, float(np.max(np.abs(got))))):.1e}"
+
+            def graphed(gsess: Any = gsess, dev_feeds: Any = dev_feeds) -> None:
+                gsess.run_on_device(None, dev_feeds)
+                cp.cuda.Device().synchronize()
+
+            cands["graph"] = graphed
+        except Exception as exc:  # reported in the table: the reason the graph could not be used
+            graph_note = f"no graph: {type(exc).__name__}: {str(exc)[:160]}"
         # interleaved rounds, alternating which goes first; each call ends synchronised (its latency)
-        timed = compare({"ours": ours, "torch": theirs}, repeats=args.rounds, number=10)
+        timed = compare(cands, repeats=args.rounds, number=10)
         o, t = timed["ours"].median * 1e3, timed["torch"].median * 1e3
+        g = timed["graph"].median * 1e3 if "graph" in timed else float("nan")
         host = sess.device_fallbacks()
         rows.append({"model": f"{name} {dtype}", "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
+                     "graph_ms": g, "graph_ratio": g / t, "graph_vs_eager": g / o, "graph_note": graph_note,
                      "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}")
-    print("| model | ours ms | torch eager ms | ours / torch | max rel err | host nodes (ops) |")
-    print("|---|---|---|---|---|---|")
+    print("| model | ours ms | torch eager ms | ours / torch | graph ms | graph / torch | graph / ours "
+          "| max rel err | graph vs eager (rel err or why none) | host nodes (ops) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         host = f"{r['host_nodes']} ({', '.join(r['host_ops'])})" if r["host_nodes"] else "0"
         print(
-            f"| {r['model']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}x | {r['max_rel_err']:.1e} | {host} |"
+            f"| {r['model']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}x | {r['graph_ms']:.3f} "
+            f"| {r['graph_ratio']:.2f}x | {r['graph_vs_eager']:.2f}x | {r['max_rel_err']:.1e} | {r['graph_note']} | {host} |"
         )
     print(ops.fallback_report().table())
     if args.json:

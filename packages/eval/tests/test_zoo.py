@@ -212,6 +212,34 @@ def test_exported_models_run_wholly_on_a_device_with_its_own_memory(zoo_deps, tm
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("name", ["resnet18", "gpt2"])
+def test_exported_models_replay_as_device_graphs(zoo_deps, tmp_path, name: str) -> None:
+    """enable_device_graph on the stand-in (its capture records kernel calls; a replay re-runs only those):
+    the second run records, later runs replay with new feed values and give the cpu session's outputs."""
+    import opstrata.ops as ops
+    import opstrata.ops.testing as ot
+    from opstrata.runtime import InferenceSession, SessionOptions
+
+    if not hasattr(ops, "capturing") or "enable_device_graph" not in SessionOptions.__dataclass_fields__:
+        pytest.skip("opstrata-ops < 0.4.75 / opstrata-runtime < 0.5.56 record no device graphs")
+    path = export_model(name, "torchscript", tmp_path)
+    spec = MODELS[name]
+    cpu = InferenceSession(str(path))
+    with ot.isolated_registry():
+        dev = ot.register_standin_device("_zoo_graphs")
+        sess = InferenceSession(str(path), SessionOptions(enable_device_graph=True), device=dev)
+        for seed in range(3):
+            rng = np.random.default_rng(seed)
+            if spec.input_kind == "image":
+                x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+            else:
+                x = rng.integers(0, spec.vocab, spec.shapes[-1]).astype(np.int64)
+            feeds = {sess.get_inputs()[0].name: x}
+            got, want = sess.run(None, feeds)[0], cpu.run(None, feeds)[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+        assert len(sess._device_program.recorded_signatures()) == 1
+
+
 def test_bench_reports_a_latency_ratio(zoo_deps) -> None:
     row = run_model("squeezenet1_1", "torchscript", bench=True, threads=1, memory=True)
     assert row.status == "ok" and row.latency_ratio is not None and row.latency_ratio > 0

@@ -208,3 +208,36 @@ def test_scalar_initializers_keep_their_rank_on_the_device():
     onnx.checker.check_model(model)
     sess = _same_as_cpu(model, {})
     assert sess.device_fallbacks() == [] and sess.host_nodes() == []
+
+
+def test_a_device_session_keeps_no_host_copies_of_its_weights_and_still_checks_output_names():
+    model = gpt_block_model()
+    feeds = random_feeds(model, {"batch": 2, "seq": 6})
+    sess = InferenceSession(model, device=DEV)
+    assert sess._schedule is None  # no cpu Schedule: no prepacked (host) GEMM weights the device never reads
+    names = [o.name for o in sess.get_outputs()]
+    want = InferenceSession(model).run(None, feeds)
+    got = sess.run(list(reversed(names)), feeds)
+    for g, w in zip(got, reversed(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+    with pytest.raises(InvalidArgument, match=r"unknown output name\(s\) \['nope'\]"):
+        sess.run(["nope"], feeds)
+    with pytest.raises(InvalidArgument, match="must be a list of names"):
+        sess.run(names[0], feeds)
+
+
+def _device_windows() -> bool:
+    """This opstrata-graph resolves conv / pool windows for the device (conv_geometry), and these ops pool there."""
+    try:
+        from opstrata.graph.opdefs.conv import conv_geometry  # noqa: F401
+    except ImportError:
+        return False
+    return ops.dispatch_path("avg_pool2d", DEV, "float32") == "native"
+
+
+def test_the_cnn_runs_wholly_on_the_device_average_pooling_included():
+    if not _device_windows():
+        pytest.skip("older opstrata-graph / -ops: convolutions or average pooling stay on the host")
+    sess = _same_as_cpu(cnn_model(), {"batch": 2})
+    assert "AveragePool" in {n.op_type for n in sess.graph.nodes}
+    assert sess.host_nodes() == [] and ops.fallback_report().total == 0

@@ -105,6 +105,14 @@ def test_conv2d(groups):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pooling(dtype):
+    x = rand((2, 6, 15, 13), dtype, 40)
+    check("max_pool2d", x, kernel_size=3, stride=2, padding=1, ceil_mode=True)
+    check("avg_pool2d", x, kernel_size=(3, 2), stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+    check("avg_pool2d", x, kernel_size=2, stride=1, padding=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize(
     ("n", "m", "h", "hkv"), [(1, 77, 8, 2), (100, 100, 4, 4), (130, 300, 8, 1), (64, 33, 2, 2)]

@@ -154,6 +154,29 @@ def test_max_pool2d(k, stride, pad, ceil):
     )
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    stride=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    ceil=st.booleans(),
+    include_pad=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_avg_pool2d(k, stride, pad, ceil, include_pad, dtype):
+    if pad > k // 2:
+        pad = 0
+    check(
+        "avg_pool2d",
+        rand((2, 3, 9, 8), dtype, 36),
+        kernel_size=(k, k + 1 if k < 3 else k),
+        stride=stride,
+        padding=pad,
+        ceil_mode=ceil,
+        count_include_pad=include_pad,
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_compare_gather_expand_rope(dtype):
     a, b = rand((3, 4), dtype, 34), rand((4,), dtype, 35)

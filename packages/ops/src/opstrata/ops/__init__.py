@@ -8,6 +8,12 @@ __version__: str = _check_compatible("opstrata-ops")
 
 from . import codegen as codegen
 from ._atomic import atomic_write as atomic_write
+from ._capture import (
+    DeferredCheck as DeferredCheck,
+    DeviceGraph as DeviceGraph,
+    capture_checks as capture_checks,
+    capturing as capturing,
+)
 from ._devices import (
     DeviceMemory as DeviceMemory,
     DeviceStatus as DeviceStatus,
@@ -361,6 +367,8 @@ __all__ = [
     "AutotuneCacheWarning",
     "AutotuneStats",
     "BoundSteps",
+    "DeferredCheck",
+    "DeviceGraph",
     "DeviceMemory",
     "DevicePluginError",
     "DeviceStatus",
@@ -427,6 +435,8 @@ __all__ = [
     "bool_",
     "build_library",
     "call",
+    "capture_checks",
+    "capturing",
     "cast",
     "causal_conv_with_state",
     "ceil",

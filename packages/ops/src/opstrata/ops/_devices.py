@@ -69,6 +69,13 @@ class DeviceMemory:
     to_host: Callable[[Any], np.ndarray]  # a host copy of one of its arrays (synchronous)
     from_host: Callable[..., Any]  # from_host(host_array, out=None): a device copy, or written into out
     synchronize: Callable[[], None] = _no_sync  # wait for queued work (timing of the copies)
+    #: capture(fn) records fn's device work once and returns a DeviceGraph (``.result``, ``.replay()``):
+    #: CUDA graphs; None where the device cannot record
+    capture: Callable[[Callable[[], Any]], Any] | None = None
+    #: mark() puts a timestamp on the device's queue (a recorded CUDA event); elapsed_ms(a, b) reads two
+    #: after a sync, so a profiler times every kernel with one sync per run; None: time on the host
+    mark: Callable[[], Any] | None = None
+    elapsed_ms: Callable[[Any, Any], float] | None = None
 
 
 @dataclass(frozen=True)

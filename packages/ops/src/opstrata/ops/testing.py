@@ -109,11 +109,66 @@ class StandInArray(np.ndarray):
     """An array in the stand-in device's memory: a numpy subclass, so the host can still compute on it."""
 
 
+class StandInGraph:
+    """The stand-in's ``capture``: records each kernel call (function, arguments, result) while ``fn`` runs;
+    a replay re-runs those calls in order and writes into the recorded results, as a CUDA graph replays
+    kernels into the addresses it captured. Work outside the device's kernels (host code) is not replayed,
+    and crossing memories while recording raises, as a CUDA stream capture would."""
+
+    def __init__(self, fn: Any) -> None:
+        #: (kernel, args, kwargs, result, the flags of the deferred checks it made or None outside capturing())
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any, list[Any] | None]] = []
+        _RECORDING.append(self.calls)
+        try:
+            self.result = fn()
+        finally:
+            _RECORDING.pop()
+
+    def replay(self) -> None:
+        """Re-run every recorded kernel call into its recorded result arrays."""
+        from contextlib import nullcontext
+
+        from ._capture import capturing
+
+        for fn, args, kwargs, result, flags in self.calls:
+            # the kernel as recorded: under ops.capturing() it clamps and writes its checks into device flags
+            with capturing() if flags is not None else nullcontext() as checks:
+                fresh = fn(*args, **kwargs)
+            for old, new in zip(result if isinstance(result, tuple) else (result,),
+                                fresh if isinstance(fresh, tuple) else (fresh,), strict=True):  # fmt: skip
+                np.copyto(old, np.asarray(new), casting="no")
+            for flag, check in zip(flags or [], checks or [], strict=True):
+                np.copyto(flag, check.flag)
+
+
+#: the kernel-call lists of the stand-in captures in progress (innermost last)
+_RECORDING: list[list[Any]] = []
+
+
+def _refuse_while_recording(what: str) -> None:
+    if _RECORDING:
+        raise RuntimeError(f"{what} while a device graph is recorded (a CUDA stream capture forbids it)")
+
+
+def _standin_to_host(x: Any) -> np.ndarray:
+    _refuse_while_recording("a device-to-host copy")
+    return np.array(x, copy=True)
+
+
 def _standin_from_host(a: np.ndarray, out: Any = None) -> Any:
+    _refuse_while_recording("a host-to-device copy")
     if out is None:
         return np.array(a, copy=True).view(StandInArray)
     out[...] = a
     return out
+
+
+def _standin_sync() -> None:
+    _refuse_while_recording("a device synchronisation")
+
+
+def _standin_elapsed_ms(a: int, b: int) -> float:
+    return (b - a) / 1e6
 
 
 def _device_only(fn: Any) -> Any:
@@ -124,10 +179,20 @@ def _device_only(fn: Any) -> Any:
         for v in (*args, *kwargs.values(), *nested):
             if isinstance(v, np.ndarray) and not isinstance(v, StandInArray):
                 raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
+        from ._capture import capture_checks
+
+        checks = capture_checks()
+        before = len(checks) if checks is not None else 0
         r = fn(*args, **kwargs)
-        if isinstance(r, tuple):
-            return tuple(np.asarray(t).view(StandInArray) for t in r)
-        return np.asarray(r).view(StandInArray)
+        out = (
+            tuple(np.asarray(t).view(StandInArray) for t in r)
+            if isinstance(r, tuple)
+            else np.asarray(r).view(StandInArray)
+        )
+        if _RECORDING:
+            flags = [c.flag for c in checks[before:]] if checks is not None else None  # None: eager checks
+            _RECORDING[-1].append((fn, args, dict(kwargs), out, flags))
+        return out
 
     kernel.__name__ = getattr(fn, "__name__", "kernel")
     return kernel
@@ -137,9 +202,13 @@ def register_standin_device(name: str = "_standin") -> str:
     """Register a device with its own memory that runs the cuda device's kernels over numpy, on the CPU.
 
     Its arrays are :class:`StandInArray`; its kernels refuse plain numpy arrays, so a caller that forgets
-    to copy a value to the device fails loudly. Sessions, conformance runs and the demo are tested on it
-    where there is no GPU. Use inside :func:`isolated_registry` (the ops tests' fixture does).
+    to copy a value to the device fails loudly. It records work for replay (:class:`StandInGraph`,
+    refusing copies and syncs while recording) and timestamps its queue with the host clock. Sessions,
+    conformance runs and the demo are tested on it where there is no GPU. Use inside
+    :func:`isolated_registry` (the ops tests' fixture does).
     """
+    import time
+
     from ._cuda import CudaOps, op_table
     from ._devices import DeviceMemory, register_memory
     from ._registry import register
@@ -150,8 +219,12 @@ def register_standin_device(name: str = "_standin") -> str:
         DeviceMemory(
             f"{name}:0",
             lambda x: isinstance(x, StandInArray),
-            lambda x: np.array(x, copy=True),
+            _standin_to_host,
             _standin_from_host,
+            _standin_sync,
+            capture=StandInGraph,
+            mark=time.perf_counter_ns,
+            elapsed_ms=_standin_elapsed_ms,
         ),
     )
     for op, (fn, dtypes, dtype_arg) in op_table(CudaOps(np, erf=erf_cpu)).items():

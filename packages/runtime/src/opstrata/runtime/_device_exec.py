@@ -7,13 +7,19 @@ fallback: audited through ``opstrata.ops.record_fallback`` with the bytes it mov
 copies took, listed by :meth:`DeviceProgram.fallbacks`, and refused up front under the ``error``
 policy. Integer and boolean nodes (shape arithmetic, index and mask building) run on the host by
 design, as onnxruntime's CUDA provider places them, and are not fallbacks.
+
+With ``device_graph`` (onnxruntime's ``enable_cuda_graph``) each input-shape signature runs eagerly once,
+then its plan is recorded as one device graph (CUDA graph) and later runs only copy the feeds into the
+graph's input buffers and replay it. Host nodes must then depend on shapes alone (they run once, while
+recording); :meth:`DeviceProgram.capture_blockers` names those that do not, and the session refuses
+them at creation. Index checks run on the device during replays and fail the run after it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,7 +27,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
-from ._device_nodes import HOST_INPUTS, NODE_KERNELS, node_key, node_runs_on_device
+from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
 from ._profiler import NodeEvent, Profiler
@@ -40,11 +46,58 @@ class HostNode:
     fallback: bool = True  # False: integer/boolean work kept on the host by design (shapes, masks)
 
 
+@dataclass
+class _Recorded:
+    """One signature's device graph: the input buffers it reads, its outputs and its deferred checks."""
+
+    graph: Any  # ops.DeviceGraph: .result = (outputs, checks), .replay()
+    staged: dict[str, Any]  # feed name -> the device buffer the graph reads it from
+    outputs: dict[str, Any] = field(default_factory=dict)  # graph output -> device array (or a host constant)
+    checks: list[Any] = field(default_factory=list)  # ops.DeferredCheck, flags rewritten by each replay
+
+
 def _shape_work(n: Node, graph: Graph) -> bool:
     """True for a node whose every input and output is a known integer or boolean tensor."""
     names = [x for x in (*n.inputs, *n.outputs) if x]
     dts = [graph.values[x].dtype if x in graph.values else None for x in names]
     return bool(dts) and all(d is not None and np.dtype(d).kind in "biu" for d in dts)
+
+
+#: reshape-like nodes: views on any dtype, no kernel
+_VIEWS = frozenset({("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")})
+
+
+def _place(graph: Graph, device: str) -> list[tuple[bool, str]]:
+    """(on the device, why not) per node: ``node_runs_on_device``, and integer views of the feeds' values
+    (token ids reshaped for an embedding) on the device where only device nodes read them, so the ids go
+    up once and no host node sits between the feed and the device (a device graph can then hold it)."""
+    placed = [node_runs_on_device(n, graph, device) for n in graph.nodes]
+    on_feeds = set(graph.inputs)
+    for n in graph.nodes:
+        if node_key(n) not in (("", "Shape"), ("", "Size")) and any(x in on_feeds for x in n.inputs if x):
+            on_feeds.update(o for o in n.outputs if o)
+    readers: dict[str, list[tuple[int, int]]] = {}  # value -> (node index, input position) reading it
+    for i, n in enumerate(graph.nodes):
+        for k, x in enumerate(n.inputs):
+            if x:
+                readers.setdefault(x, []).append((i, k))
+    outputs = set(graph.outputs)
+    for i in reversed(range(len(graph.nodes))):  # consumers first: a chain of views moves together
+        n = graph.nodes[i]
+        if placed[i][0] or node_key(n) not in _VIEWS or not n.inputs or n.inputs[0] not in on_feeds:
+            continue
+        if _attrs_ok(n, graph):
+            continue  # an attribute the device mapping does not take
+        outs = [o for o in n.outputs if o]
+        if outs and all(
+            o not in outputs and readers.get(o) and all(
+                placed[j][0] and k not in HOST_INPUTS.get(node_key(graph.nodes[j]), frozenset())
+                for j, k in readers[o]
+            )
+            for o in outs
+        ):  # fmt: skip
+            placed[i] = (True, "")
+    return placed
 
 
 def _c_order(a: np.ndarray) -> np.ndarray:
@@ -55,7 +108,7 @@ def _c_order(a: np.ndarray) -> np.ndarray:
 class DeviceProgram:
     """The plan's nodes placed on ``device`` or the host; runs them with values in either memory."""
 
-    def __init__(self, graph: Graph, device: str) -> None:
+    def __init__(self, graph: Graph, device: str, *, device_graph: bool = False) -> None:
         mem = ops.device_memory(device)
         if mem is None:
             raise InvalidModel(
@@ -64,8 +117,8 @@ class DeviceProgram:
         self.graph, self.device, self.memory = graph, device, mem
         self.steps: list[tuple[Node, bool, Any]] = []
         self.host_nodes: list[HostNode] = []
-        for n in graph.nodes:
-            on_dev, why = node_runs_on_device(n, graph, device)
+        placed = _place(graph, device)
+        for n, (on_dev, why) in zip(graph.nodes, placed, strict=True):
             if on_dev:
                 self.steps.append((n, True, NODE_KERNELS[node_key(n)][0]))
                 continue
@@ -86,6 +139,10 @@ class DeviceProgram:
         self._frees = [
             [x for x, j in last.items() if j == i and x not in keep] for i in range(len(self.steps))
         ]
+        #: record each signature's plan as a device graph after one eager run, and replay it
+        self.device_graph = device_graph
+        self._seen: set[tuple[tuple[int, ...], ...]] = set()  # signatures run eagerly once
+        self._recorded: dict[tuple[tuple[int, ...], ...], _Recorded] = {}
 
     def refuse_under_error_policy(self) -> None:
         """Raise ops' FallbackError naming every host node when the policy is ``error`` (at session creation)."""
@@ -98,6 +155,41 @@ class DeviceProgram:
                 f"host instead of {self.device}: {lines}{more}. Fix: register {self.device} kernels for them, or "
                 "allow it with opstrata.ops.fallback_policy('warn') or OPSTRATA_FALLBACK=warn"
             )
+
+    def capture_blockers(self) -> list[str]:
+        """Why this plan cannot be recorded as one device graph (empty: it can).
+
+        A recorded graph replays device work only: a host node runs once, while recording, so its result
+        must follow from the input shapes alone (Shape outputs, initializers), and it may not read a value
+        the device made (a copy down is illegal while recording).
+        """
+        if getattr(self.memory, "capture", None) is None:
+            return [f"device '{self.device}' cannot record device graphs (its memory has no capture)"]
+        on_feeds = set(self.graph.inputs)  # values that depend on what the feeds hold, not only their shapes
+        made_on_device: set[str] = set()
+        out: list[str] = []
+        for n, on_dev, _ in self.steps:
+            if node_key(n) in (("", "Shape"), ("", "Size")):
+                continue  # reads metadata: its output follows from shapes
+            host_pos = (
+                HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset(range(len(n.inputs)))
+            )
+            for k, x in enumerate(n.inputs):
+                if not x or k not in host_pos:
+                    continue
+                if x in made_on_device:
+                    out.append(
+                        f"node '{n.name}' ({n.qualified_type}) reads '{x}' from the device on the host"
+                    )
+                    break
+                if x in on_feeds:
+                    out.append(f"node '{n.name}' ({n.qualified_type}) computes on the host from the values of the feeds ('{x}')")  # fmt: skip
+                    break
+            if any(x in on_feeds for x in n.inputs if x):
+                on_feeds.update(o for o in n.outputs if o)
+            if on_dev:
+                made_on_device.update(o for o in n.outputs if o)
+        return out
 
     # ------------------------------------------------------------------ moving values
 
@@ -139,22 +231,58 @@ class DeviceProgram:
         """Outputs named ``outputs`` for ``feeds`` (host or device arrays); host arrays unless ``on_device``.
 
         A host node's fallback cost is what it moved: its device inputs down, and its results up when a
-        device node reads them. With ``prof`` every node is timed between two device synchronisations (its
-        copies included), so each event is that node's device time, at the cost of a sync per node.
+        device node reads them. With ``prof`` every node is an event: timed by two marks on the device's
+        queue (CUDA events; one sync per run) where the memory has them, else between two syncs. With
+        ``device_graph`` (and no profiler) a signature's second run records the graph, later runs replay it.
+        """
+        if self.device_graph and prof is None:
+            sig = tuple(tuple(int(d) for d in feeds[x].shape) for x in self.graph.inputs)
+            rec = self._recorded.get(sig)
+            if rec is None and sig in self._seen:
+                rec = self._recorded[sig] = self._record_graph(feeds)
+            if rec is not None:
+                return self._replay(rec, feeds, outputs, on_device)
+            self._seen.add(sig)
+        vals = self._execute(dict(feeds), prof=prof)
+        return [self._output(vals, name, on_device) for name in outputs]
+
+    def _output(self, vals: dict[str, Any], name: str, on_device: bool) -> Any:
+        inits = self.graph.initializers
+        if name in inits and name not in vals:
+            return self._initializer(name) if on_device else np.array(inits[name], copy=True)
+        v = vals[name]
+        if on_device:
+            return self._to_device(v, [0, 0.0])
+        return self.memory.to_host(v) if self.memory.is_array(v) else np.array(v, copy=True)
+
+    def _execute(
+        self,
+        vals: dict[str, Any],
+        *,
+        prof: Profiler | None = None,
+        hoisted: dict[str, Any] | None = None,
+        recording: bool = False,
+    ) -> dict[str, Any]:
+        """Run every step on ``vals`` (the feeds) and return the live values (the outputs among them).
+
+        ``hoisted`` maps host-made values to their device copies: filled by the run before a recording
+        (which uploads them), read by the recording (which may not copy anything up or down).
         """
         run_id = len(prof.runs) if prof is not None else 0
-        vals: dict[str, Any] = dict(feeds)
+        marks = prof is not None and getattr(self.memory, "mark", None) is not None
+        pending: list[tuple[Any, ...]] = []  # device-timed events, resolved after the run's one sync
         inits = self.graph.initializers
         made_by: dict[str, int] = {}  # value -> index into host_nodes of the host node that made it
         tally = [[0, 0.0] for _ in self.host_nodes]
+        checks = ops.capture_checks() if recording else None
+        up: dict[str, Any] = {}  # host value -> its device copy, made for this run's device readers
         hi = 0
         with ops.device(self.device):
+            run_t0 = time.perf_counter_ns()
+            first = self.memory.mark() if marks else None  # type: ignore[misc]
             for i, (n, on_dev, fn) in enumerate(self.steps):
                 host_pos = HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset()
-                metadata = on_dev and node_key(n) == (
-                    "",
-                    "Shape",
-                )  # reads no device memory: no copy either way
+                metadata = on_dev and node_key(n) == ("", "Shape")  # reads no device memory: no copy
                 args = []
                 for k, x in enumerate(n.inputs):
                     if not x:
@@ -164,19 +292,43 @@ class DeviceProgram:
                         if x in inits and x not in vals:
                             args.append(self._initializer(x))
                             continue
-                        moved = tally[made_by[x]] if x in made_by else [0, 0.0]
-                        v = vals[x] = self._to_device(vals[x], moved)  # uploaded once, then read there
+                        v = vals[x]
+                        if not self.memory.is_array(v) and isinstance(v, np.ndarray):
+                            d = up.get(x)  # a host value keeps its host copy for host readers
+                            if d is None and recording:
+                                d = (hoisted or {}).get(x)
+                                if d is None:
+                                    raise ExecutionError(f"node '{n.name}' ({n.qualified_type})", f"its input '{x}' was made on the host and not uploaded before recording", "report the model: the device graph's preparation missed it")  # fmt: skip
+                            elif d is None:
+                                moved = tally[made_by[x]] if x in made_by else [0, 0.0]
+                                d = self._to_device(v, moved)  # uploaded once per run, then read there
+                                if hoisted is not None and x not in self.graph.inputs:
+                                    hoisted[x] = d
+                            v = up[x] = d
+                    elif metadata:  # Shape reads the array's shape where it lives: nothing copied
+                        v = vals[x] if x in vals else inits[x]
                     else:
-                        v = self._to_host(
-                            vals[x] if x in vals else inits[x], tally[hi] if not on_dev else [0, 0.0]
-                        )
+                        v = vals[x] if x in vals else inits[x]
+                        if recording and self.memory.is_array(v):
+                            raise ExecutionError(f"node '{n.name}' ({n.qualified_type})", f"reads '{x}' from the device on the host while a device graph is recorded", "run the session without enable_device_graph")  # fmt: skip
+                        v = self._to_host(v, tally[hi] if not on_dev else [0, 0.0])
                     args.append(v)
                 while args and args[-1] is None:
                     args.pop()
-                t0 = self._sync_ns() if prof is not None else 0
-                res = self._call(n, on_dev, fn, args)
-                if prof is not None:
-                    self._record(prof, n, on_dev, args, res, t0, run_id, hi)
+                before = len(checks) if checks is not None else 0
+                if prof is None:
+                    res = self._call(n, on_dev, fn, args)
+                elif marks and on_dev:
+                    m0 = self.memory.mark()  # type: ignore[misc]
+                    res = self._call(n, on_dev, fn, args)
+                    pending.append((n, on_dev, args, res, m0, self.memory.mark(), hi))  # type: ignore[misc]
+                else:
+                    t0 = self._sync_ns()
+                    res = self._call(n, on_dev, fn, args)
+                    pending.append((n, on_dev, args, res, t0, self._sync_ns() - t0, hi))
+                if checks is not None:
+                    for c in checks[before:]:
+                        c.node = n.name
                 for o, r in zip(n.outputs, res, strict=False):
                     if o:
                         vals[o] = r
@@ -186,21 +338,87 @@ class DeviceProgram:
                     hi += 1
                 for x in self._frees[i]:
                     vals.pop(x, None)
-            for h, (nbytes, secs) in zip(self.host_nodes, tally, strict=True):
-                if h.fallback:
-                    ops.record_fallback(h.op_type, self.device, "device:cpu", h.dtype, h.reason,
-                                    bytes_copied=nbytes, copy_seconds=secs)  # fmt: skip
+                    up.pop(x, None)
+            if pending:  # events in node order; device marks read after the run's one sync
+                if marks:
+                    self.memory.synchronize()
+                ms = self.memory.elapsed_ms
+                for n, on_dev, args, res, a, b, h in pending:
+                    if marks and on_dev:  # a, b: marks on the device's queue
+                        start, dur = run_t0 + int(ms(first, a) * 1e6), int(ms(a, b) * 1e6)  # type: ignore[misc]
+                    else:  # a, b: host clock start and duration (between two syncs)
+                        start, dur = a, b
+                    self._record(prof, n, on_dev, args, res, start, dur, run_id, h)  # type: ignore[arg-type]
+            if not recording:
+                for h, (nbytes, secs) in zip(self.host_nodes, tally, strict=True):
+                    if h.fallback:
+                        ops.record_fallback(h.op_type, self.device, "device:cpu", h.dtype, h.reason,
+                                            bytes_copied=nbytes, copy_seconds=secs)  # fmt: skip
+        return vals
+
+    # ------------------------------------------------------------------ device graphs
+
+    def _stage(self, buf: Any, v: Any) -> None:
+        """Copy a feed into the graph's input buffer (host arrays up; device arrays within the device)."""
+        if self.memory.is_array(v):
+            buf[...] = v
+        else:
+            self.memory.from_host(_c_order(np.asarray(v, dtype=buf.dtype)), out=buf)
+
+    def _record_graph(self, feeds: dict[str, Any]) -> _Recorded:
+        """Record the plan for these feeds' shapes: upload the feeds into buffers the graph owns, run once to
+        upload every host-made value the device reads, then capture the run that reuses those copies."""
+        staged = {
+            x: v if self.memory.is_array(v) else self.memory.from_host(_c_order(v)) for x, v in feeds.items()
+        }
+        staged = {x: v.copy() if self.memory.is_array(feeds[x]) else v for x, v in staged.items()}
+        hoisted: dict[str, Any] = {}
+        self._execute(dict(staged), hoisted=hoisted)  # uploads initializers and host-made values once
+        self.memory.synchronize()
+        wanted = list(self.graph.outputs)
+
+        def work() -> tuple[dict[str, Any], list[Any]]:
+            with ops.capturing() as checks:
+                vals = self._execute(dict(staged), hoisted=hoisted, recording=True)
+                outs = {x: vals[x] if x in vals else self._initializer(x) for x in wanted}
+            return outs, list(checks)
+
+        try:
+            graph = self.memory.capture(work)  # type: ignore[misc]
+        except ExecutionError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(
+                f"device graph on {self.device}", f"recording failed: {type(exc).__name__}: {exc}",
+                "run the session without enable_device_graph, and report the model and this message",
+            ) from exc  # fmt: skip
+        outs, checks = graph.result
+        return _Recorded(graph, staged, outs, checks)
+
+    def _replay(
+        self, rec: _Recorded, feeds: dict[str, Any], outputs: Sequence[str], on_device: bool
+    ) -> list[Any]:
+        for x, buf in rec.staged.items():
+            self._stage(buf, feeds[x])
+        with ops.device(self.device):
+            rec.graph.replay()
+        for c in rec.checks:
+            if bool(self.memory.to_host(c.flag)):
+                raise ExecutionError(f"node '{c.node}' ({c.op})", c.message(), "check the feeds against get_inputs() (index values)")  # fmt: skip
         out = []
         for name in outputs:
-            if name in inits and name not in vals:
-                out.append(self._initializer(name) if on_device else np.array(inits[name], copy=True))
-                continue
-            v = vals[name]
-            if on_device:
-                out.append(self._to_device(v, [0, 0.0]))
-            else:
-                out.append(self.memory.to_host(v) if self.memory.is_array(v) else np.array(v, copy=True))
+            v = rec.outputs[name]
+            if not self.memory.is_array(v):
+                out.append(self._to_device(v, [0, 0.0]) if on_device else np.array(v, copy=True))
+            else:  # copies: the next replay rewrites the graph's buffers
+                out.append(v.copy() if on_device else self.memory.to_host(v))
         return out
+
+    def recorded_signatures(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The input-shape signatures recorded as device graphs so far."""
+        return list(self._recorded)
+
+    # ------------------------------------------------------------------ profiling and calls
 
     def _sync_ns(self) -> int:
         self.memory.synchronize()
@@ -214,10 +432,10 @@ class DeviceProgram:
         args: list[Any],
         res: list[Any],
         t0: int,
+        dur: int,
         run_id: int,
         hi: int,
     ) -> None:
-        dur = self._sync_ns() - t0
         shape = lambda a: None if a is None else tuple(int(d) for d in a.shape)  # noqa: E731
         ins = tuple(shape(a) for a in args)
         outs = tuple(shape(r) for r in res)

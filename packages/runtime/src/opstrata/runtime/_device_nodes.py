@@ -217,6 +217,18 @@ def _max_pool(n: Node, x: list[Any], d: str) -> list[Any]:
     ]  # fmt: skip
 
 
+def _avg_pool(n: Node, x: list[Any], d: str) -> list[Any]:
+    k = [int(v) for v in n.attrs["kernel_shape"]]
+    stride, _, pads = conv_geometry(n, x[0], k)
+    return [
+        ops.call(
+            "avg_pool2d", x[0], kernel_size=tuple(k), stride=tuple(stride), padding=tuple(pads),
+            ceil_mode=bool(n.attrs.get("ceil_mode", 0)),
+            count_include_pad=bool(n.attrs.get("count_include_pad", 0)), device=d,
+        )
+    ]  # fmt: skip
+
+
 def _reduce_mean(n: Node, x: list[Any], d: str) -> list[Any]:
     axes = _axes(n, x)
     keep = bool(n.attrs.get("keepdims", 1))
@@ -329,6 +341,7 @@ NODE_KERNELS: dict[tuple[str, str], tuple[Kernel, tuple[str, ...]]] = {
     ("", "Expand"): (_expand, ("expand",)),
     (OPS_DOMAIN, "RotaryHalf"): (_rotary_half, ("rope_rotate_half",)),
     ("", "MaxPool"): (_max_pool, ("max_pool2d",)),
+    ("", "AveragePool"): (_avg_pool, ("avg_pool2d",)),
     ("", "ReduceMean"): (_reduce_mean, ("mean",)),
     ("", "Shape"): (_shape, ()),
     ("", "Where"): (_where, ("where",)),
@@ -383,13 +396,15 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
         return "mean / inverse-std outputs are computed on the host"
     if t == "Cast" and (np.dtype(a["to"]) not in _DEVICE_FLOATS or a.get("saturate")):
         return f"casts to {np.dtype(a['to'])} run on the host"
-    if t in ("Conv", "FusedConv", "MaxPool") and not _has_conv_geometry():
+    if t in ("Conv", "FusedConv", "MaxPool", "AveragePool") and not _has_conv_geometry():
         return "this opstrata-graph has no conv_geometry (windows resolve on the host)"
-    if t == "MaxPool":
+    if t in ("MaxPool", "AveragePool"):
         k = a.get("kernel_shape") or ()
         if len(k) != 2 or sum(1 for o in n.outputs[1:] if o):
-            return "only 2-D max pooling without indices runs on the device"
+            return "only 2-D pooling (max pooling without indices) runs on the device"
         dil = a.get("dilations") or (1, 1)
+        if t == "AveragePool" and any(int(v) != 1 for v in dil):
+            return "dilated average pooling runs on the host"
         pads = a.get("pads") or (0, 0, 0, 0)
         eff = [dl * (kk - 1) + 1 for kk, dl in zip(k, dil, strict=True)]
         if max(pads[0], pads[2]) > eff[0] // 2 or max(pads[1], pads[3]) > eff[1] // 2:

@@ -50,6 +50,9 @@ class SessionOptions:
     plan_cache_size: int = 16  # input-shape signatures whose arena and bound program are kept (LRU)
     intra_op_num_threads: int = 0  # BLAS threads per run; 0 = OPSTRATA_NUM_THREADS, else physical cores
     inter_op_num_threads: int = 0  # worker streams running independent nodes concurrently (0/1 = sequential)
+    #: a device session (cuda) records each input shape's plan as one device graph (a CUDA graph) after
+    #: one eager run, then replays it: onnxruntime's CUDA provider option ``enable_cuda_graph``
+    enable_device_graph: bool = False
 
     def __post_init__(self, num_streams: Any) -> None:
         if num_streams is _UNSET:
@@ -95,6 +98,10 @@ class SessionOptions:
                 where, f"inter_op_num_threads must be an int in 0..{MAX_STREAMS} (0 or 1: sequential), got {n!r}",
                 "use 0 for sequential execution, or about the number of independent branches (2 on 2 cores)",
             )  # fmt: skip
+        if not isinstance(self.enable_device_graph, bool):
+            raise InvalidArgument(
+                where, f"enable_device_graph must be True or False, got {self.enable_device_graph!r}"
+            )
         t = self.intra_op_num_threads
         if not _is_int(t) or not 0 <= t <= MAX_THREADS:
             raise InvalidArgument(

@@ -16,7 +16,7 @@ import opstrata.ops as ops
 
 from ._errors import InvalidArgument
 
-__all__ = ["PROVIDER_DEVICES", "resolve_device"]
+__all__ = ["PROVIDER_DEVICES", "provider_option", "resolve_device"]
 
 PROVIDER_DEVICES: dict[str, str] = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
 
@@ -67,3 +67,13 @@ def resolve_device(device: str | None, providers: Sequence[Any] | None) -> str:
         )
         skipped.append(f"{name} skipped: {why}")
     raise InvalidArgument(where, f"no listed provider is usable here: {'; '.join(skipped)}", f"add 'CPUExecutionProvider' or use one of {ops.list_devices()}")  # fmt: skip
+
+
+def provider_option(providers: Sequence[Any] | None, device: str, key: str) -> bool:
+    """True when the provider chosen for ``device`` was given ``(name, {key: true})``, as onnxruntime's
+    ``("CUDAExecutionProvider", {"enable_cuda_graph": "1"})``; "0" / "false" / False read as off."""
+    for p in providers or ():
+        if isinstance(p, tuple) and len(p) == 2 and PROVIDER_DEVICES.get(p[0], p[0]) == device:
+            value = dict(p[1]).get(key, False)
+            return str(value).strip().lower() not in ("", "0", "false", "none")
+    return False

@@ -34,7 +34,7 @@ from ._gemm_threads import ThreadPlan, thread_plan, with_switches
 from ._int8_kernels import warn_reference_int8_kernels
 from ._options import SessionOptions
 from ._profiler import Profiler
-from ._providers import resolve_device
+from ._providers import provider_option, resolve_device
 from ._streams import (
     StreamPool,
     StreamProgram,
@@ -170,13 +170,23 @@ class InferenceSession:
         self.graph = self.plan.graph
         warn_reference_int8_kernels(self.graph, device)  # a QDQ model without native int8 kernels: say so
         self.allocator = CachingAllocator(opts.memory_limit_bytes)
-        self._schedule = Schedule(self.graph, self.plan.bindings, device)
-        #: a device with its own memory (cuda): its nodes run there, the rest on the host, counted
+        #: a device with its own memory (cuda): its nodes run there, the rest on the host, counted. It needs
+        #: no cpu Schedule (whose prepacked GEMM weights would be host copies the device never reads).
         self._device_program: DeviceProgram | None = None
+        self._schedule: Schedule | None = None
+        graphs = opts.enable_device_graph or provider_option(providers, device, "enable_cuda_graph")
         if _has_memory(device):
-            self._device_program = DeviceProgram(self.graph, device)
+            self._device_program = DeviceProgram(self.graph, device, device_graph=graphs)
             with self._policy():
                 self._device_program.refuse_under_error_policy()
+            blockers = self._device_program.capture_blockers() if graphs else []
+            if blockers:
+                more = f" and {len(blockers) - 4} more" if len(blockers) > 4 else ""
+                raise InvalidArgument("InferenceSession", f"enable_device_graph: this plan cannot be recorded as one device graph: {'; '.join(blockers[:4])}{more}", "run without enable_device_graph (each node then launches from Python), or export the model with static shapes so its host nodes depend on shapes only")  # fmt: skip
+        elif graphs:
+            raise InvalidArgument("InferenceSession", f"enable_device_graph needs a device with its own memory that records graphs (cuda); '{device}' computes in host memory", "drop enable_device_graph, or run on device='cuda'")  # fmt: skip
+        else:
+            self._schedule = Schedule(self.graph, self.plan.bindings, device)
         # per input-shape signature: (arena or None = not plannable -> allocator, value template)
         self._programs: OrderedDict[tuple[tuple[int, ...], ...], tuple[Arena | None, list[Any]]] = (
             OrderedDict()
@@ -202,7 +212,7 @@ class InferenceSession:
         self._pool: StreamPool | None = None
         self._stream_programs: dict[tuple[tuple[int, ...], ...], StreamProgram] = {}
         self._closed = False
-        if self.threads.inter_op > 1:
+        if self.threads.inter_op > 1 and self._schedule is not None:
             self._pool = StreamPool(self._schedule, self.threads.inter_op, opts.stream_timeout_s)
             self._preds = step_preds(self._schedule)
             # an unclosed, collected session still stops its workers (at exit, daemon workers just end)
@@ -330,12 +340,14 @@ class InferenceSession:
     def _output_slots(self, output_names: Sequence[str] | None) -> list[int]:
         names = [a.name for a in self._outputs]
         if output_names is None:
-            return self._schedule.output_slots
+            return self._schedule.output_slots if self._schedule is not None else list(range(len(names)))
         if isinstance(output_names, str):
             raise InvalidArgument("InferenceSession.run", f"output_names must be a list of names, got the string {output_names!r}", f"pass [{output_names!r}]")  # fmt: skip
         bad = [n for n in output_names if n not in names]
         if bad:
             raise InvalidArgument("InferenceSession.run", f"unknown output name(s) {bad}; the model's outputs are {names}", "name outputs of get_outputs() or pass None for all")  # fmt: skip
+        if self._schedule is None:  # a device session: positions among the outputs (names checked above)
+            return [names.index(n) for n in output_names]
         return [self._schedule.slot[n] for n in output_names]
 
     def _program(self, key: tuple[tuple[int, ...], ...]) -> tuple[Arena | None, list[Any]]:

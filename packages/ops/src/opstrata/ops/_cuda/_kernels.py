@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._capture import DeferredCheck, capture_checks
 from .._dtypes import FLOAT_DTYPES, accumulation_dtype, compute_dtype
 from .._errors import OpError
 from ..kernels.attention import _check_attention
@@ -313,14 +314,25 @@ class CudaOps:
         idx = xp.asarray(indices)
         if weight.ndim != 2:
             raise OpError("embedding", "weight", "2-D [num_embeddings, embedding_dim]", f"{weight.ndim}-D")
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= weight.shape[0]):
-            raise OpError(
-                "embedding",
-                "indices",
-                f"values in [0, {weight.shape[0]})",
-                f"[{int(idx.min())}, {int(idx.max())}]",
-            )
+        idx = self._checked_indices("embedding", idx, 0, weight.shape[0])
         return xp.take(weight, idx, axis=0)
+
+    def _checked_indices(self, op: str, idx: Any, lo: int, hi: int) -> Any:
+        """``idx`` known to lie in [lo, hi): checked eagerly (one read of min / max), or, while a device graph
+        is recorded, clamped on the device with the check deferred to after each replay (no read back)."""
+        if not idx.size:
+            return idx
+        checks = capture_checks()
+        if checks is None:
+            if int(idx.min()) < lo or int(idx.max()) >= hi:
+                raise OpError(
+                    op, "indices", f"values in [{lo}, {hi})", f"[{int(idx.min())}, {int(idx.max())}]"
+                )
+            return idx
+        xp = self.xp
+        flag = xp.asarray(xp.logical_or(idx.min() < lo, idx.max() >= hi))  # a 0-d device array
+        checks.append(DeferredCheck(op, "indices", f"values in [{lo}, {hi})", flag))
+        return xp.clip(idx, lo, hi - 1)
 
     def _windows(self, xpad: Any, kernel: Any, stride: Any, dilation: Any, out_hw: Any) -> Any:
         """A (N, C, Ho, Wo, kh, kw) strided view of padded NCHW ``xpad``: every window, no copy."""
@@ -377,6 +389,39 @@ class CudaOps:
         xpad = xp.pad(x, pad, constant_values=-xp.inf)
         win = self._windows(xpad, g.kernel, g.stride, g.dilation, g.out_hw)
         return self.contiguous(win.max(axis=(-2, -1)))
+
+    def avg_pool2d(
+        self,
+        x: Any,
+        *,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> Any:
+        """Windows by strides over the zero-padded input summed in the compute dtype, over torch's divisors."""
+        xp = self.xp
+        g = _check_pool("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode)
+        top, left, bottom, right = g.pads
+        pad = ((0, 0), (0, 0), (top, bottom + g.extra[0]), (left, right + g.extra[1]))
+        xpad = xp.pad(self._up(x), pad)
+        total = self._windows(xpad, g.kernel, g.stride, (1, 1), g.out_hw).sum(axis=(-2, -1))
+        return self.contiguous(
+            self._back(total / self._avg_divisor(g, x.shape[2:], count_include_pad, total.dtype), x.dtype)
+        )
+
+    def _avg_divisor(self, g: Any, hw: Any, count_include_pad: bool, dtype: Any) -> Any:
+        """torch's (Ho, Wo) divisors built on the device (no host upload, so a device graph can record it)."""
+        xp = self.xp
+        per_axis = []
+        for ax in (0, 1):
+            start = xp.arange(g.out_hw[ax]) * g.stride[ax] - g.pads[ax]
+            end = xp.minimum(start + g.kernel[ax], hw[ax] + g.pads[ax + 2])
+            if not count_include_pad:
+                start, end = xp.maximum(start, 0), xp.minimum(end, hw[ax])
+            per_axis.append((end - start).astype(dtype))
+        return per_axis[0][:, None] * per_axis[1][None, :]
 
     def attention(
         self,
@@ -447,10 +492,7 @@ class CudaOps:
         ax = normalize_axis("gather", x, axis)
         idx = xp.asarray(indices)
         dim = x.shape[ax]
-        if idx.size and (int(idx.min()) < -dim or int(idx.max()) >= dim):
-            raise OpError(
-                "gather", "indices", f"values in [-{dim}, {dim})", f"[{int(idx.min())}, {int(idx.max())}]"
-            )
+        idx = self._checked_indices("gather", idx, -dim, dim)
         return xp.take(x, xp.where(idx < 0, idx + dim, idx), axis=ax)
 
     def expand(self, x: Any, *, shape: Any) -> Any:
@@ -512,7 +554,8 @@ def op_table(k: CudaOps) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...],
         t[name] = (k.reduction(name), f, 0)
     for name in (
         "silu", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
-        "matmul", "linear", "gemm", "conv2d", "max_pool2d", "attention", "transpose", "reshape", "cast",
+        "matmul", "linear", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "attention", "transpose",
+        "reshape", "cast",
     ):  # fmt: skip
         t[name] = (getattr(k, name), f, 0)
     for name, ufunc in (("greater", "greater"), ("less", "less"), ("equal", "equal")):
