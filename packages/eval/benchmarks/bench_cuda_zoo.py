@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             y = self.inner(x.to(torch.bfloat16) if self.image else x)
             return (y if isinstance(y, torch.Tensor) else y[0]).float()
 
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}")
+    print("| model | ours ms | torch eager ms | ours / torch | graph ms | graph / torch | graph / ours "
+          "| max rel err | graph vs eager (rel err or why none) | host nodes (ops) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for name, dtype in ((m, d) for m in args.models.split(",") for d in args.dtypes.split(",")):
         spec = MODELS[name]
         module = build(spec.builder)
@@ -116,15 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"model": f"{name} {dtype}", "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
                      "graph_ms": g, "graph_ratio": g / t, "graph_vs_eager": g / o, "graph_note": graph_note,
                      "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}")
-    print("| model | ours ms | torch eager ms | ours / torch | graph ms | graph / torch | graph / ours "
-          "| max rel err | graph vs eager (rel err or why none) | host nodes (ops) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        host = f"{r['host_nodes']} ({', '.join(r['host_ops'])})" if r["host_nodes"] else "0"
+        r = rows[-1]  # printed as it completes: a run cut short by its time limit keeps the rows so far
+        hosted = f"{r['host_nodes']} ({', '.join(r['host_ops'])})" if r["host_nodes"] else "0"
         print(
-            f"| {r['model']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}x | {r['graph_ms']:.3f} "
-            f"| {r['graph_ratio']:.2f}x | {r['graph_vs_eager']:.2f}x | {r['max_rel_err']:.1e} | {r['graph_note']} | {host} |"
+            f"| {r['model']} | {o:.3f} | {t:.3f} | {r['ratio']:.2f}x | {g:.3f} | {r['graph_ratio']:.2f}x "
+            f"| {r['graph_vs_eager']:.2f}x | {err:.1e} | {graph_note} | {hosted} |",
+            flush=True,
         )
     print(ops.fallback_report().table())
     if args.json:

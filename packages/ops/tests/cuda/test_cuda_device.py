@@ -175,3 +175,52 @@ def test_op_without_a_cuda_kernel_falls_back_with_copies_counted():
     assert rec.bytes_copied == 2 * x.nbytes and rec.copy_seconds > 0
     with pytest.raises(ops.FallbackError, match="cumsum on cuda"):
         ops.call("cumsum", cp.asarray(x), axis=1, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemms_through_cublas_while_recording(dtype):
+    """Under ops.capturing() the matmul calls cuBLAS through ctypes (CuPy's wrappers refuse during capture)."""
+    x = cp.asarray(rand((2, 7, 16), dtype, 50))
+    w = cp.asarray(rand((24, 16), dtype, 51))
+    q = cp.asarray(rand((2, 3, 5, 8), dtype, 52))
+    k = cp.asarray(rand((2, 3, 6, 8), dtype, 53))
+    with ops.device("cuda"):
+        want = [ops.linear(x, w), ops.matmul(q, k.swapaxes(-1, -2)), ops.matmul(x[0], w.T)]
+        with ops.capturing():
+            got = [ops.linear(x, w), ops.matmul(q, k.swapaxes(-1, -2)), ops.matmul(x[0], w.T)]
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(cp.asnumpy(g).astype(np.float64), cp.asnumpy(e).astype(np.float64),
+                                   rtol=2e-2 if dtype.itemsize == 2 else 1e-4, atol=1e-3)  # fmt: skip
+
+
+def test_a_cuda_graph_replays_on_new_input_values():
+    mem = ops.device_memory("cuda")
+    x = cp.asarray(rand((8, 64), np.float32, 60))
+    w = cp.asarray(rand((32, 64), np.float32, 61))
+    ids = cp.asarray(np.array([1, 2, 3]))
+
+    def work():
+        with ops.device("cuda"), ops.capturing() as checks:
+            return ops.softmax(ops.gelu(ops.linear(x, w)), axis=-1), ops.embedding(ids, w), list(checks)
+
+    g = mem.capture(work)
+    y, e, (chk,) = g.result
+    for seed in range(3):
+        fresh = rand((8, 64), np.float32, 70 + seed)
+        x.set(fresh)
+        ids.set(np.array([seed, 40, 2]))  # 40 is out of range: clamped, the flag raised
+        g.replay()
+        mem.synchronize()
+        want = ops.softmax(ops.gelu(ops.linear(fresh, cp.asnumpy(w))), axis=-1, device="ref")
+        np.testing.assert_allclose(cp.asnumpy(y), want, rtol=1e-4, atol=1e-6)
+        assert bool(cp.asnumpy(chk.flag))
+        np.testing.assert_array_equal(cp.asnumpy(e), cp.asnumpy(w)[[seed, 31, 2]])
+
+
+def test_cuda_events_time_the_queue():
+    mem = ops.device_memory("cuda")
+    a = mem.mark()
+    cp.ones((2048, 2048), cp.float32) @ cp.ones((2048, 2048), cp.float32)
+    b = mem.mark()
+    mem.synchronize()
+    assert mem.elapsed_ms(a, b) > 0.0

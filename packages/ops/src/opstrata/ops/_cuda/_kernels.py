@@ -40,6 +40,7 @@ class CudaOps:
         self.xp, self.raw = xp, raw
         self._erf = erf
         self.gpu = xp.__name__.split(".")[0] == "cupy"  # cuBLAS accumulates f16/bf16 GEMMs in float32
+        self._capture_gemm: Any = None  # cuBLAS through ctypes, made on the first GEMM a capture records
 
     # ------------------------------------------------------------------ helpers
 
@@ -268,7 +269,14 @@ class CudaOps:
     # ------------------------------------------------------------------ GEMMs
 
     def _mm(self, a: Any, b: Any) -> Any:
-        """a @ b accumulating in float32 for low precision (cuBLAS does so natively on the GPU)."""
+        """a @ b accumulating in float32 for low precision (cuBLAS does so natively on the GPU). While a device
+        graph is recorded, cuBLAS is called directly: CuPy's wrappers refuse to run during stream capture."""
+        if self.gpu and capture_checks() is not None:
+            if self._capture_gemm is None:
+                from ._cublas import CublasCaptureGemm
+
+                self._capture_gemm = CublasCaptureGemm(self.xp)
+            return self._capture_gemm(a, b)
         if self.gpu or compute_dtype(a.dtype) == a.dtype:
             return self.xp.matmul(a, b)
         return self.xp.matmul(self._up(a), self._up(b)).astype(a.dtype)
