@@ -219,3 +219,19 @@ def test_an_op_without_a_cuda_kernel_falls_back_and_is_reported():
     assert (rec.op, rec.device, rec.path) == ("cumsum", DEV, "device:cpu")
     with ops.fallback_policy("error"), pytest.raises(ops.FallbackError, match="cumsum on _cuda_np"):
         ops.call("cumsum", x, axis=1, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scalar_operands_stay_kernel_arguments(dtype):
+    """A fused constant reaches the ufunc as a Python number (no device copy a recorded graph would not
+    repeat), rounded as the node's dtype rounds it, on either side."""
+    k = CudaOps(np, erf=erf_cpu)
+    x = rand((3, 4), dtype, 37)
+    c = dtype.type(0.1)
+    ua, ub, dt = k._operands(c, x)
+    assert type(ua) is float and ua == float(c) and dt == dtype
+    ua, ub, dt = k._operands(x, c)
+    assert type(ub) is float and ub == float(c) and dt == dtype
+    check("sub", c, x)
+    check("div", x, c)
+    check("greater", x, c)

@@ -33,6 +33,13 @@ _SQRT_HALF = 0.7071067811865476
 _TANH_C = 0.7978845608028654
 
 
+def _scalar(v: Any) -> float | int | None:
+    """``v`` as a Python number when it is a scalar (a numpy scalar keeps its dtype's rounding), else None."""
+    if isinstance(v, (np.generic, int, float)) and not isinstance(v, bool):
+        return v.item() if isinstance(v, np.generic) else v
+    return None
+
+
 class CudaOps:
     """Kernels over array module ``xp``; ``raw`` (NVRTC kernels) handles contiguous rows and attention."""
 
@@ -69,13 +76,23 @@ class CudaOps:
 
     # ------------------------------------------------------------------ elementwise
 
+    def _operands(self, a: Any, b: Any) -> tuple[Any, Any, Any]:
+        """(a, b, dtype) for an elementwise kernel, upcast; a scalar operand (a fused constant) stays a Python
+        number, a kernel argument: ``asarray`` would copy it to the device, which a recorded graph would not
+        repeat while the pool reuses that memory."""
+        xp = self.xp
+        sa, sb = _scalar(a), _scalar(b)
+        if sa is not None and sb is not None:
+            a, sa = xp.asarray(a), None
+        dt = (b if sa is not None else a).dtype
+        ua = sa if sa is not None else self._up(xp.asarray(a))
+        ub = sb if sb is not None else self._up(xp.asarray(b).astype(dt, copy=False))
+        return ua, ub, dt
+
     def binary(self, ufunc: str) -> Callable[..., Any]:
         def kernel(a: Any, b: Any, *, out: Any = None) -> Any:
-            xp = self.xp
-            a, b = xp.asarray(a), xp.asarray(b)
-            dt = a.dtype
-            r = getattr(xp, ufunc)(self._up(a), self._up(b.astype(dt, copy=False)))
-            return self._back(r, dt, out)
+            ua, ub, dt = self._operands(a, b)
+            return self._back(getattr(self.xp, ufunc)(ua, ub), dt, out)
 
         kernel.__name__ = f"{ufunc}_cuda"
         return kernel
@@ -479,9 +496,8 @@ class CudaOps:
 
     def compare(self, ufunc: str) -> Callable[..., Any]:
         def kernel(a: Any, b: Any) -> Any:
-            xp = self.xp
-            a, b = xp.asarray(a), xp.asarray(b)
-            return getattr(xp, ufunc)(self._up(a), self._up(b.astype(a.dtype, copy=False)))
+            ua, ub, _ = self._operands(a, b)
+            return getattr(self.xp, ufunc)(ua, ub)
 
         kernel.__name__ = f"{ufunc}_cuda"
         return kernel
