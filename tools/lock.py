@@ -455,12 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             layers = [x.strip() for x in args.layers.split(",") if x.strip()] if args.layers else None
             sync(root, layers)
             print(f"wrote {lf.show(lf.lock_path(root))}")
-            problems = check(root)
-            if problems:
-                print(format_problems(problems), file=sys.stderr)
-                return 1
-            print(summary(root))
-            return 0
+            return _report(root, check(root))
         if args.command == "tighten":
             return _tighten_cli(root, args.dry_run)
         if args.command == "relink":
@@ -472,16 +467,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"relinked {args.package} {args.version}: tree {old[:12]} -> {new[:12]} "
                 f"(as committed in {commit[:12]}{changed})"
             )
-            problems = check(root)
-            if problems:
-                print(format_problems(problems), file=sys.stderr)
-                return 1
-            print(summary(root))
-            return 0
-        problems = check(root, ref=args.ref)
+            return _report(root, check(root))
+        return _report(root, check(root, ref=args.ref))
     except LockError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _report(root: Path, problems: list[Problem]) -> int:
+    """Print the problems (exit 1) or the one OK line (exit 0)."""
     if problems:
         print(format_problems(problems), file=sys.stderr)
         return 1
