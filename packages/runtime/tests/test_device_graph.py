@@ -167,3 +167,22 @@ def test_profiling_times_device_nodes_with_queue_marks_and_one_sync_per_run():
     assert starts == sorted(starts)  # device marks placed on the run's clock, in order
     host = sum(1 for e in events if e.device == "cpu")
     assert len(syncs) <= 1 + 2 * host + len(sess.graph.inputs)  # not two per device node
+
+
+def test_outputs_that_are_feeds_shapes_or_initializers_replay_too():
+    b = ModelBuilder("passthrough", 17, 0)
+    x = b.input("x", ["batch", 4])
+    for op, out in (("Relu", "y"), ("Shape", "s"), ("Identity", "z")):
+        b.nodes.append(b.onnx.helper.make_node(op, [x], [out], name=out))
+    b.nodes.append(b.onnx.helper.make_node("Identity", [b.weight([3], "w")], ["w_out"], name="w_id"))
+    for out, dt in (("y", np.float32), ("s", np.int64), ("z", np.float32), ("w_out", np.float32)):
+        b.output(out, dt)
+    model = b.build()
+    sess = InferenceSession(model, GRAPHS, device=DEV)
+    cpu = InferenceSession(model)
+    for seed in range(4):
+        feeds = random_feeds(model, {"batch": 2}, seed=seed)
+        for g, w in zip(sess.run(None, feeds), cpu.run(None, feeds), strict=True):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+    assert sess._device_program.recorded_signatures() == [((2, 4),)]

@@ -374,8 +374,11 @@ class DeviceProgram:
         staged = {x: v.copy() if self.memory.is_array(feeds[x]) else v for x, v in staged.items()}
         hoisted: dict[str, Any] = {}
         self._execute(dict(staged), hoisted=hoisted)  # uploads initializers and host-made values once
-        self.memory.synchronize()
         wanted = list(self.graph.outputs)
+        for x in wanted:
+            if x in self.graph.initializers:
+                self._initializer(x)  # an output that is an initializer: uploaded now, not while recording
+        self.memory.synchronize()
 
         def work() -> tuple[dict[str, Any], list[Any]]:
             with ops.capturing() as checks:
