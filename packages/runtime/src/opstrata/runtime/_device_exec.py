@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
+from ._device_graph import Recorded, c_order, capture_blockers, record, replay
 from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
@@ -44,16 +45,6 @@ class HostNode:
     dtype: str
     reason: str
     fallback: bool = True  # False: integer/boolean work kept on the host by design (shapes, masks)
-
-
-@dataclass
-class _Recorded:
-    """One signature's device graph: the input buffers it reads, its outputs and its deferred checks."""
-
-    graph: Any  # ops.DeviceGraph: .result = (outputs, checks), .replay()
-    staged: dict[str, Any]  # feed name -> the device buffer the graph reads it from
-    outputs: dict[str, Any] = field(default_factory=dict)  # graph output -> device array (or a host constant)
-    checks: list[Any] = field(default_factory=list)  # ops.DeferredCheck, flags rewritten by each replay
 
 
 def _shape_work(n: Node, graph: Graph) -> bool:
@@ -100,11 +91,6 @@ def _place(graph: Graph, device: str) -> list[tuple[bool, str]]:
     return placed
 
 
-def _c_order(a: np.ndarray) -> np.ndarray:
-    """``a`` in C order, keeping its shape (``np.ascontiguousarray`` turns a 0-d array into 1-d)."""
-    return a if a.flags.c_contiguous else np.array(a, order="C")
-
-
 class DeviceProgram:
     """The plan's nodes placed on ``device`` or the host; runs them with values in either memory."""
 
@@ -142,7 +128,7 @@ class DeviceProgram:
         #: record each signature's plan as a device graph after one eager run, and replay it
         self.device_graph = device_graph
         self._seen: set[tuple[tuple[int, ...], ...]] = set()  # signatures run eagerly once
-        self._recorded: dict[tuple[tuple[int, ...], ...], _Recorded] = {}
+        self._recorded: dict[tuple[tuple[int, ...], ...], Recorded] = {}
 
     def refuse_under_error_policy(self) -> None:
         """Raise ops' FallbackError naming every host node when the policy is ``error`` (at session creation)."""
@@ -157,39 +143,12 @@ class DeviceProgram:
             )
 
     def capture_blockers(self) -> list[str]:
-        """Why this plan cannot be recorded as one device graph (empty: it can).
+        """Why this plan cannot be recorded as one device graph (empty: it can); see ``_device_graph``."""
+        return capture_blockers(self)
 
-        A recorded graph replays device work only: a host node runs once, while recording, so its result
-        must follow from the input shapes alone (Shape outputs, initializers), and it may not read a value
-        the device made (a copy down is illegal while recording).
-        """
-        if getattr(self.memory, "capture", None) is None:
-            return [f"device '{self.device}' cannot record device graphs (its memory has no capture)"]
-        on_feeds = set(self.graph.inputs)  # values that depend on what the feeds hold, not only their shapes
-        made_on_device: set[str] = set()
-        out: list[str] = []
-        for n, on_dev, _ in self.steps:
-            if node_key(n) in (("", "Shape"), ("", "Size")):
-                continue  # reads metadata: its output follows from shapes
-            host_pos = (
-                HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset(range(len(n.inputs)))
-            )
-            for k, x in enumerate(n.inputs):
-                if not x or k not in host_pos:
-                    continue
-                if x in made_on_device:
-                    out.append(
-                        f"node '{n.name}' ({n.qualified_type}) reads '{x}' from the device on the host"
-                    )
-                    break
-                if x in on_feeds:
-                    out.append(f"node '{n.name}' ({n.qualified_type}) computes on the host from the values of the feeds ('{x}')")  # fmt: skip
-                    break
-            if any(x in on_feeds for x in n.inputs if x):
-                on_feeds.update(o for o in n.outputs if o)
-            if on_dev:
-                made_on_device.update(o for o in n.outputs if o)
-        return out
+    def recorded_signatures(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The input-shape signatures recorded as device graphs so far."""
+        return list(self._recorded)
 
     # ------------------------------------------------------------------ moving values
 
@@ -197,7 +156,7 @@ class DeviceProgram:
         if v is None or self.memory.is_array(v) or not isinstance(v, np.ndarray):
             return v
         t0 = time.perf_counter()
-        d = self.memory.from_host(_c_order(v))
+        d = self.memory.from_host(c_order(v))
         self.memory.synchronize()
         moved[0] += v.nbytes
         moved[1] += time.perf_counter() - t0
@@ -215,7 +174,7 @@ class DeviceProgram:
     def _initializer(self, name: str) -> Any:
         d = self._uploaded.get(name)
         if d is None:
-            d = self._uploaded[name] = self.memory.from_host(_c_order(self.graph.initializers[name]))
+            d = self._uploaded[name] = self.memory.from_host(c_order(self.graph.initializers[name]))
         return d
 
     # ------------------------------------------------------------------ a run
@@ -239,9 +198,9 @@ class DeviceProgram:
             sig = tuple(tuple(int(d) for d in feeds[x].shape) for x in self.graph.inputs)
             rec = self._recorded.get(sig)
             if rec is None and sig in self._seen:
-                rec = self._recorded[sig] = self._record_graph(feeds)
+                rec = self._recorded[sig] = record(self, feeds)
             if rec is not None:
-                return self._replay(rec, feeds, outputs, on_device)
+                return replay(self, rec, feeds, outputs, on_device)
             self._seen.add(sig)
         vals = self._execute(dict(feeds), prof=prof)
         return [self._output(vals, name, on_device) for name in outputs]
@@ -355,71 +314,6 @@ class DeviceProgram:
                         ops.record_fallback(h.op_type, self.device, "device:cpu", h.dtype, h.reason,
                                             bytes_copied=nbytes, copy_seconds=secs)  # fmt: skip
         return vals
-
-    # ------------------------------------------------------------------ device graphs
-
-    def _stage(self, buf: Any, v: Any) -> None:
-        """Copy a feed into the graph's input buffer (host arrays up; device arrays within the device)."""
-        if self.memory.is_array(v):
-            buf[...] = v
-        else:
-            self.memory.from_host(_c_order(np.asarray(v, dtype=buf.dtype)), out=buf)
-
-    def _record_graph(self, feeds: dict[str, Any]) -> _Recorded:
-        """Record the plan for these feeds' shapes: upload the feeds into buffers the graph owns, run once to
-        upload every host-made value the device reads, then capture the run that reuses those copies."""
-        staged = {
-            x: v if self.memory.is_array(v) else self.memory.from_host(_c_order(v)) for x, v in feeds.items()
-        }
-        staged = {x: v.copy() if self.memory.is_array(feeds[x]) else v for x, v in staged.items()}
-        hoisted: dict[str, Any] = {}
-        self._execute(dict(staged), hoisted=hoisted)  # uploads initializers and host-made values once
-        wanted = list(self.graph.outputs)
-        for x in wanted:
-            if x in self.graph.initializers:
-                self._initializer(x)  # an output that is an initializer: uploaded now, not while recording
-        self.memory.synchronize()
-
-        def work() -> tuple[dict[str, Any], list[Any]]:
-            with ops.capturing() as checks:
-                vals = self._execute(dict(staged), hoisted=hoisted, recording=True)
-                outs = {x: vals[x] if x in vals else self._initializer(x) for x in wanted}
-            return outs, list(checks)
-
-        try:
-            graph = self.memory.capture(work)  # type: ignore[misc]
-        except ExecutionError:
-            raise
-        except Exception as exc:
-            raise ExecutionError(
-                f"device graph on {self.device}", f"recording failed: {type(exc).__name__}: {exc}",
-                "run the session without enable_device_graph, and report the model and this message",
-            ) from exc  # fmt: skip
-        outs, checks = graph.result
-        return _Recorded(graph, staged, outs, checks)
-
-    def _replay(
-        self, rec: _Recorded, feeds: dict[str, Any], outputs: Sequence[str], on_device: bool
-    ) -> list[Any]:
-        for x, buf in rec.staged.items():
-            self._stage(buf, feeds[x])
-        with ops.device(self.device):
-            rec.graph.replay()
-        for c in rec.checks:
-            if bool(self.memory.to_host(c.flag)):
-                raise ExecutionError(f"node '{c.node}' ({c.op})", c.message(), "check the feeds against get_inputs() (index values)")  # fmt: skip
-        out = []
-        for name in outputs:
-            v = rec.outputs[name]
-            if not self.memory.is_array(v):
-                out.append(self._to_device(v, [0, 0.0]) if on_device else np.array(v, copy=True))
-            else:  # copies: the next replay rewrites the graph's buffers
-                out.append(v.copy() if on_device else self.memory.to_host(v))
-        return out
-
-    def recorded_signatures(self) -> list[tuple[tuple[int, ...], ...]]:
-        """The input-shape signatures recorded as device graphs so far."""
-        return list(self._recorded)
 
     # ------------------------------------------------------------------ profiling and calls
 
