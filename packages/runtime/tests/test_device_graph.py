@@ -186,3 +186,25 @@ def test_outputs_that_are_feeds_shapes_or_initializers_replay_too():
             assert g.dtype == w.dtype
             np.testing.assert_array_equal(g, w)
     assert sess._device_program.recorded_signatures() == [((2, 4),)]
+
+
+def test_graphs_are_kept_for_plan_cache_size_signatures_least_recently_used_first():
+    model = gpt_block_model()
+    sess = InferenceSession(model, SessionOptions(enable_device_graph=True, plan_cache_size=1), device=DEV)
+    cpu = InferenceSession(model)
+    prog = sess._device_program
+    kept = []
+    for i, seq in enumerate((3, 3, 3, 5, 5, 5, 3, 3)):
+        feeds = random_feeds(model, {"batch": 1, "seq": seq}, seed=i)
+        np.testing.assert_allclose(sess.run(None, feeds)[0], cpu.run(None, feeds)[0], rtol=2e-5, atol=2e-5)
+        kept.append(prog.recorded_signatures())
+    assert kept == [
+        [],
+        [((1, 3),)],
+        [((1, 3),)],
+        [((1, 3),)],
+        [((1, 5),)],
+        [((1, 5),)],
+        [((1, 3),)],
+        [((1, 3),)],
+    ]

@@ -18,6 +18,7 @@ them at creation. Index checks run on the device during replays and fail the run
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,9 @@ def _place(graph: Graph, device: str) -> list[tuple[bool, str]]:
 class DeviceProgram:
     """The plan's nodes placed on ``device`` or the host; runs them with values in either memory."""
 
-    def __init__(self, graph: Graph, device: str, *, device_graph: bool = False) -> None:
+    def __init__(
+        self, graph: Graph, device: str, *, device_graph: bool = False, graph_cache_size: int = 16
+    ) -> None:
         mem = ops.device_memory(device)
         if mem is None:
             raise InvalidModel(
@@ -127,8 +130,10 @@ class DeviceProgram:
         ]
         #: record each signature's plan as a device graph after one eager run, and replay it
         self.device_graph = device_graph
-        self._seen: set[tuple[tuple[int, ...], ...]] = set()  # signatures run eagerly once
-        self._recorded: dict[tuple[tuple[int, ...], ...], Recorded] = {}
+        #: recorded signatures kept (least recently used dropped: each graph holds its own device memory)
+        self.graph_cache_size = graph_cache_size
+        self._seen: OrderedDict[tuple[tuple[int, ...], ...], None] = OrderedDict()  # run eagerly once
+        self._recorded: OrderedDict[tuple[tuple[int, ...], ...], Recorded] = OrderedDict()
 
     def refuse_under_error_policy(self) -> None:
         """Raise ops' FallbackError naming every host node when the policy is ``error`` (at session creation)."""
@@ -198,10 +203,15 @@ class DeviceProgram:
             sig = tuple(tuple(int(d) for d in feeds[x].shape) for x in self.graph.inputs)
             rec = self._recorded.get(sig)
             if rec is None and sig in self._seen:
+                while len(self._recorded) >= self.graph_cache_size:
+                    self._recorded.popitem(last=False)  # its graph and memory pool go with it
                 rec = self._recorded[sig] = record(self, feeds)
             if rec is not None:
+                self._recorded.move_to_end(sig)
                 return replay(self, rec, feeds, outputs, on_device)
-            self._seen.add(sig)
+            self._seen[sig] = None
+            while len(self._seen) > 4 * self.graph_cache_size:
+                self._seen.popitem(last=False)
         vals = self._execute(dict(feeds), prof=prof)
         return [self._output(vals, name, on_device) for name in outputs]
 

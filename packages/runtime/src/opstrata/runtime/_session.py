@@ -176,7 +176,9 @@ class InferenceSession:
         self._schedule: Schedule | None = None
         graphs = opts.enable_device_graph or provider_option(providers, device, "enable_cuda_graph")
         if _has_memory(device):
-            self._device_program = DeviceProgram(self.graph, device, device_graph=graphs)
+            self._device_program = DeviceProgram(
+                self.graph, device, device_graph=graphs, graph_cache_size=opts.plan_cache_size
+            )
             with self._policy():
                 self._device_program.refuse_under_error_policy()
             blockers = self._device_program.capture_blockers() if graphs else []
