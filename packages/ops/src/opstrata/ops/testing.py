@@ -7,12 +7,13 @@ bfloat16 (8 bits) and the float8 formats (4 and 3 bits).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
 
 from . import _dtypes as dt
+from ._capture import capture_checks, capturing
 
 #: (rtol, atol) per dtype.
 TOLERANCES: dict[np.dtype, tuple[float, float]] = {
@@ -126,10 +127,6 @@ class StandInGraph:
 
     def replay(self) -> None:
         """Re-run every recorded kernel call into its recorded result arrays."""
-        from contextlib import nullcontext
-
-        from ._capture import capturing
-
         for fn, args, kwargs, result, flags in self.calls:
             # the kernel as recorded: under ops.capturing() it clamps and writes its checks into device flags
             with capturing() if flags is not None else nullcontext() as checks:
@@ -179,8 +176,6 @@ def _device_only(fn: Any) -> Any:
         for v in (*args, *kwargs.values(), *nested):
             if isinstance(v, np.ndarray) and not isinstance(v, StandInArray):
                 raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
-        from ._capture import capture_checks
-
         checks = capture_checks()
         before = len(checks) if checks is not None else 0
         r = fn(*args, **kwargs)

@@ -29,7 +29,7 @@ import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
 from ._device_graph import Recorded, c_order, capture_blockers, record, replay
-from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, node_key, node_runs_on_device
+from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, feed_valued, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
 from ._flops import node_flops
 from ._profiler import NodeEvent, Profiler
@@ -64,10 +64,7 @@ def _place(graph: Graph, device: str) -> list[tuple[bool, str]]:
     (token ids reshaped for an embedding) on the device where only device nodes read them, so the ids go
     up once and no host node sits between the feed and the device (a device graph can then hold it)."""
     placed = [node_runs_on_device(n, graph, device) for n in graph.nodes]
-    on_feeds = set(graph.inputs)
-    for n in graph.nodes:
-        if node_key(n) not in (("", "Shape"), ("", "Size")) and any(x in on_feeds for x in n.inputs if x):
-            on_feeds.update(o for o in n.outputs if o)
+    on_feeds = feed_valued(graph)
     readers: dict[str, list[tuple[int, int]]] = {}  # value -> (node index, input position) reading it
     for i, n in enumerate(graph.nodes):
         for k, x in enumerate(n.inputs):

@@ -17,7 +17,7 @@ import numpy as np
 
 import opstrata.ops as ops
 
-from ._device_nodes import HOST_INPUTS, node_key
+from ._device_nodes import HOST_INPUTS, feed_valued, node_key
 from ._errors import ExecutionError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def capture_blockers(prog: DeviceProgram) -> list[str]:
     """
     if getattr(prog.memory, "capture", None) is None:
         return [f"device '{prog.device}' cannot record device graphs (its memory has no capture)"]
-    on_feeds = set(prog.graph.inputs)  # values that depend on what the feeds hold, not only their shapes
+    on_feeds = feed_valued(prog.graph)
     made_on_device: set[str] = set()
     out: list[str] = []
     for n, on_dev, _ in prog.steps:
@@ -66,8 +66,6 @@ def capture_blockers(prog: DeviceProgram) -> list[str]:
             if x in on_feeds:
                 out.append(f"node '{n.name}' ({n.qualified_type}) computes on the host from the values of the feeds ('{x}')")  # fmt: skip
                 break
-        if any(x in on_feeds for x in n.inputs if x):
-            on_feeds.update(o for o in n.outputs if o)
         if on_dev:
             made_on_device.update(o for o in n.outputs if o)
     return out

@@ -17,7 +17,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import Graph, Node
 
-__all__ = ["HOST_INPUTS", "NODE_KERNELS", "node_key", "node_runs_on_device"]
+__all__ = ["HOST_INPUTS", "NODE_KERNELS", "feed_valued", "node_key", "node_runs_on_device"]
 
 OPS_DOMAIN = "ai.opstrata"
 Kernel = Callable[[Node, list[Any], str], list[Any]]
@@ -206,27 +206,24 @@ def _where(n: Node, x: list[Any], d: str) -> list[Any]:
     return [ops.call("where", x[0], x[1], x[2], device=d)]
 
 
-def _max_pool(n: Node, x: list[Any], d: str) -> list[Any]:
+def _pool_window(n: Node, x: Any) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """The 2-D pooling kernels' window keywords for node ``n`` on input ``x``, and the node's dilations."""
     k = [int(v) for v in n.attrs["kernel_shape"]]
-    stride, dil, pads = conv_geometry(n, x[0], k)
-    return [
-        ops.call(
-            "max_pool2d", x[0], kernel_size=tuple(k), stride=tuple(stride), padding=tuple(pads),
-            dilation=tuple(dil), ceil_mode=bool(n.attrs.get("ceil_mode", 0)), device=d,
-        )
-    ]  # fmt: skip
+    stride, dil, pads = conv_geometry(n, x, k)
+    window = {"kernel_size": tuple(k), "stride": tuple(stride), "padding": tuple(pads),
+              "ceil_mode": bool(n.attrs.get("ceil_mode", 0))}  # fmt: skip
+    return window, tuple(dil)
+
+
+def _max_pool(n: Node, x: list[Any], d: str) -> list[Any]:
+    window, dil = _pool_window(n, x[0])
+    return [ops.call("max_pool2d", x[0], dilation=dil, device=d, **window)]
 
 
 def _avg_pool(n: Node, x: list[Any], d: str) -> list[Any]:
-    k = [int(v) for v in n.attrs["kernel_shape"]]
-    stride, _, pads = conv_geometry(n, x[0], k)
-    return [
-        ops.call(
-            "avg_pool2d", x[0], kernel_size=tuple(k), stride=tuple(stride), padding=tuple(pads),
-            ceil_mode=bool(n.attrs.get("ceil_mode", 0)),
-            count_include_pad=bool(n.attrs.get("count_include_pad", 0)), device=d,
-        )
-    ]  # fmt: skip
+    window, _ = _pool_window(n, x[0])  # dilated average pooling stays on the host (_attrs_ok)
+    cip = bool(n.attrs.get("count_include_pad", 0))
+    return [ops.call("avg_pool2d", x[0], count_include_pad=cip, device=d, **window)]
 
 
 def _reduce_mean(n: Node, x: list[Any], d: str) -> list[Any]:
@@ -423,6 +420,15 @@ def _attrs_ok(n: Node, graph: Graph) -> str:
     if t in ("SkipLayerNorm", "SkipRMSNorm") and int(a.get("axis", -1)) != -1:
         return "a residual norm over more than the last axis runs on the host"
     return ""
+
+
+def feed_valued(graph: Graph) -> set[str]:
+    """Values that depend on what the feeds hold, not only on their shapes (Shape / Size read metadata)."""
+    out = set(graph.inputs)
+    for n in graph.nodes:
+        if node_key(n) not in (("", "Shape"), ("", "Size")) and any(x in out for x in n.inputs if x):
+            out.update(o for o in n.outputs if o)
+    return out
 
 
 def node_runs_on_device(n: Node, graph: Graph, device: str) -> tuple[bool, str]:
