@@ -222,3 +222,37 @@ def test_reshape_shares_its_input_bytes_and_blocks_in_place_writes_while_read():
     _assert_no_write_under_a_live_view(g, mp)
     assert mp.arena_bytes == mp.lower_bound_bytes == 256  # two 128-byte buffers, views cost nothing
     assert "v" not in og.plan_memory(g, inplace=False).inplace
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5000), st.integers(0, 30), st.integers(0, 30)).map(
+            lambda t: (t[0], min(t[1], t[2]), max(t[1], t[2]))
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([1, 64, 256]),
+)
+def test_pack_buffers_never_overlaps_buffers_live_together(bufs, alignment):
+    offsets, total = og.pack_buffers(bufs, alignment=alignment)
+    sizes = [-(-max(b[0], 1) // alignment) * alignment for b in bufs]
+    assert all(off % alignment == 0 for off in offsets)
+    assert total == max((o + s for o, s in zip(offsets, sizes, strict=True)), default=0)
+    lower = max(
+        (sum(s for s, b in zip(sizes, bufs, strict=True) if b[1] <= t <= b[2]) for t in range(31)), default=0
+    )
+    assert lower <= total <= sum(sizes)
+    for i, (a, b) in enumerate(zip(offsets, bufs, strict=True)):
+        for j in range(i):
+            live_together = bufs[j][1] <= b[2] and b[1] <= bufs[j][2]
+            if live_together:
+                assert a + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= a, (i, j)
+
+
+def test_pack_buffers_rejects_bad_input():
+    with pytest.raises(og.GraphError, match="power of two"):
+        og.pack_buffers([(8, 0, 0)], alignment=48)
+    with pytest.raises(og.GraphError, match="buffer 1"):
+        og.pack_buffers([(8, 0, 0), (8, 3, 2)])
+    with pytest.raises(og.GraphError, match="buffer 0"):
+        og.pack_buffers([(-1, 0, 0)])

@@ -17,6 +17,7 @@ from ._memory import (
     ALIGNMENT as ALIGNMENT,
     MemoryPlan as MemoryPlan,
     MemoryPlanner as MemoryPlanner,
+    pack_buffers as pack_buffers,
     plan_memory as plan_memory,
 )
 from ._plan import (
@@ -158,6 +159,7 @@ __all__ = [
     "lookup_op",
     "op_defs",
     "optimize",
+    "pack_buffers",
     "partition",
     "passes_for_level",
     "plan_memory",

@@ -20,7 +20,7 @@ from ._ir import Graph
 from ._shape_infer import infer_shapes
 from .opdefs import registry
 
-__all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "plan_memory"]
+__all__ = ["ALIGNMENT", "MemoryPlan", "MemoryPlanner", "pack_buffers", "plan_memory"]
 
 #: Byte alignment of every offset and size in the arena (a cache line; AVX-512 loads).
 ALIGNMENT = 64
@@ -222,6 +222,32 @@ def _greedy_by_size(bufs: list[tuple[int, int, int]]) -> list[int]:
         offsets[i] = cand
         placed.append(i)
     return offsets
+
+
+def pack_buffers(
+    buffers: Sequence[tuple[int, int, int]], *, alignment: int = ALIGNMENT
+) -> tuple[list[int], int]:
+    """Offsets for buffers ``(nbytes, first step, last step)`` in one arena, and the arena's size.
+
+    The planner :func:`plan_memory` uses (greedy by size), for buffers that are not graph values: a device
+    executor lays out the allocations its kernels make (traced over one run) with it. Two buffers share
+    bytes only when their ``[first, last]`` ranges are disjoint; sizes are rounded up to ``alignment``.
+
+    >>> pack_buffers([(100, 0, 1), (100, 2, 3), (50, 1, 2)], alignment=64)
+    ([0, 0, 128], 192)
+    """
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GraphError("pack_buffers", f"alignment must be a power of two, got {alignment}", "use 64")
+    bufs = []
+    for k, (size, first, last) in enumerate(buffers):
+        if size < 0 or first > last:
+            raise GraphError(
+                "pack_buffers", f"buffer {k} must have nbytes >= 0 and first <= last, got {(size, first, last)}",
+                "pass (nbytes, first step, last step) per buffer",
+            )  # fmt: skip
+        bufs.append((_align(max(int(size), 1), alignment), int(first), int(last)))
+    offsets = _greedy_by_size(bufs)
+    return offsets, max((off + b[0] for off, b in zip(offsets, bufs, strict=True)), default=0)
 
 
 def plan_memory(
