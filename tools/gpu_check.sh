@@ -22,10 +22,10 @@ export PYTHONPATH="$site" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 python3 -c "import opstrata.ops as o; from opstrata.ops._cuda import cuda_status as s; print(s().summary(), '| opstrata-ops', o.__version__)" >> "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 rc=0
-( cd packages/ops && timeout 150 python3 -m pytest tests/cuda tests/test_device_memory.py tests/test_capture.py \
+( cd packages/ops && timeout 150 python3 -m pytest tests/cuda tests/test_device_memory.py tests/test_capture.py tests/test_device_allocations.py \
     -q -p no:cacheprovider -x --maxfail=20 --junitxml="$out/ops_cuda_tests.xml" -rfE ) > "$out/ops_cuda_tests.txt" 2>&1 || rc=1
 tail -25 "$out/ops_cuda_tests.txt"
-( cd packages/runtime && timeout 90 python3 -m pytest tests/cuda tests/test_device_session.py tests/test_device_graph.py -q -p no:cacheprovider -rfE \
+( cd packages/runtime && timeout 90 python3 -m pytest tests/cuda tests/test_device_session.py tests/test_device_graph.py tests/test_device_arena.py -q -p no:cacheprovider -rfE \
     --junitxml="$out/runtime_cuda_tests.xml" ) > "$out/runtime_cuda_tests.txt" 2>&1 || rc=1
 tail -15 "$out/runtime_cuda_tests.txt"
 timeout 80 python3 packages/ops/benchmarks/bench_cuda.py --json "$out/bench_cuda.json" > "$out/bench_cuda.txt" 2>&1 || rc=1

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; batch {args.batch}")
     print("| model | ours ms | torch eager ms | ours / torch | graph ms | graph / torch | graph / ours "
-          "| max rel err | graph vs eager (rel err or why none) | host nodes (ops) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "| max rel err | graph vs eager (rel err or why none) | host nodes (ops) | eager arena |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for name, dtype in ((m, d) for m in args.models.split(",") for d in args.dtypes.split(",")):
         spec = MODELS[name]
         module = build(spec.builder)
@@ -117,14 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         o, t = timed["ours"].median * 1e3, timed["torch"].median * 1e3
         g = timed["graph"].median * 1e3 if "graph" in timed else float("nan")
         host = sess.device_fallbacks()
+        arenas = list(getattr(sess, "device_arenas", {}).values())  # the eager runs' planned device memory
+        arena = (
+            f"{arenas[0].arena_bytes / 2**20:.1f} of {arenas[0].traced_bytes / 2**20:.1f} MiB, "
+            f"{arenas[0].unplanned} off plan" if arenas and arenas[0].state == "serving"
+            else (arenas[0].summary() if arenas else "none")
+        )  # fmt: skip
         rows.append({"model": f"{name} {dtype}", "ours_ms": o, "torch_ms": t, "ratio": o / t, "max_rel_err": err,
                      "graph_ms": g, "graph_ratio": g / t, "graph_vs_eager": g / o, "graph_note": graph_note,
-                     "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host})})  # fmt: skip
+                     "host_nodes": len(host), "host_ops": sorted({h.op_type for h in host}), "arena": arena})  # fmt: skip
         r = rows[-1]  # printed as it completes: a run cut short by its time limit keeps the rows so far
         hosted = f"{r['host_nodes']} ({', '.join(r['host_ops'])})" if r["host_nodes"] else "0"
         print(
             f"| {r['model']} | {o:.3f} | {t:.3f} | {r['ratio']:.2f}x | {g:.3f} | {r['graph_ratio']:.2f}x "
-            f"| {r['graph_vs_eager']:.2f}x | {err:.1e} | {graph_note} | {hosted} |",
+            f"| {r['graph_vs_eager']:.2f}x | {err:.1e} | {graph_note} | {hosted} | {arena} |",
             flush=True,
         )
     print(ops.fallback_report().table())

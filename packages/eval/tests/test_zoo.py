@@ -212,23 +212,28 @@ def test_exported_models_run_wholly_on_a_device_with_its_own_memory(zoo_deps, tm
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("mode", ["graph", "arena"])
 @pytest.mark.parametrize("name", ["resnet18", "gpt2"])
-def test_exported_models_replay_as_device_graphs(zoo_deps, tmp_path, name: str) -> None:
+def test_exported_models_replay_as_device_graphs(zoo_deps, tmp_path, name: str, mode: str) -> None:
     """enable_device_graph on the stand-in (its capture records kernel calls; a replay re-runs only those):
-    the second run records, later runs replay with new feed values and give the cpu session's outputs."""
+    the second run records, later runs replay with new feed values and give the cpu session's outputs.
+    Eager runs instead (``arena``): the second run traces the kernels' allocations, later runs place every
+    intermediate in one planned block (the stand-in copies each result there) and still give them."""
     import opstrata.ops as ops
     import opstrata.ops.testing as ot
     from opstrata.runtime import InferenceSession, SessionOptions
 
     if not hasattr(ops, "capturing") or "enable_device_graph" not in SessionOptions.__dataclass_fields__:
         pytest.skip("opstrata-ops < 0.4.75 / opstrata-runtime < 0.5.56 record no device graphs")
+    if mode == "arena" and not hasattr(InferenceSession, "device_arenas"):
+        pytest.skip("opstrata-runtime < 0.5.61 plans no device arenas")
     path = export_model(name, "torchscript", tmp_path)
     spec = MODELS[name]
     cpu = InferenceSession(str(path))
     with ot.isolated_registry():
         dev = ot.register_standin_device("_zoo_graphs")
-        sess = InferenceSession(str(path), SessionOptions(enable_device_graph=True), device=dev)
-        for seed in range(3):
+        sess = InferenceSession(str(path), SessionOptions(enable_device_graph=mode == "graph"), device=dev)
+        for seed in range(3 if mode == "graph" else 4):
             rng = np.random.default_rng(seed)
             if spec.input_kind == "image":
                 x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
@@ -237,7 +242,12 @@ def test_exported_models_replay_as_device_graphs(zoo_deps, tmp_path, name: str) 
             feeds = {sess.get_inputs()[0].name: x}
             got, want = sess.run(None, feeds)[0], cpu.run(None, feeds)[0]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
-        assert len(sess._device_program.recorded_signatures()) == 1
+        if mode == "graph":
+            assert len(sess._device_program.recorded_signatures()) == 1
+            return
+        (arena,) = sess.device_arenas.values()
+        assert arena.state == "serving" and arena.runs_served == 2 and arena.unplanned == 0, arena.summary()
+        assert arena.lower_bound_bytes <= arena.arena_bytes < arena.traced_bytes
 
 
 def test_bench_reports_a_latency_ratio(zoo_deps) -> None:

@@ -84,3 +84,24 @@ def test_profiling_uses_cuda_events():
     events = [e for e in sess.profiler.events if e.run == 1]
     assert len(events) == len(sess.graph.nodes)
     assert all(e.dur_ns >= 0 for e in events) and sum(e.dur_ns for e in events if e.device == "cuda") > 0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_device_arena_serves_runs_that_equal_cpu(name):
+    """Eager runs on one planned cudaMalloc per shape: traced on the second run, served from the third;
+    new feed values each run, the cpu session's outputs, nothing served off plan."""
+    if not hasattr(InferenceSession, "device_arenas"):
+        pytest.skip("opstrata-runtime < 0.5.61 plans no device arenas")
+    build, dims = MODELS[name]
+    model = build()
+    with ops.fallback_policy("allow"):
+        sess = InferenceSession(model, device="cuda")
+        cpu = InferenceSession(model)
+        for seed in range(5):
+            feeds = random_feeds(model, dims, seed=seed)
+            for g, w in zip(sess.run(None, feeds), cpu.run(None, feeds), strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=name)
+    (arena,) = sess.device_arenas.values()
+    assert arena.state == "serving" and arena.runs_served == 3 and arena.unplanned == 0, arena.summary()
+    assert 0 < arena.arena_bytes <= arena.traced_bytes
+    print(f"{name}: {arena.summary()}")

@@ -15,6 +15,7 @@ from ._capture import (
     capturing as capturing,
 )
 from ._devices import (
+    DeviceAllocations as DeviceAllocations,
     DeviceMemory as DeviceMemory,
     DeviceStatus as DeviceStatus,
     device as device,
@@ -368,6 +369,7 @@ __all__ = [
     "AutotuneStats",
     "BoundSteps",
     "DeferredCheck",
+    "DeviceAllocations",
     "DeviceGraph",
     "DeviceMemory",
     "DevicePluginError",

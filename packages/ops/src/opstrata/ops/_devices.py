@@ -19,7 +19,7 @@ import os
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from ._errors import DevicePluginError, DeviceUnavailableError, UnknownDeviceErr
 __all__ = [
     "BUILTIN_DEVICES",
     "ENTRY_POINT_GROUP",
+    "DeviceAllocations",
     "DeviceMemory",
     "DeviceStatus",
     "device",
@@ -56,6 +57,24 @@ def _no_sync() -> None:
 
 
 @dataclass(frozen=True)
+class DeviceAllocations:
+    """How an executor lays out a device's allocations itself: one reserved block, carved by its own plan.
+
+    Inside ``route(fn)`` (this thread) every allocation the device's kernels make calls ``fn(nbytes)``,
+    which answers with ``carve(block, offset, nbytes, owner)`` (bytes of a block from ``reserve``) or
+    ``fresh(nbytes, owner)`` (from the device's pool). Either keeps ``owner`` alive exactly as long as
+    the memory is in use (arrays and views on it), so a weakref finalizer on ``owner`` sees the free.
+    CuPy: ``using_allocator``, one ``cudaMalloc``, ``UnownedMemory`` over it, the default memory pool.
+    """
+
+    route: Callable[[Callable[[int], Any]], AbstractContextManager[Any]]
+    reserve: Callable[[int], Any]  # reserve(nbytes): one device block
+    carve: Callable[[Any, int, int, Any], Any]  # carve(block, offset, nbytes, owner): memory inside block
+    fresh: Callable[[int, Any], Any]  # fresh(nbytes, owner): memory from the device's pool
+    alignment: int = 256  # offsets the plan gives must be multiples of this (cudaMalloc's 256 bytes)
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     """Where a device's arrays live and how they cross to host memory (numpy arrays) and back.
 
@@ -76,6 +95,9 @@ class DeviceMemory:
     #: after a sync, so a profiler times every kernel with one sync per run; None: time on the host
     mark: Callable[[], Any] | None = None
     elapsed_ms: Callable[[Any, Any], float] | None = None
+    #: lets an executor serve the kernels' allocations from one block laid out by its memory plan; None:
+    #: the device allocates for itself
+    allocations: DeviceAllocations | None = None
 
 
 @dataclass(frozen=True)

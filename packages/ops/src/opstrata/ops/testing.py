@@ -6,6 +6,7 @@ bfloat16 (8 bits) and the float8 formats (4 and 3 bits).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 
 from . import _dtypes as dt
 from ._capture import capture_checks, capturing
+from ._devices import DeviceAllocations
 
 #: (rtol, atol) per dtype.
 TOLERANCES: dict[np.dtype, tuple[float, float]] = {
@@ -168,22 +170,83 @@ def _standin_elapsed_ms(a: int, b: int) -> float:
     return (b - a) / 1e6
 
 
+class _StandInMemory:
+    """Bytes a stand-in kernel writes one result into (a block's slice or its own), and the owner they keep
+    alive: the stand-in's half of :class:`~opstrata.ops.DeviceAllocations`."""
+
+    __slots__ = ("buf", "owner")
+
+    def __init__(self, buf: np.ndarray, owner: Any) -> None:
+        self.buf, self.owner = buf, owner
+
+
+#: per thread: the allocation functions routed by ``DeviceAllocations.route`` (innermost last)
+_ROUTES = threading.local()
+
+
+@contextmanager
+def _standin_route(fn: Any) -> Iterator[None]:
+    stack = _ROUTES.__dict__.setdefault("stack", [])
+    stack.append(fn)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _standin_carve(block: np.ndarray, offset: int, nbytes: int, owner: Any) -> _StandInMemory:
+    if offset < 0 or offset + nbytes > block.size:
+        raise ValueError(
+            f"carve: bytes [{offset}, {offset + nbytes}) lie outside the {block.size}-byte block"
+        )
+    return _StandInMemory(block[offset : offset + nbytes], owner)
+
+
+#: the stand-in's allocations: a kernel's fresh result is copied into memory the routed function gives
+STANDIN_ALLOCATIONS = DeviceAllocations(
+    _standin_route,
+    lambda n: np.full(n, 0xFF, np.uint8),  # NaN-filled floats: a read of unwritten bytes shows
+    _standin_carve,
+    lambda n, owner: _StandInMemory(np.full(n, 0xFF, np.uint8), owner),
+)
+
+
+def _placed(t: Any, arrays: list[np.ndarray]) -> StandInArray:
+    """A kernel's result ``t`` as a stand-in array: a view of an argument keeps that argument's memory; a
+    fresh result goes into the routed allocation's bytes (as a CuPy kernel allocates through CuPy's
+    allocator), else stays where numpy put it."""
+    t = np.asarray(t)
+    for a in arrays:
+        if np.may_share_memory(t, a):
+            out = t.view(StandInArray)
+            out._mem = getattr(a, "_mem", None)  # type: ignore[attr-defined]
+            return out
+    stack = getattr(_ROUTES, "stack", None)
+    if not stack:
+        return t.view(StandInArray)
+    mem = stack[-1](t.nbytes)
+    dst = mem.buf[: t.nbytes].view(t.dtype).reshape(t.shape)
+    np.copyto(dst, t)
+    out = dst.view(StandInArray)
+    out._mem = mem  # type: ignore[attr-defined]
+    return out
+
+
 def _device_only(fn: Any) -> Any:
     """``fn`` refusing host arrays (the executor must have copied them up) and returning stand-in arrays."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         nested = [v for a in args if isinstance(a, (list, tuple)) for v in a]
+        arrays = []
         for v in (*args, *kwargs.values(), *nested):
-            if isinstance(v, np.ndarray) and not isinstance(v, StandInArray):
-                raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
+            if isinstance(v, np.ndarray):
+                if not isinstance(v, StandInArray):
+                    raise AssertionError(f"a host array {v.dtype}{v.shape} reached a device kernel")
+                arrays.append(v)
         checks = capture_checks()
         before = len(checks) if checks is not None else 0
         r = fn(*args, **kwargs)
-        out = (
-            tuple(np.asarray(t).view(StandInArray) for t in r)
-            if isinstance(r, tuple)
-            else np.asarray(r).view(StandInArray)
-        )
+        out = tuple(_placed(t, arrays) for t in r) if isinstance(r, tuple) else _placed(r, arrays)
         if _RECORDING:
             flags = [c.flag for c in checks[before:]] if checks is not None else None  # None: eager checks
             _RECORDING[-1].append((fn, args, dict(kwargs), out, flags))
@@ -198,7 +261,9 @@ def register_standin_device(name: str = "_standin") -> str:
 
     Its arrays are :class:`StandInArray`; its kernels refuse plain numpy arrays, so a caller that forgets
     to copy a value to the device fails loudly. It records work for replay (:class:`StandInGraph`,
-    refusing copies and syncs while recording) and timestamps its queue with the host clock. Sessions,
+    refusing copies and syncs while recording), timestamps its queue with the host clock, and lets an
+    executor place its kernels' results (``DeviceAllocations``: each fresh result is copied into the
+    bytes the routed function gives; views keep their base's memory alive). Sessions,
     conformance runs and the demo are tested on it where there is no GPU. Use inside
     :func:`isolated_registry` (the ops tests' fixture does).
     """
@@ -220,6 +285,7 @@ def register_standin_device(name: str = "_standin") -> str:
             capture=StandInGraph,
             mark=time.perf_counter_ns,
             elapsed_ms=_standin_elapsed_ms,
+            allocations=STANDIN_ALLOCATIONS,
         ),
     )
     for op, (fn, dtypes, dtype_arg) in op_table(CudaOps(np, erf=erf_cpu)).items():

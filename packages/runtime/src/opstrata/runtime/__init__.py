@@ -9,6 +9,7 @@ __version__: str = _check_compatible("opstrata-runtime")
 from ._allocator import Block as Block, CachingAllocator as CachingAllocator
 from ._arena import Arena as Arena
 from ._decoder import DecoderLayer as DecoderLayer, DecoderWeights as DecoderWeights
+from ._device_arena import DeviceArenaStats as DeviceArenaStats
 from ._device_exec import HostNode as HostNode
 from ._errors import (
     ExecutionError as ExecutionError,
@@ -39,6 +40,7 @@ __all__ = [
     "DecoderLayer",
     "DecoderRunner",
     "DecoderWeights",
+    "DeviceArenaStats",
     "ExecutionError",
     "GenerateOutput",
     "HostNode",

@@ -13,6 +13,9 @@ then its plan is recorded as one device graph (CUDA graph) and later runs only c
 graph's input buffers and replay it. Host nodes must then depend on shapes alone (they run once, while
 recording); :meth:`DeviceProgram.capture_blockers` names those that do not, and the session refuses
 them at creation. Index checks run on the device during replays and fail the run after it.
+
+Eager runs keep each signature's intermediates in one device allocation (``_device_arena``: the kernels'
+allocations traced once and laid out by the memory plan's packer) where the memory allows it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
+from ._device_arena import DeviceArena, DeviceArenaStats
 from ._device_graph import Recorded, c_order, capture_blockers, record, replay
 from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, feed_valued, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
@@ -89,11 +93,24 @@ def _place(graph: Graph, device: str) -> list[tuple[bool, str]]:
     return placed
 
 
+def _meta(args: list[Any], res: list[Any]) -> tuple[Any, Any, int]:
+    """A profiled node's input shapes, output shapes and bytes touched (kept instead of its arrays)."""
+    shape = lambda a: None if a is None else tuple(int(d) for d in a.shape)  # noqa: E731
+    moved = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *res) if a is not None)
+    return tuple(shape(a) for a in args), tuple(shape(r) for r in res), moved
+
+
 class DeviceProgram:
     """The plan's nodes placed on ``device`` or the host; runs them with values in either memory."""
 
     def __init__(
-        self, graph: Graph, device: str, *, device_graph: bool = False, graph_cache_size: int = 16
+        self,
+        graph: Graph,
+        device: str,
+        *,
+        device_graph: bool = False,
+        graph_cache_size: int = 16,
+        arena: bool = True,
     ) -> None:
         mem = ops.device_memory(device)
         if mem is None:
@@ -131,6 +148,10 @@ class DeviceProgram:
         self.graph_cache_size = graph_cache_size
         self._seen: OrderedDict[tuple[tuple[int, ...], ...], None] = OrderedDict()  # run eagerly once
         self._recorded: OrderedDict[tuple[tuple[int, ...], ...], Recorded] = OrderedDict()
+        #: eager runs: each signature's intermediates in one device allocation (``_device_arena``), where
+        #: the memory lets an executor lay allocations out; kept for ``graph_cache_size`` signatures (LRU)
+        self.arena = arena and getattr(mem, "allocations", None) is not None
+        self._arenas: OrderedDict[tuple[tuple[int, ...], ...], DeviceArena] = OrderedDict()
 
     def refuse_under_error_policy(self) -> None:
         """Raise ops' FallbackError naming every host node when the policy is ``error`` (at session creation)."""
@@ -147,6 +168,10 @@ class DeviceProgram:
     def capture_blockers(self) -> list[str]:
         """Why this plan cannot be recorded as one device graph (empty: it can); see ``_device_graph``."""
         return capture_blockers(self)
+
+    def arenas(self) -> dict[tuple[tuple[int, ...], ...], DeviceArenaStats]:
+        """The device arena of each input-shape signature run eagerly (kept ones), as stats."""
+        return {sig: a.stats() for sig, a in self._arenas.items()}
 
     def recorded_signatures(self) -> list[tuple[tuple[int, ...], ...]]:
         """The input-shape signatures recorded as device graphs so far."""
@@ -196,8 +221,10 @@ class DeviceProgram:
         queue (CUDA events; one sync per run) where the memory has them, else between two syncs. With
         ``device_graph`` (and no profiler) a signature's second run records the graph, later runs replay it.
         """
+        sig = tuple(
+            tuple(int(d) for d in np.shape(feeds[x])) if x in feeds else () for x in self.graph.inputs
+        )
         if self.device_graph and prof is None:
-            sig = tuple(tuple(int(d) for d in feeds[x].shape) for x in self.graph.inputs)
             rec = self._recorded.get(sig)
             if rec is None and sig in self._seen:
                 while len(self._recorded) >= self.graph_cache_size:
@@ -209,8 +236,21 @@ class DeviceProgram:
             self._seen[sig] = None
             while len(self._seen) > 4 * self.graph_cache_size:
                 self._seen.popitem(last=False)
-        vals = self._execute(dict(feeds), prof=prof)
+        arena = self._arena(sig) if self.arena and not self.device_graph else None
+        alloc = arena.begin() if arena is not None else None
+        vals = self._execute(dict(feeds), prof=prof, alloc=alloc)
+        if arena is not None:
+            arena.end()  # the outputs are still held: what outlives the run is known
         return [self._output(vals, name, on_device) for name in outputs]
+
+    def _arena(self, sig: tuple[tuple[int, ...], ...]) -> DeviceArena:
+        arena = self._arenas.get(sig)
+        if arena is None:
+            while len(self._arenas) >= self.graph_cache_size:
+                self._arenas.popitem(last=False)  # its block goes when its last allocation does
+            arena = self._arenas[sig] = DeviceArena(self.memory.allocations)  # type: ignore[arg-type]
+        self._arenas.move_to_end(sig)
+        return arena
 
     def _output(self, vals: dict[str, Any], name: str, on_device: bool) -> Any:
         inits = self.graph.initializers
@@ -228,11 +268,13 @@ class DeviceProgram:
         prof: Profiler | None = None,
         hoisted: dict[str, Any] | None = None,
         recording: bool = False,
+        alloc: Any = None,
     ) -> dict[str, Any]:
         """Run every step on ``vals`` (the feeds) and return the live values (the outputs among them).
 
         ``hoisted`` maps host-made values to their device copies: filled by the run before a recording
-        (which uploads them), read by the recording (which may not copy anything up or down).
+        (which uploads them), read by the recording (which may not copy anything up or down). ``alloc``
+        serves the device kernels' allocations (a device arena's run); copies across memories are not its.
         """
         run_id = len(prof.runs) if prof is not None else 0
         marks = prof is not None and getattr(self.memory, "mark", None) is not None
@@ -283,15 +325,15 @@ class DeviceProgram:
                     args.pop()
                 before = len(checks) if checks is not None else 0
                 if prof is None:
-                    res = self._call(n, on_dev, fn, args)
-                elif marks and on_dev:
+                    res = self._call(n, on_dev, fn, args, alloc)
+                elif marks and on_dev:  # events keep shapes, not arrays: lifetimes stay the plan's
                     m0 = self.memory.mark()  # type: ignore[misc]
-                    res = self._call(n, on_dev, fn, args)
-                    pending.append((n, on_dev, args, res, m0, self.memory.mark(), hi))  # type: ignore[misc]
+                    res = self._call(n, on_dev, fn, args, alloc)
+                    pending.append((n, on_dev, _meta(args, res), m0, self.memory.mark(), hi))  # type: ignore[misc]
                 else:
                     t0 = self._sync_ns()
-                    res = self._call(n, on_dev, fn, args)
-                    pending.append((n, on_dev, args, res, t0, self._sync_ns() - t0, hi))
+                    res = self._call(n, on_dev, fn, args, alloc)
+                    pending.append((n, on_dev, _meta(args, res), t0, self._sync_ns() - t0, hi))
                 if checks is not None:
                     for c in checks[before:]:
                         c.node = n.name
@@ -309,12 +351,12 @@ class DeviceProgram:
                 if marks:
                     self.memory.synchronize()
                 ms = self.memory.elapsed_ms
-                for n, on_dev, args, res, a, b, h in pending:
+                for n, on_dev, meta, a, b, h in pending:
                     if marks and on_dev:  # a, b: marks on the device's queue
                         start, dur = run_t0 + int(ms(first, a) * 1e6), int(ms(a, b) * 1e6)  # type: ignore[misc]
                     else:  # a, b: host clock start and duration (between two syncs)
                         start, dur = a, b
-                    self._record(prof, n, on_dev, args, res, start, dur, run_id, h)  # type: ignore[arg-type]
+                    self._record(prof, n, on_dev, meta, start, dur, run_id, h)  # type: ignore[arg-type]
             if not recording:
                 for h, (nbytes, secs) in zip(self.host_nodes, tally, strict=True):
                     if h.fallback:
@@ -333,17 +375,13 @@ class DeviceProgram:
         prof: Profiler,
         n: Node,
         on_dev: bool,
-        args: list[Any],
-        res: list[Any],
+        meta: tuple[Any, Any, int],
         t0: int,
         dur: int,
         run_id: int,
         hi: int,
     ) -> None:
-        shape = lambda a: None if a is None else tuple(int(d) for d in a.shape)  # noqa: E731
-        ins = tuple(shape(a) for a in args)
-        outs = tuple(shape(r) for r in res)
-        moved = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *res) if a is not None)
+        ins, outs, moved = meta
         if on_dev:
             kernels, where, fell = NODE_KERNELS[node_key(n)][1] or ("view",), self.device, False
         else:
@@ -353,9 +391,12 @@ class DeviceProgram:
                       node_flops(n, ins, outs), run_id)
         )  # fmt: skip
 
-    def _call(self, n: Node, on_dev: bool, fn: Any, args: list[Any]) -> list[Any]:
+    def _call(self, n: Node, on_dev: bool, fn: Any, args: list[Any], alloc: Any = None) -> list[Any]:
         try:
             if on_dev:
+                if alloc is not None:
+                    with self.memory.allocations.route(alloc):  # type: ignore[union-attr]
+                        return fn(n, args, self.device)
                 return fn(n, args, self.device)
             with ops.device("cpu"):
                 return fn(n, args)

@@ -27,6 +27,7 @@ from ._allocator import CachingAllocator
 from ._arena import Arena, view_aliases
 from ._blas import BLAS
 from ._bound import BoundProgram, bind_arena, merge_native, release, run_bound
+from ._device_arena import DeviceArenaStats
 from ._device_exec import DeviceProgram, HostNode
 from ._errors import InvalidArgument, InvalidModel
 from ._executor import Schedule
@@ -177,8 +178,9 @@ class InferenceSession:
         graphs = opts.enable_device_graph or provider_option(providers, device, "enable_cuda_graph")
         if _has_memory(device):
             self._device_program = DeviceProgram(
-                self.graph, device, device_graph=graphs, graph_cache_size=opts.plan_cache_size
-            )
+                self.graph, device, device_graph=graphs, graph_cache_size=opts.plan_cache_size,
+                arena=opts.enable_mem_arena,
+            )  # fmt: skip
             with self._policy():
                 self._device_program.refuse_under_error_policy()
             blockers = self._device_program.capture_blockers() if graphs else []
@@ -247,6 +249,12 @@ class InferenceSession:
     def arenas(self) -> dict[tuple[tuple[int, ...], ...], Arena | None]:
         """The arena of each input-shape signature seen so far (None: ran on the caching allocator)."""
         return {k: a for k, (a, _) in self._programs.items()}
+
+    @property
+    def device_arenas(self) -> dict[tuple[tuple[int, ...], ...], DeviceArenaStats]:
+        """On a device with its own memory: each input-shape signature's device arena (one allocation laid
+        out by the memory plan), as stats; empty elsewhere, and with device graphs (they own their memory)."""
+        return {} if self._device_program is None else self._device_program.arenas()
 
     # ------------------------------------------------------------------ run
 

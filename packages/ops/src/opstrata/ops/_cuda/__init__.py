@@ -15,6 +15,7 @@ from typing import Any
 
 from .._devices import DeviceMemory, mark_unavailable, register_memory
 from .._registry import register
+from ._alloc import cupy_allocations
 from ._graphs import cupy_capture, cupy_elapsed_ms, cupy_mark
 from ._kernels import CudaOps, op_table
 from ._probe import CudaStatus, probe
@@ -40,7 +41,7 @@ def cuda_status() -> CudaStatus:
 
 def cuda_memory(cp: ModuleType) -> DeviceMemory:
     """CuPy arrays on the current GPU: host copies with ``cupy.asnumpy``, device copies with ``cupy.asarray``,
-    CUDA graphs for replay and CUDA events for timing."""
+    CUDA graphs for replay, CUDA events for timing, and allocations an executor may lay out itself."""
 
     def from_host(a: Any, out: Any = None) -> Any:
         if out is None:
@@ -60,6 +61,7 @@ def cuda_memory(cp: ModuleType) -> DeviceMemory:
         capture=cupy_capture(cp),
         mark=cupy_mark(cp),
         elapsed_ms=cupy_elapsed_ms(cp),
+        allocations=cupy_allocations(cp),
     )
 
 
