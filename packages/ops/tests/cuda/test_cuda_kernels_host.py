@@ -203,6 +203,10 @@ def test_embedding_and_layout():
 def test_errors_name_the_op_and_argument():
     with pytest.raises(ops.OpError, match=r"embedding.*indices.*\[0, 10\)"):
         ops.call("embedding", np.array([10]), rand((10, 4), np.float32), device=DEV)
+    with pytest.raises(ops.OpError, match=r"embedding.*indices.*\[0, 10\).*\[-1, 10\]"):  # both ends read
+        ops.call("embedding", np.array([[3, -1], [10, 2]]), rand((10, 4), np.float32), device=DEV)
+    with pytest.raises(ops.OpError, match=r"gather.*indices.*\[-4, 4\).*\[-5, 1\]"):
+        ops.call("gather", rand((4, 3), np.float32), np.array([1, -5]), axis=0, device=DEV)
     with pytest.raises(ops.OpError, match=r"bias_act.*act"):
         ops.call("bias_act", rand((2, 2), np.float32), act="tanh", device=DEV)
     with pytest.raises(ops.OpError, match=r"layer_norm.*weight.*\(8,\)"):

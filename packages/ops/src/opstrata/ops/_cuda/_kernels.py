@@ -343,18 +343,18 @@ class CudaOps:
         return xp.take(weight, idx, axis=0)
 
     def _checked_indices(self, op: str, idx: Any, lo: int, hi: int) -> Any:
-        """``idx`` known to lie in [lo, hi): checked eagerly (one read of min / max), or, while a device graph
-        is recorded, clamped on the device with the check deferred to after each replay (no read back)."""
+        """``idx`` known to lie in [lo, hi): checked eagerly (min and max read back together: one sync), or,
+        while a device graph is recorded, clamped on the device with the check deferred to after each
+        replay (no read back)."""
         if not idx.size:
             return idx
         checks = capture_checks()
-        if checks is None:
-            if int(idx.min()) < lo or int(idx.max()) >= hi:
-                raise OpError(
-                    op, "indices", f"values in [{lo}, {hi})", f"[{int(idx.min())}, {int(idx.max())}]"
-                )
-            return idx
         xp = self.xp
+        if checks is None:
+            least, most = (int(v) for v in xp.stack((idx.min(), idx.max())).tolist())
+            if least < lo or most >= hi:
+                raise OpError(op, "indices", f"values in [{lo}, {hi})", f"[{least}, {most}]")
+            return idx
         flag = xp.asarray(xp.logical_or(idx.min() < lo, idx.max() >= hi))  # a 0-d device array
         checks.append(DeferredCheck(op, "indices", f"values in [{lo}, {hi})", flag))
         return xp.clip(idx, lo, hi - 1)
