@@ -70,7 +70,9 @@ class DeviceAllocations:
     route: Callable[[Callable[[int], Any]], AbstractContextManager[Any]]
     reserve: Callable[[int], Any]  # reserve(nbytes): one device block
     carve: Callable[[Any, int, int, Any], Any]  # carve(block, offset, nbytes, owner): memory inside block
-    fresh: Callable[[int, Any], Any]  # fresh(nbytes, owner): memory from the device's pool
+    fresh: Callable[
+        [int, Any], Any
+    ]  # fresh(nbytes, owner): memory from the device's pool (owner None: as is)
     alignment: int = 256  # offsets the plan gives must be multiples of this (cudaMalloc's 256 bytes)
 
 

@@ -15,6 +15,7 @@ after :data:`MAX_RETRACES` the shape runs on the pool for good, with the reason 
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,14 +108,17 @@ class DeviceArena:
     # ------------------------------------------------------------------ tracing
 
     def _traced(self, nbytes: int) -> Any:
-        if nbytes == 0:
-            return self.al.fresh(0, None)
+        if nbytes == 0 or self.state == "off":
+            return self.al.fresh(nbytes, None)
         k = len(self._trace)
         self._trace.append([nbytes, self._clock, None])
         self._clock += 1
         owner = _Owner()
         weakref.finalize(owner, _trace_freed, weakref.ref(self), self._trace, k).atexit = False
-        return self.al.fresh(nbytes, owner)
+        try:
+            return self.al.fresh(nbytes, owner)
+        except Exception as exc:
+            return self._failed(nbytes, exc)
 
     def _plan(self) -> None:
         freed = [(k, n, a, b) for k, (n, a, b) in enumerate(self._trace) if b is not None]
@@ -147,8 +151,8 @@ class DeviceArena:
     # ------------------------------------------------------------------ serving
 
     def _served(self, nbytes: int) -> Any:
-        if nbytes == 0:
-            return self.al.fresh(0, None)
+        if nbytes == 0 or self.state == "off":
+            return self.al.fresh(nbytes, None)
         k = self._k
         self._k += 1
         if k >= len(self._sizes) or self._sizes[k] != nbytes:
@@ -167,7 +171,10 @@ class DeviceArena:
         owner = _Owner()
         self._live[k] = (off, end)
         weakref.finalize(owner, self._live.pop, k, None).atexit = False
-        return self.al.carve(self._block, off, nbytes, owner)
+        try:
+            return self.al.carve(self._block, off, nbytes, owner)
+        except Exception as exc:
+            return self._failed(nbytes, exc)
 
     # ------------------------------------------------------------------ state
 
@@ -177,9 +184,15 @@ class DeviceArena:
             return
         self.state = "tracing"
 
+    def _failed(self, nbytes: int, exc: Exception) -> Any:
+        """The memory's own calls failed under the arena: off with the reason; this request from the pool."""
+        self._off(f"the arena's allocation of {nbytes} bytes failed: {type(exc).__name__}: {exc}")
+        return self.al.fresh(nbytes, None)
+
     def _off(self, why: str) -> None:
         self.state, self.reason = "off", why
-        self._sizes, self._offsets = [], []
+        self._sizes, self._offsets, self._block = [], [], None
+        warnings.warn(f"device arena off for this input shape (runs use the device's pool): {why}", RuntimeWarning, stacklevel=2)  # fmt: skip
 
     def stats(self) -> DeviceArenaStats:
         """Where this signature's arena stands."""

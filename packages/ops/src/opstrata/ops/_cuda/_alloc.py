@@ -35,8 +35,8 @@ def cupy_allocations(cp: ModuleType) -> DeviceAllocations:
 
     def fresh(nbytes: int, owner: Any) -> Any:
         ptr = pool.malloc(nbytes)
-        if nbytes == 0:
-            return ptr  # nothing to track: no bytes are used
+        if nbytes == 0 or owner is None:
+            return ptr  # nothing to keep alive: the pool's own pointer
         return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr.ptr, nbytes, (ptr, owner), device_id), 0)
 
     return DeviceAllocations(cp.cuda.using_allocator, reserve, carve, fresh)
