@@ -546,7 +546,7 @@ def _bind_step(
 
 
 #: ops whose result is not a function of their inputs: never folded
-_NOT_PURE = frozenset(
+NOT_PURE = frozenset(
     {
         "RandomNormal",
         "RandomUniform",
@@ -558,7 +558,7 @@ _NOT_PURE = frozenset(
     }
 )
 #: ops that read only their input's shape
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
+SHAPE_ONLY = frozenset({"Shape", "Size"})
 #: a shape-derived value above this size is recomputed per run rather than held beside the arena
 FOLD_MAX_BYTES = 1 << 20
 
@@ -573,9 +573,9 @@ def shape_static_steps(sch: Schedule, vals: list[Any], unplanned: frozenset[int]
     for i, st in enumerate(sch.steps):
         n = st.node
         ins = [s for s in st.ins if s >= 0]
-        if not ins or n.op_type in _NOT_PURE or not all(s >= 0 for s in st.outs):
+        if not ins or n.op_type in NOT_PURE or not all(s >= 0 for s in st.outs):
             continue
-        if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_ONLY:  # a view alias has its planned shape too
+        if n.domain in ("", "ai.onnx") and n.op_type in SHAPE_ONLY:  # a view alias has its planned shape too
             ok = ins[0] not in unplanned
         else:
             ok = all(s in static for s in ins)

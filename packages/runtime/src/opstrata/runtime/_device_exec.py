@@ -15,7 +15,8 @@ recording); :meth:`DeviceProgram.capture_blockers` names those that do not, and 
 them at creation. Index checks run on the device during replays and fail the run after it.
 
 Eager runs keep each signature's intermediates in one device allocation (``_device_arena``: the kernels'
-allocations traced once and laid out by the memory plan's packer) where the memory allows it.
+allocations traced once and laid out by the memory plan's packer) where the memory allows it, and
+compute its shape-fixed host steps once (``_device_fold``: the exporters' shape subgraphs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import opstrata.ops as ops
 from opstrata.graph import EXECUTOR_KERNELS as KERNELS, Graph, Node
 
 from ._device_arena import DeviceArena, DeviceArenaStats
+from ._device_fold import Folded, fold, keep, static_steps
 from ._device_graph import Recorded, c_order, capture_blockers, record, replay
 from ._device_nodes import HOST_INPUTS, NODE_KERNELS, _attrs_ok, feed_valued, node_key, node_runs_on_device
 from ._errors import ExecutionError, InvalidModel
@@ -133,6 +135,12 @@ class DeviceProgram:
             self.host_nodes.append(HostNode(n.name, n.qualified_type, dt, why, not _shape_work(n, graph)))
             self.steps.append((n, False, fn))
         self._uploaded: dict[str, Any] = {}  # initializer name -> its device copy (made once)
+        #: per step: its index into host_nodes (-1: a device step)
+        self._host_index: list[int] = []
+        hosts = 0
+        for _, on_dev, _ in self.steps:
+            self._host_index.append(-1 if on_dev else hosts)
+            hosts += not on_dev
         last: dict[str, int] = {}
         for i, (n, _, _) in enumerate(self.steps):
             for x in n.inputs:
@@ -152,6 +160,9 @@ class DeviceProgram:
         #: the memory lets an executor lay allocations out; kept for ``graph_cache_size`` signatures (LRU)
         self.arena = arena and getattr(mem, "allocations", None) is not None
         self._arenas: OrderedDict[tuple[tuple[int, ...], ...], DeviceArena] = OrderedDict()
+        #: eager runs compute each signature's shape-fixed host steps once (``_device_fold``); False: every run
+        self.fold_shapes = True
+        self._folds: OrderedDict[tuple[tuple[int, ...], ...], Folded] = OrderedDict()
 
     def refuse_under_error_policy(self) -> None:
         """Raise ops' FallbackError naming every host node when the policy is ``error`` (at session creation)."""
@@ -238,10 +249,25 @@ class DeviceProgram:
                 self._seen.popitem(last=False)
         arena = self._arena(sig) if self.arena and not self.device_graph else None
         alloc = arena.begin() if arena is not None else None
-        vals = self._execute(dict(feeds), prof=prof, alloc=alloc)
+        folded = self._folds.get(sig) if prof is None and self.fold_shapes else None  # profiles: every node
+        if folded is not None:
+            self._folds.move_to_end(sig)
+        collect = None
+        if folded is None and prof is None and self.fold_shapes:  # a shape's first run: keep what it fixes
+            shapes = {x: np.shape(feeds[x]) for x in self.graph.inputs if x in feeds}
+            collect = (static_steps(self, shapes), {}, set())
+        vals = self._execute(dict(feeds), prof=prof, alloc=alloc, folded=folded, collect=collect)
         if arena is not None:
             arena.end()  # the outputs are still held: what outlives the run is known
+        if collect is not None:
+            while len(self._folds) >= self.graph_cache_size:
+                self._folds.popitem(last=False)
+            self._folds[sig] = fold(self, collect[2], collect[1])
         return [self._output(vals, name, on_device) for name in outputs]
+
+    def folded_steps(self) -> dict[tuple[tuple[int, ...], ...], int]:
+        """Per input-shape signature run eagerly (kept ones): how many host steps its runs skip."""
+        return {sig: f.skipped for sig, f in self._folds.items()}
 
     def _arena(self, sig: tuple[tuple[int, ...], ...]) -> DeviceArena:
         arena = self._arenas.get(sig)
@@ -269,12 +295,16 @@ class DeviceProgram:
         hoisted: dict[str, Any] | None = None,
         recording: bool = False,
         alloc: Any = None,
+        folded: Folded | None = None,
+        collect: tuple[set[int], dict[str, Any], set[int]] | None = None,
     ) -> dict[str, Any]:
         """Run every step on ``vals`` (the feeds) and return the live values (the outputs among them).
 
         ``hoisted`` maps host-made values to their device copies: filled by the run before a recording
         (which uploads them), read by the recording (which may not copy anything up or down). ``alloc``
         serves the device kernels' allocations (a device arena's run); copies across memories are not its.
+        ``folded`` skips the signature's shape-fixed steps (their results seeded, their device copies kept);
+        ``collect`` = (static steps, kept results, steps kept) gathers them on the signature's first run.
         """
         run_id = len(prof.runs) if prof is not None else 0
         marks = prof is not None and getattr(self.memory, "mark", None) is not None
@@ -284,11 +314,16 @@ class DeviceProgram:
         tally = [[0, 0.0] for _ in self.host_nodes]
         checks = ops.capture_checks() if recording else None
         up: dict[str, Any] = {}  # host value -> its device copy, made for this run's device readers
-        hi = 0
+        order: Any = range(len(self.steps)) if folded is None else folded.order
+        frees = self._frees if folded is None else folded.frees
+        if folded is not None:
+            vals.update(folded.values)
         with ops.device(self.device):
             run_t0 = time.perf_counter_ns()
             first = self.memory.mark() if marks else None  # type: ignore[misc]
-            for i, (n, on_dev, fn) in enumerate(self.steps):
+            for pos, i in enumerate(order):
+                n, on_dev, fn = self.steps[i]
+                hi = self._host_index[i]
                 host_pos = HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset()
                 metadata = on_dev and node_key(n) == ("", "Shape")  # reads no device memory: no copy
                 args = []
@@ -303,6 +338,8 @@ class DeviceProgram:
                         v = vals[x]
                         if not self.memory.is_array(v) and isinstance(v, np.ndarray):
                             d = up.get(x)  # a host value keeps its host copy for host readers
+                            if d is None and folded is not None:
+                                d = folded.uploads.get(x)  # a folded value's device copy, made once
                             if d is None and recording:
                                 d = (hoisted or {}).get(x)
                                 if d is None:
@@ -312,6 +349,8 @@ class DeviceProgram:
                                 d = self._to_device(v, moved)  # uploaded once per run, then read there
                                 if hoisted is not None and x not in self.graph.inputs:
                                     hoisted[x] = d
+                                if folded is not None and x in folded.values:
+                                    folded.uploads[x] = d
                             v = up[x] = d
                     elif metadata:  # Shape reads the array's shape where it lives: nothing copied
                         v = vals[x] if x in vals else inits[x]
@@ -342,9 +381,9 @@ class DeviceProgram:
                         vals[o] = r
                         if not on_dev:
                             made_by[o] = hi
-                if not on_dev:
-                    hi += 1
-                for x in self._frees[i]:
+                if collect is not None and i in collect[0] and keep(self, i, res, collect[1]):
+                    collect[2].add(i)
+                for x in frees[pos]:
                     vals.pop(x, None)
                     up.pop(x, None)
             if pending:  # events in node order; device marks read after the run's one sync

@@ -1,0 +1,74 @@
+"""Eager device runs with the shape-fixed host steps kept per input shape vs computed every run.
+
+A torch.onnx export of a transformer runs most of its nodes on the host (Shape / Gather / Unsqueeze /
+Concat / Range shape arithmetic); a device session computes them once per input shape and skips them
+afterwards (``runtime/_device_fold.py``). This times one eager ``run`` of the zoo's transformers with and
+without that (``DeviceProgram.fold_shapes``), in interleaved rounds (``ops.benchtools.compare``:
+alternating which goes first), medians. On the CPU it runs on the stand-in device (the cuda kernels over
+numpy), where the ratio is the host work saved per run; ``--device cuda`` times the GPU session::
+
+    python packages/eval/benchmarks/bench_device_host_steps.py [--models gpt2,bert,llama] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="gpt2,bert,llama")
+    p.add_argument("--exporters", default="torchscript,dynamo")
+    p.add_argument("--device", default="stand-in", help="'stand-in' (CPU) or a device with its own memory")
+    p.add_argument("--rounds", type=int, default=15)
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+    import opstrata.ops as ops
+    import opstrata.ops.testing as ot
+    from opstrata.eval.zoo import MODELS, export_model
+    from opstrata.ops.benchtools import compare
+    from opstrata.runtime import InferenceSession
+
+    warnings.simplefilter("ignore", ops.FallbackWarning)
+    device = ot.register_standin_device("_standin") if args.device == "stand-in" else args.device
+    sync = ops.device_memory(device).synchronize
+    print(f"device: {device}; one eager run per call, medians of {args.rounds} interleaved rounds")
+    print("| model | exporter | steps | skipped | kept ms | every run ms | kept / every run |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    tmp = tempfile.mkdtemp(prefix="opstrata_fold_")
+    for name in args.models.split(","):
+        spec = MODELS[name]
+        x = np.random.default_rng(0).integers(0, spec.vocab, spec.shapes[0]).astype(np.int64)
+        for exporter in args.exporters.split(","):
+            path = export_model(name, exporter, f"{tmp}/{exporter}")
+            runs = {}
+            for kept in (True, False):
+                sess = InferenceSession(str(path), device=device)
+                sess._device_program.fold_shapes = kept
+                feeds = {sess.get_inputs()[0].name: x}
+
+                def call(sess=sess, feeds=feeds) -> None:
+                    sess.run(None, feeds)
+                    sync()
+
+                runs["kept" if kept else "every"] = (call, sess)
+            timed = compare({k: v[0] for k, v in runs.items()}, repeats=args.rounds, number=5, warmup=3)
+            prog = runs["kept"][1]._device_program
+            skipped = max(prog.folded_steps().values(), default=0)
+            a, b = timed["kept"].median * 1e3, timed["every"].median * 1e3
+            print(
+                f"| {name} | {exporter} | {len(prog.steps)} | {skipped} | {a:.3f} | {b:.3f} | {a / b:.2f}x |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
