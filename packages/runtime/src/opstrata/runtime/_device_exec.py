@@ -137,10 +137,16 @@ class DeviceProgram:
         self._uploaded: dict[str, Any] = {}  # initializer name -> its device copy (made once)
         #: per step: its index into host_nodes (-1: a device step)
         self._host_index: list[int] = []
+        #: per step: the input positions a device kernel reads on the host, and whether it reads metadata only
+        self._reads: list[tuple[frozenset[int], bool]] = []
         hosts = 0
-        for _, on_dev, _ in self.steps:
+        for n, on_dev, _ in self.steps:
             self._host_index.append(-1 if on_dev else hosts)
             hosts += not on_dev
+            key = node_key(n)
+            self._reads.append(
+                (HOST_INPUTS.get(key, frozenset()) if on_dev else frozenset(), on_dev and key == ("", "Shape"))
+            )
         last: dict[str, int] = {}
         for i, (n, _, _) in enumerate(self.steps):
             for x in n.inputs:
@@ -324,8 +330,7 @@ class DeviceProgram:
             for pos, i in enumerate(order):
                 n, on_dev, fn = self.steps[i]
                 hi = self._host_index[i]
-                host_pos = HOST_INPUTS.get(node_key(n), frozenset()) if on_dev else frozenset()
-                metadata = on_dev and node_key(n) == ("", "Shape")  # reads no device memory: no copy
+                host_pos, metadata = self._reads[i]  # metadata: Shape reads no device memory, no copy
                 args = []
                 for k, x in enumerate(n.inputs):
                     if not x:

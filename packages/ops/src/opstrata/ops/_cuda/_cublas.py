@@ -28,6 +28,9 @@ _TYPES: dict[str, tuple[int, int]] = {
     "float64": (1, 70),
 }
 _ALGO_DEFAULT = -1
+#: the workspace cuBLAS gets for recorded GEMMs (NVIDIA's advice for CUDA graphs: a user workspace, so
+#: cuBLAS allocates nothing while a stream captures; 32 MiB covers Hopper's largest kernels, as torch's)
+WORKSPACE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,16 @@ def _cublas_path() -> str:
 
 
 class CublasCaptureGemm:
-    """``a @ b`` on CuPy arrays through cuBLAS via ctypes, on CuPy's handle and the current stream."""
+    """``a @ b`` on CuPy arrays through cuBLAS via ctypes, on CuPy's handle and the current stream, with a
+    workspace of its own (one ``cudaMalloc`` outside any pool, made before the first capture records)."""
 
     def __init__(self, cp: ModuleType) -> None:
         self.cp = cp
         self.handle = cp.cuda.device.get_cublas_handle()  # loads libcublas and makes the handle first
+        self.workspace = cp.cuda.Memory(WORKSPACE_BYTES)
         lib = ctypes.CDLL(_cublas_path())
         lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         i, ll, vp = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
         lib.cublasGemmStridedBatchedEx.argtypes = [
             vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i,
@@ -176,6 +182,8 @@ class CublasCaptureGemm:
     ) -> None:
         lib = self.lib
         status = lib.cublasSetStream_v2(self.handle, self.cp.cuda.get_current_stream().ptr)
+        if status == 0:  # setting the stream resets the workspace to cuBLAS's own pool: set ours again
+            status = lib.cublasSetWorkspace_v2(self.handle, self.workspace.ptr, WORKSPACE_BYTES)
         if status == 0:
             status = lib.cublasGemmStridedBatchedEx(
                 self.handle, p.first.op, p.second.op, p.m, p.n, p.k, alpha.ctypes.data,
