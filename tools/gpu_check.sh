@@ -38,5 +38,8 @@ timeout 60 python3 -m opstrata.eval conformance ops --device cuda --ops "$cuda_o
 tail -12 "$out/conformance_cuda.txt"
 timeout 60 python3 -m opstrata.eval demo --device cuda --out /tmp/opstrata_demo --progress plain > "$out/demo_cuda.txt" 2>&1 || rc=1
 grep -E "nodes on cuda|cuda session vs cpu|checks passed|FAIL" "$out/demo_cuda.txt"
+timeout 45 python3 packages/eval/benchmarks/bench_device_session.py --device cuda --models gpt2 --exporters torchscript \
+    --rounds 5 --arena-models resnet18,gpt2,bert > "$out/bench_device_session.txt" 2>&1 || rc=1
+cat "$out/bench_device_session.txt"
 echo "gpu_check: exit $rc (results in $out)"
 exit $rc

@@ -145,7 +145,10 @@ class DeviceProgram:
             hosts += not on_dev
             key = node_key(n)
             self._reads.append(
-                (HOST_INPUTS.get(key, frozenset()) if on_dev else frozenset(), on_dev and key == ("", "Shape"))
+                (
+                    HOST_INPUTS.get(key, frozenset()) if on_dev else frozenset(),
+                    on_dev and key == ("", "Shape"),
+                )
             )
         last: dict[str, int] = {}
         for i, (n, _, _) in enumerate(self.steps):

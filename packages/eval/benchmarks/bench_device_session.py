@@ -1,13 +1,17 @@
-"""Eager device runs with the shape-fixed host steps kept per input shape vs computed every run.
+"""Eager device sessions on the zoo: host steps kept per input shape vs computed every run; device arenas.
 
 A torch.onnx export of a transformer runs most of its nodes on the host (Shape / Gather / Unsqueeze /
 Concat / Range shape arithmetic); a device session computes them once per input shape and skips them
 afterwards (``runtime/_device_fold.py``). This times one eager ``run`` of the zoo's transformers with and
 without that (``DeviceProgram.fold_shapes``), in interleaved rounds (``ops.benchtools.compare``:
 alternating which goes first), medians. On the CPU it runs on the stand-in device (the cuda kernels over
-numpy), where the ratio is the host work saved per run; ``--device cuda`` times the GPU session::
+numpy), where the ratio is the host work saved per run; ``--device cuda`` times the GPU session.
 
-    python packages/eval/benchmarks/bench_device_host_steps.py [--models gpt2,bert,llama] [--device cuda]
+A second table gives each zoo model's device arena after a few runs (``sess.device_arenas``): the one
+planned allocation against the traced allocations' total (one buffer each) and the trace's lower bound
+(the most bytes live at once)::
+
+    python packages/eval/benchmarks/bench_device_session.py [--models gpt2,bert,llama] [--device cuda]
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exporters", default="torchscript,dynamo")
     p.add_argument("--device", default="stand-in", help="'stand-in' (CPU) or a device with its own memory")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument(
+        "--arena-models", default="resnet18,mobilenet_v3_small,efficientnet_b0,vit_b_16,gpt2,bert,llama"
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -67,6 +74,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {exporter} | {len(prog.steps)} | {skipped} | {a:.3f} | {b:.3f} | {a / b:.2f}x |",
                 flush=True,
             )
+    print(
+        "\n| model (torchscript, batch 2) | allocations | arena KiB | one buffer each KiB | lower bound KiB | arena / lower bound |"
+    )
+    print("|---|---|---|---|---|---|", flush=True)
+    for name in args.arena_models.split(","):
+        spec = MODELS[name]
+        path = export_model(name, "torchscript", f"{tmp}/torchscript")
+        sess = InferenceSession(str(path), device=device)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            if spec.input_kind == "image":
+                x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+            else:
+                x = rng.integers(0, spec.vocab, spec.shapes[-1]).astype(np.int64)
+            sess.run(None, {sess.get_inputs()[0].name: x})
+        (st,) = sess.device_arenas.values()
+        kib = lambda b: f"{b / 1024:.0f}"  # noqa: E731
+        print(f"| {name} | {st.planned} | {kib(st.arena_bytes)} | {kib(st.traced_bytes)} | {kib(st.lower_bound_bytes)} "
+              f"| {st.arena_bytes / max(1, st.lower_bound_bytes):.2f} |", flush=True)  # fmt: skip
     return 0
 
 
