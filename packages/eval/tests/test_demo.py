@@ -117,6 +117,11 @@ def test_demo_on_a_device_with_its_own_memory(tmp_path: Path) -> None:
     assert result.checks[f"{dev} session vs cpu session"][0]
     assert "device" in result.timings
     assert any("nodes on _demo_standin; on the host:" in line for line in lines)
+    if hasattr(rt.InferenceSession, "device_arenas"):
+        assert result.checks[f"{dev} run served from its device arena vs the first run"][0]
+        assert any(
+            line.startswith("   device arena: arena ") and "0 allocations off plan" in line for line in lines
+        )
 
 
 def test_demo_cli_refuses_an_absent_device(capsys: pytest.CaptureFixture[str]) -> None:

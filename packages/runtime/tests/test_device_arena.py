@@ -37,7 +37,9 @@ MODELS = [
 
 @pytest.fixture(autouse=True)
 def stand_in():
-    ot.register_standin_device(DEV)
+    with ot.isolated_registry():  # the registry, the memories and the fallback report restored after
+        ot.register_standin_device(DEV)
+        yield
 
 
 @pytest.mark.parametrize(("model", "dims"), MODELS, ids=["mlp", "cnn", "bert", "gpt"])

@@ -26,7 +26,9 @@ DEV = "_fold"
 
 @pytest.fixture(autouse=True)
 def stand_in():
-    ot.register_standin_device(DEV)
+    with ot.isolated_registry():  # the registry, the memories and the fallback report restored after
+        ot.register_standin_device(DEV)
+        yield
 
 
 def _exporter_style_model() -> onnx.ModelProto:
@@ -73,7 +75,7 @@ def test_kept_steps_give_the_cpu_sessions_outputs_with_new_values_and_alternatin
         np.testing.assert_allclose(
             dev.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6
         )
-    kept = dev._device_program.folded_steps()
+    kept = dev.device_folded_steps
     assert set(kept) == {((2, 3, 8),), ((1, 5, 8),), ((3, 4, 8),)}
     host = len(dev.host_nodes())
     assert all(k >= host for k in kept.values()), kept  # every host step (and the Shape) is skipped

@@ -177,6 +177,20 @@ def run_demo(
                     f"{sorted({h.op_type for h in on_host})}")  # fmt: skip
                 (dlogits,) = dsess.run(None, feeds)
                 _compare(f"{device} session vs cpu session", dlogits, logits, result, say)
+                if hasattr(dsess, "device_arenas"):  # two more runs: the second traces, the third is served
+                    for _ in range(2):
+                        (again,) = dsess.run(None, feeds)
+                    _compare(
+                        f"{device} run served from its device arena vs the first run",
+                        again,
+                        dlogits,
+                        result,
+                        say,
+                    )
+                    for arena in dsess.device_arenas.values():
+                        say(f"   device arena: {arena.summary()}")
+                    kept = getattr(dsess, "device_folded_steps", {})
+                    say(f"   host steps computed once for this input shape: {max(kept.values(), default=0)}")
 
         with step("check against onnxruntime", "onnxruntime"):
             try:

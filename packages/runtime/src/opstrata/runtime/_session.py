@@ -256,6 +256,12 @@ class InferenceSession:
         out by the memory plan), as stats; empty elsewhere, and with device graphs (they own their memory)."""
         return {} if self._device_program is None else self._device_program.arenas()
 
+    @property
+    def device_folded_steps(self) -> dict[tuple[tuple[int, ...], ...], int]:
+        """On a device with its own memory: per input-shape signature, how many shape-fixed host steps its
+        eager runs skip (computed once, on the signature's first run); empty elsewhere."""
+        return {} if self._device_program is None else self._device_program.folded_steps()
+
     # ------------------------------------------------------------------ run
 
     def thread_info(self) -> dict[str, Any]:
