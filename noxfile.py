@@ -526,6 +526,22 @@ def docs(session: nox.Session) -> None:
         session.run("python", "tools/gen_ir_ops.py", "--check")
 
 
+def _bench_needs(script: Path) -> list[str]:
+    """The modules a benchmark script cannot run without: its ``# bench-needs: a b`` line (none: [])."""
+    for line in script.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# bench-needs:"):
+            return line.split(":", 1)[1].split()
+    return []
+
+
+def _missing_modules(session: nox.Session, modules: list[str]) -> list[str]:
+    """Those of ``modules`` the session's python cannot import (looked up, not imported)."""
+    if not modules:
+        return []
+    probe = f"import importlib.util as u; print(' '.join(m for m in {modules!r} if u.find_spec(m) is None))"
+    return (session.run("python", "-c", probe, silent=True) or "").split()
+
+
 @nox.session(python=None)
 def bench(session: nox.Session) -> None:
     """Benchmarks, then a gate against a stored baseline; not in the CI set (CI machines differ).
@@ -552,6 +568,12 @@ def bench(session: nox.Session) -> None:
         for script in sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py")):
             if script.name == "bench_mpi.py" and not has_mpi:
                 session.log(f"skipped {script.relative_to(ROOT)}: needs mpi4py and mpiexec (comm[mpi])")
+                continue
+            missing = _missing_modules(session, _bench_needs(script))
+            if missing:
+                session.log(
+                    f"skipped {script.relative_to(ROOT)}: needs {', '.join(missing)} (its '# bench-needs:' line)"
+                )
                 continue
             session.run("python", str(script), *script_args, env=env)
     rounds = "10" if "--quick" in session.posargs else "20"

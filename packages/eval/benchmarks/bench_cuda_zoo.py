@@ -8,8 +8,10 @@ the exported Casts run on the device too); also the session with ``enable_device
 recorded on its second run, then replayed) against the same session without it. Needs CuPy, torch (CUDA),
 torchvision and transformers; run by ``tools/gpu_check.sh``::
 
-    python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--dtypes float32,bfloat16]
+    python packages/eval/benchmarks/bench_cuda_zoo.py [--models resnet18,gpt2,bert] [--dtypes float32,bfloat16] [--quick]
 """
+
+# bench-needs: cupy torch torchvision transformers
 
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="ResNet-18 in float32, 2 rounds (a smoke run)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.dtypes, args.rounds = "resnet18", "float32", 2
     import cupy as cp
     import torch
 

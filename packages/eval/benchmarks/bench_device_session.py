@@ -11,8 +11,10 @@ A second table gives each zoo model's device arena after a few runs (``sess.devi
 planned allocation against the traced allocations' total (one buffer each) and the trace's lower bound
 (the most bytes live at once)::
 
-    python packages/eval/benchmarks/bench_device_session.py [--models gpt2,bert,llama] [--device cuda]
+    python packages/eval/benchmarks/bench_device_session.py [--models gpt2,bert,llama] [--device cuda] [--quick]
 """
+
+# bench-needs: torch torchvision transformers onnxscript
 
 from __future__ import annotations
 
@@ -34,7 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--arena-models", default="resnet18,mobilenet_v3_small,efficientnet_b0,vit_b_16,gpt2,bert,llama"
     )
+    p.add_argument("--quick", action="store_true", help="GPT-2's TorchScript export, 5 rounds, two arenas")
     args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.exporters, args.rounds, args.arena_models = (
+            "gpt2",
+            "torchscript",
+            5,
+            "resnet18,gpt2",
+        )
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import opstrata.ops as ops

@@ -12,6 +12,8 @@ model (below 1: opstrata faster), and output cosine to the fp32 model. Random we
     python packages/eval/benchmarks/bench_quant_models.py [--quick] [--rounds N] [--models bert,gpt2]
 """
 
+# bench-needs: torch transformers
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,8 @@ interleaved rounds.
         [--unfused]
 """
 
+# bench-needs: torch torchvision transformers
+
 from __future__ import annotations
 
 import os

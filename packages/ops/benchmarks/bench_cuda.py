@@ -8,6 +8,8 @@ bandwidth (bytes read + written). Needs CuPy, torch and a GPU; run by ``tools/gp
     python packages/ops/benchmarks/bench_cuda.py [--json out.json] [--rounds 7] [--quick]
 """
 
+# bench-needs: cupy torch
+
 from __future__ import annotations
 
 import argparse
