@@ -177,3 +177,23 @@ def test_a_failing_carve_turns_the_arena_off_and_the_session_still_answers():
                 np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
     (s,) = dev.device_arenas.values()
     assert s.state == "off" and "TypeError" in s.reason and s.arena_bytes == 0
+
+
+def test_outputs_left_on_the_device_stay_intact_while_later_runs_are_served():
+    """run_on_device hands out device arrays: they outlive their run, so they come from the pool, and the
+    served runs after them (new feed values) never write over them."""
+    model, dims = gpt_block_model(), {"batch": 2, "seq": 6}
+    dev, cpu = InferenceSession(model, device=DEV), InferenceSession(model)
+    mem = ops.device_memory(DEV)
+    kept = []
+    for r in range(5):
+        feeds = random_feeds(model, dims, seed=r)
+        kept.append(
+            (dev.run_on_device(None, {k: mem.from_host(v) for k, v in feeds.items()}), cpu.run(None, feeds))
+        )
+    (st_,) = dev.device_arenas.values()
+    assert st_.state == "serving" and st_.runs_served == 3 and st_.unplanned == 0, st_.summary()
+    for got, want in kept:  # every run's outputs, read after all five ran
+        for g, w in zip(got, want, strict=True):
+            assert mem.is_array(g)
+            np.testing.assert_allclose(mem.to_host(g), w, rtol=2e-5, atol=2e-5)
