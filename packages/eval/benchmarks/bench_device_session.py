@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.simplefilter("ignore", ops.FallbackWarning)
     device = ot.register_standin_device("_standin") if args.device == "stand-in" else args.device
+    if ops.device_memory(device) is None:
+        why = [d.reason for d in ops.device_status() if d.name == device and d.reason]
+        print(f"bench_device_session: --device {device!r} is no device with its own memory here"
+              f"{': ' + why[0] if why else ''}; use 'stand-in' or one of {ops.list_devices()}", file=sys.stderr)  # fmt: skip
+        return 2
     sync = ops.device_memory(device).synchronize
     print(f"device: {device}; one eager run per call, medians of {args.rounds} interleaved rounds")
     print("| model | exporter | steps | skipped | kept ms | every run ms | kept / every run |")
