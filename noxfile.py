@@ -311,7 +311,8 @@ def layers(session: nox.Session) -> None:
 @nox.session(python=None, tags=["ci"])
 def tools(session: nox.Session) -> None:
     """The tools' own tests (lock, release, build, deps, layers)."""
-    _install_tools(session, "import-linter>=2", "pytest>=7")
+    # with ruff too: release.py refuses a package `ruff format` would change (tested with it)
+    _install_tools(session, "import-linter>=2", "pytest>=7", "ruff>=0.17,<0.18")
     xdist = _xdist_args(session, "tools")  # each test works in its own temporary repository
     with session.chdir(ROOT):
         session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *xdist, *session.posargs)

@@ -18,6 +18,8 @@ import argparse
 import datetime as dt
 import difflib
 import re
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +162,37 @@ def _update_lock(
 def blocking_problems(root: Path, name: str) -> list[str]:
     """check() problems a release must not paper over: all except changed-since-release trees."""
     return [p.message for p in check(root) if p.kind != "unreleased-change"]
+
+
+def unformatted(root: Path, names: list[str]) -> list[str]:
+    """Packages ``ruff format`` would still change, where the repository configures ruff.
+
+    The release records the package directory's tree as it is on disk; a formatter run after it changes
+    the files, so the commit holds another tree and the recorded one exists nowhere (a CI clone fails
+    ``lock.py check``). Without ``[tool.ruff]`` in the root pyproject.toml nothing is checked; with it and
+    no ruff on PATH, that is an error too (the check would be silently skipped)."""
+    cfg = root / "pyproject.toml"
+    if not cfg.is_file() or "[tool.ruff" not in cfg.read_text(encoding="utf-8"):
+        return []
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        return ["ruff is not on PATH, and pyproject.toml configures it: install it (`pip install ruff`) so a "
+                "release records formatted files"]  # fmt: skip
+    lock = lf.read_lock(lf.lock_path(root))
+    out = []
+    for name in names:
+        path = str(lock["packages"][name]["path"])
+        proc = subprocess.run(
+            [ruff, "format", "--check", "--no-cache", "--output-format", "concise", path],
+            cwd=root, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:  # concise lines: "path:row:col: unformatted: File would be reformatted"
+            files = [ln.split(":", 1)[0] for ln in proc.stdout.splitlines() if ": unformatted:" in ln]
+            out.append(
+                f"{path} is not as `ruff format` leaves it ({', '.join(files) or proc.stderr.strip()}): the release "
+                f"would record a tree the formatter changes afterwards; run `ruff format {path}` and release again"
+            )  # fmt: skip
+    return out
 
 
 def warn_dependents(root: Path, name: str, version: str) -> list[str]:
@@ -407,6 +440,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tagged {name_tag}; publish it with `git push origin {name_tag}` (CI builds that package)")
         return 0
     blocking = blocking_problems(root, args.package)
+    if not args.dry_run:
+        blocking += unformatted(root, [args.package])
     if blocking:
         raise LockError(
             "fix these `lock.py check` problems before releasing:\n  - " + "\n  - ".join(blocking)
@@ -455,7 +490,13 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if bad:
                 raise LockError(f"batch: expected name:major|minor|patch|current, got {bad}")
-            plans = release_batch(lf.find_root(args.root), steps, _today(args.date))  # type: ignore[arg-type]
+            root = lf.find_root(args.root)
+            messy = unformatted(
+                root, [n for n, _ in steps if n in lf.read_lock(lf.lock_path(root))["packages"]]
+            )
+            if messy:
+                raise LockError("batch: format first:\n  - " + "\n  - ".join(messy))
+            plans = release_batch(root, steps, _today(args.date))  # type: ignore[arg-type]
         except LockError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

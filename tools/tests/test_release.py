@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import lockfile as lf
@@ -159,3 +161,27 @@ def test_unknown_package_and_bad_date(repo: Path) -> None:
         "--date: expected YYYY-MM-DD"
         in run(repo, "release.py", "ops", "current", "--date", "3.12.2026").stderr
     )
+
+
+@pytest.mark.skipif(
+    shutil.which("ruff") is None, reason="ruff is not on PATH (nox's tools session installs it)"
+)
+def test_an_unformatted_package_is_refused_where_the_repo_configures_ruff(repo: Path) -> None:
+    """The recorded tree must be the one the commit holds: a formatter run after the release would change
+    the files, so release.py (one package or a batch) refuses until `ruff format` has nothing to do."""
+    (repo / "pyproject.toml").write_text("[tool.ruff]\nline-length = 100\n")
+    module = repo / "packages/ops/src/opstrata/ops/__init__.py"
+    module.write_text('"""fake opstrata.ops."""\n\nVALUE=1\n')
+    commit_all(repo, "configure ruff; an unformatted module")
+    before = _snapshot(repo)
+    for args in (("ops", "current"), ("batch", "ops:current")):
+        proc = run(repo, "release.py", *args, "--date", "2026-12-03")
+        assert proc.returncode == 2, proc.stdout
+        assert "packages/ops is not as `ruff format` leaves it" in proc.stderr
+        assert (
+            "src/opstrata/ops/__init__.py" in proc.stderr and "run `ruff format packages/ops`" in proc.stderr
+        )
+        assert _snapshot(repo) == before  # nothing written
+    subprocess.run(["ruff", "format", "-q", "--no-cache", "packages/ops"], cwd=repo, check=True)
+    proc = run(repo, "release.py", "ops", "current", "--date", "2026-12-03")
+    assert proc.returncode == 0, proc.stderr
