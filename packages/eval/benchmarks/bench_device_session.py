@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 runs["kept" if kept else "every"] = (call, sess)
             timed = compare({k: v[0] for k, v in runs.items()}, repeats=args.rounds, number=5, warmup=3)
-            prog = runs["kept"][1]._device_program
-            skipped = max(prog.folded_steps().values(), default=0)
+            kept_sess = runs["kept"][1]
+            skipped = max(kept_sess.device_folded_steps.values(), default=0)
             a, b = timed["kept"].median * 1e3, timed["every"].median * 1e3
             print(
-                f"| {name} | {exporter} | {len(prog.steps)} | {skipped} | {a:.3f} | {b:.3f} | {a / b:.2f}x |",
+                f"| {name} | {exporter} | {len(kept_sess.graph.nodes)} | {skipped} | {a:.3f} | {b:.3f} | {a / b:.2f}x |",
                 flush=True,
             )
     print(

@@ -77,7 +77,7 @@ class DeviceArena:
         self._k = 0  # the next allocation of a served run
         self._live: dict[int, tuple[int, int]] = {}  # carved allocation -> its bytes, while in use
         self._off_plan = False
-        self._stats = dict(traced_bytes=0, lower_bound_bytes=0, planned=0, escaped=0)
+        self._layout: dict[str, int] = {}  # the serving plan's DeviceArenaStats fields (arena_bytes, ...)
         self.runs_served = self.unplanned = self.traces = 0
 
     # ------------------------------------------------------------------ a run
@@ -133,8 +133,8 @@ class DeviceArena:
         for size, (_, _, a, b) in zip(sizes, freed, strict=True):
             for t in range(a, b + 1):
                 live[t] += size
-        self._stats = dict(
-            traced_bytes=sum(sizes), lower_bound_bytes=max(live, default=0),
+        self._layout = dict(
+            arena_bytes=total, traced_bytes=sum(sizes), lower_bound_bytes=max(live, default=0),
             planned=len(freed), escaped=len(self._trace) - len(freed),
         )  # fmt: skip
         self._trace = []
@@ -146,7 +146,6 @@ class DeviceArena:
                 self._off(f"reserving the {total}-byte arena failed: {type(exc).__name__}: {exc}")
                 return
         self.state = "serving"
-        self._arena_bytes = total
 
     # ------------------------------------------------------------------ serving
 
@@ -196,11 +195,10 @@ class DeviceArena:
 
     def stats(self) -> DeviceArenaStats:
         """Where this signature's arena stands."""
-        serving = self.state == "serving"
+        layout = self._layout if self.state == "serving" else {}
         return DeviceArenaStats(
-            self.state, getattr(self, "_arena_bytes", 0) if serving else 0,
-            **(self._stats if serving else dict(traced_bytes=0, lower_bound_bytes=0, planned=0, escaped=0)),
-            runs_served=self.runs_served, unplanned=self.unplanned, traces=self.traces, reason=self.reason,
+            self.state, **layout, runs_served=self.runs_served, unplanned=self.unplanned, traces=self.traces,
+            reason=self.reason,
         )  # fmt: skip
 
 

@@ -150,15 +150,8 @@ class DeviceProgram:
                     on_dev and key == ("", "Shape"),
                 )
             )
-        last: dict[str, int] = {}
-        for i, (n, _, _) in enumerate(self.steps):
-            for x in n.inputs:
-                if x:
-                    last[x] = i
-        keep = set(graph.outputs)
-        self._frees = [
-            [x for x, j in last.items() if j == i and x not in keep] for i in range(len(self.steps))
-        ]
+        #: the whole plan as a run order: every step, each value dropped after its last reader
+        self._every_step = fold(self, set(), {})
         #: record each signature's plan as a device graph after one eager run, and replay it
         self.device_graph = device_graph
         #: recorded signatures kept (least recently used dropped: each graph holds its own device memory)
@@ -323,10 +316,9 @@ class DeviceProgram:
         tally = [[0, 0.0] for _ in self.host_nodes]
         checks = ops.capture_checks() if recording else None
         up: dict[str, Any] = {}  # host value -> its device copy, made for this run's device readers
-        order: Any = range(len(self.steps)) if folded is None else folded.order
-        frees = self._frees if folded is None else folded.frees
-        if folded is not None:
-            vals.update(folded.values)
+        run = self._every_step if folded is None else folded
+        order, frees = run.order, run.frees
+        vals.update(run.values)
         with ops.device(self.device):
             run_t0 = time.perf_counter_ns()
             first = self.memory.mark() if marks else None  # type: ignore[misc]
