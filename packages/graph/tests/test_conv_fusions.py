@@ -173,14 +173,67 @@ def test_batchnorm_folds_into_the_conv_before_it(bias: bool) -> None:
     np.testing.assert_allclose(og.run_graph(g3, feeds)["y"], want, rtol=1e-5, atol=1e-5)
 
 
-def test_batchnorm_stays_when_its_statistics_or_the_conv_output_are_not_its_own() -> None:
-    for model in (
-        _conv_bn_model(bias=True, stats_as_input=True),
-        _conv_bn_model(bias=True, second_reader=True),
-    ):
-        g2, report = og.optimize(og.from_onnx(model), 2)
-        assert report.matched("fold_conv_batchnorm") == 0
-        assert g2.op_counts()["BatchNormalization"] == 1
+def test_batchnorm_stays_when_its_statistics_are_not_constants() -> None:
+    model = _conv_bn_model(bias=True, stats_as_input=True)
+    g2, report = og.optimize(og.from_onnx(model), 2)
+    assert report.matched("fold_conv_batchnorm") == 0 and report.matched("batchnorm_to_affine") == 0
+    assert g2.op_counts()["BatchNormalization"] == 1
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_batchnorm_without_its_own_conv_becomes_a_per_channel_affine(level: int) -> None:
+    """The Conv's output is read twice (DenseNet's pre-activation BN of a Concat is the same case): the
+    BatchNormalization becomes Mul + Add by per-channel constants, and at level 3 one generated kernel
+    with the Relu after it; the outputs match onnxruntime's BatchNormalization."""
+    model = _conv_bn_model(bias=True, second_reader=True)
+    g, report = og.optimize(og.from_onnx(model), level)
+    (affine,) = [r for r in report.results if r.name == "batchnorm_to_affine"]
+    assert report.matched("fold_conv_batchnorm") == 0
+    assert affine.removed == {"BatchNormalization": 1} and affine.added == {"Mul": 1, "Add": 1}
+    counts = g.op_counts()
+    assert "BatchNormalization" not in counts
+    if level == 2:
+        assert counts["Mul"] == 1 and counts["Add"] == 1
+        scale = next(
+            g.initializers[x] for n in g.nodes if n.op_type == "Mul" for x in n.inputs if x in g.initializers
+        )
+        assert scale.shape == (6, 1, 1) and scale.dtype == np.float32
+    else:
+        assert "Mul" not in counts and "Relu" not in counts and "ai.opstrata::FusedElementwise" in counts
+    feeds = random_feeds(model, {"batch": 2})
+    want = ort_run(model, feeds)
+    got = og.run_graph(g, feeds)
+    for k in ("y", "c"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rank", [2, 3, 5])
+def test_batchnorm_to_affine_broadcasts_over_any_rank(rank: int) -> None:
+    """BatchNorm1d on (N, C) and (N, C, L), BatchNorm3d on (N, C, D, H, W): constants shaped (C, 1, ...)."""
+    b = ModelBuilder("bn_rank", 17, seed=4)
+    x = b.input("x", ["batch", 5, *[3] * (rank - 2)])
+    stats = [b.weight([5], "gamma"), b.weight([5], "beta", 0.1), b.weight([5], "mean", 0.2),
+             b.const((0.5 + b.rng.random(5)).astype(np.float32), "var")]  # fmt: skip
+    y = b.op("BatchNormalization", [x, *stats], epsilon=1e-4)
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"], name="out"))
+    b.output("y")
+    model = b.build()
+    g = og.batchnorm_to_affine(og.from_onnx(model))
+    og.infer_shapes(g)
+    assert "BatchNormalization" not in g.op_counts()
+    feeds = random_feeds(model, {"batch": 2})
+    np.testing.assert_allclose(og.run_graph(g, feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_training_mode_batchnorm_is_left_alone() -> None:
+    b = ModelBuilder("bn_train", 15, seed=4)
+    x = b.input("x", [4, 3, 2, 2])
+    stats = [b.weight([3], "gamma"), b.weight([3], "beta"), b.weight([3], "mean"), b.weight([3], "var", 1.0)]
+    y, *_ = b.op("BatchNormalization", [x, *stats], n_out=3, training_mode=1)
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"], name="out"))
+    b.output("y")
+    g = og.from_onnx(b.build(check=False))
+    assert og.batchnorm_to_affine(g).op_counts().get("BatchNormalization") == 1
 
 
 @pytest.mark.parametrize("act", ["HardSwish", "HardSigmoid", "LeakyRelu", "Clip"])

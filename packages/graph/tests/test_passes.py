@@ -384,6 +384,39 @@ def test_fuse_bias_activation_through_a_reshape():
     assert g.op_counts().get("Reshape") == 1
 
 
+@pytest.mark.parametrize("act", ["Relu", "Gelu"])
+def test_a_bias_free_matmul_by_a_constant_takes_its_activation(act: str) -> None:
+    """T5's and Llama's projections have no bias: MatMul(x, W) -> activation becomes one Linear with the
+    activation as its epilogue (W stored transposed); onnxruntime agrees on the original."""
+    b = ModelBuilder("mm_act", 20)
+    x = b.input("x", ["batch", 5, 8])
+    y = b.op(
+        act, [b.op("MatMul", [x, b.weight([8, 12])])], **({"approximate": "tanh"} if act == "Gelu" else {})
+    )
+    b.nodes.append(b.onnx.helper.make_node("Identity", [y], ["y"]))
+    b.output("y")
+    _, g = _check(b.build(), og.fuse_bias_activation, {"x": _x(2, 5, 8)}, expect_removed=["MatMul", act])
+    (lin,) = [n for n in g.nodes if n.op_type == "Linear"]
+    assert lin.attrs["activation"] == ("gelu_tanh" if act == "Gelu" else "relu")
+    assert g.initializers[lin.inputs[1]].shape == (12, 8)
+
+
+def test_a_matmul_keeps_its_activation_when_it_cannot_carry_it() -> None:
+    """A MatMul of two inputs (attention's scores), or whose result is read twice, stays as it is."""
+    b = ModelBuilder("mm_keep", 17)
+    x = b.input("x", ["batch", 4, 8])
+    k = b.input("k", ["batch", 8, 4])
+    scores = b.op("Relu", [b.op("MatMul", [x, k])])
+    h = b.op("MatMul", [x, b.weight([8, 8])])
+    both = b.op("Add", [b.op("Sigmoid", [h]), h])
+    b.nodes.append(b.onnx.helper.make_node("Identity", [scores], ["s"]))
+    b.nodes.append(b.onnx.helper.make_node("Identity", [both], ["y"]))
+    b.output("s")
+    b.output("y")
+    _, g = _check(b.build(), og.fuse_bias_activation, {"x": _x(2, 4, 8), "k": _x(2, 8, 4)})
+    assert g.op_counts().get("MatMul") == 2 and "ai.opstrata::Linear" not in g.op_counts()
+
+
 # --------------------------------------------------------------------------- level 3: elementwise
 
 

@@ -701,6 +701,59 @@ def test_max_pool_outside_the_c_loop_runs_on_numpy() -> None:
     assert ops.native_status().calls["max_pool2d"] == {"native": 0, "numpy": 1}
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 12), w=st.integers(1, 12),
+    k=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    pads=st.tuples(*(st.integers(0, 1) for _ in range(4))), ceil=st.booleans(), cip=st.booleans(),
+    nan=st.booleans(), seed=st.integers(0, 999),
+)  # fmt: skip
+def test_avg_pool_native_gives_the_numpy_kernels_bits(
+    n, c, h, w, k, stride, pads, ceil, cip, nan, seed
+) -> None:
+    """Windows inside the image run in the C loop with the numpy kernel's bits (taps summed in its order,
+    one division); padded or ceil-mode windows, whose divisors vary, stay on the numpy kernel."""
+    from opstrata.ops.kernels.pool import avg_pool2d_cpu
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    if nan:
+        x.flat[rng.integers(x.size)] = np.nan
+    kw = {"kernel_size": k, "stride": stride, "padding": pads, "ceil_mode": ceil, "count_include_pad": cip}
+    try:
+        want = avg_pool2d_cpu(x, **kw)
+    except ops.OpError:
+        with pytest.raises(ops.OpError):
+            ops.avg_pool2d(x, **kw)
+        return
+    ops.reset_native_stats()
+    got = ops.avg_pool2d(x, **kw)
+    inside = not any(pads) and want.shape[2:] == ((h - k[0]) // stride[0] + 1, (w - k[1]) // stride[1] + 1)
+    assert ops.native_status().calls["avg_pool2d"] == {"native": int(inside), "numpy": int(not inside)}
+    np.testing.assert_array_equal(got, want)
+    assert_close(got, ops.avg_pool2d(x, device="ref", **kw), rtol=1e-6, atol=1e-6)
+    out = np.full_like(got, np.nan)
+    bound = ops.bind("avg_pool2d", x, out=out, **kw)
+    assert (bound is not None) == inside  # the C call with its pointers resolved, or the per-call path
+    if bound is not None:
+        bound()
+        np.testing.assert_array_equal(out, want)
+
+
+def test_avg_pool_outside_the_c_loop_runs_on_numpy() -> None:
+    x = np.random.default_rng(0).standard_normal((1, 2, 8, 8))
+    ops.reset_native_stats()
+    for arr in (x, x.astype(np.float32)[:, :, :, ::2]):  # float64; a strided view
+        np.testing.assert_array_equal(
+            ops.avg_pool2d(arr, kernel_size=2), ops.avg_pool2d(arr, kernel_size=2, device="ref")
+        )
+    assert ops.native_status().calls["avg_pool2d"] == {"native": 0, "numpy": 1}
+    assert (
+        ops.bind("avg_pool2d", x.astype(np.float32), out=np.empty((1, 2, 3, 3), np.float32), kernel_size=2)
+        is None
+    )
+
+
 def test_tanh_gelu_keeps_relative_accuracy_in_the_left_tail() -> None:
     """The native tanh GELU is h * sigmoid(2u): no cancellation in 1 + tanh(u) where h < 0, so the small
     outputs of the left tail keep their relative accuracy (the float32 cubic in u bounds it)."""

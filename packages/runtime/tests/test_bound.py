@@ -733,3 +733,83 @@ def test_a_float_relu_step_is_ops_native_loop_with_numpys_bits() -> None:
     steps = sess._schedule.steps
     relu = [c for c, i in zip(bound.calls, bound.index, strict=True) if steps[i].node.op_type == "Relu"]
     assert isinstance(relu[0], native) and relu[0].name == "relu_f32"
+
+
+def _position_bias_model():
+    """T5's relative position bias: buckets from Range(S) (outer difference, clipped), a Gather from a
+    (buckets, heads) table, Transpose to (heads, S, S): a shape-derived constant the Transpose makes as a
+    strided view; then Relu(scores + bias)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    table = np.random.default_rng(3).standard_normal((4, 2)).astype(np.float32)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "i2"], ["s"], axis=0),
+        helper.make_node("Range", ["zero", "s", "one"], ["pos"]),
+        helper.make_node("Unsqueeze", ["pos", "ax0"], ["row"]),
+        helper.make_node("Unsqueeze", ["pos", "ax1"], ["col"]),
+        helper.make_node("Sub", ["row", "col"], ["rel"]),
+        helper.make_node("Abs", ["rel"], ["dist"]),
+        helper.make_node("Min", ["dist", "three"], ["bucket"]),
+        helper.make_node("Gather", ["table", "bucket"], ["per_pair"], axis=0),  # (S, S, H)
+        helper.make_node("Transpose", ["per_pair"], ["heads"], perm=[2, 0, 1]),  # (H, S, S), a strided view
+        helper.make_node("Unsqueeze", ["heads", "ax0"], ["bias"]),
+        helper.make_node("Add", ["x", "bias"], ["scores"]),
+        helper.make_node("Relu", ["scores"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "position_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2, "S", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("i2", 2), ints("zero", 0), ints("one", 1), ints("three", 3), ints("ax0", [0]), ints("ax1", [1]),
+         numpy_helper.from_array(table, "table")],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_folded_constants_are_c_order_so_their_readers_bind_once() -> None:
+    """A shape-derived constant made as a strided view (a Transpose) is kept in C order: the generated
+    kernel reading it binds to it once (one native call per run, no copy per run), the bits unchanged."""
+    from opstrata.ops.native import library as _native
+
+    model = _position_bias_model()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=3))
+    rng = np.random.default_rng(0)
+    for b, s in ((1, 6), (2, 5), (1, 6)):
+        feeds = {"x": rng.standard_normal((b, 2, s, s)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 3)
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        folded = [v for v in bound.template if isinstance(v, np.ndarray) and not v.flags.writeable]
+        assert any(v.ndim == 4 for v in folded) and all(v.flags.c_contiguous for v in folded)
+        assert [sch.steps[i].node.op_type for i in bound.index] == ["FusedElementwise"]
+        if _native.library() is not None:
+            assert len(bound.runner) == 1 and type(bound.runner[0]).__name__ in ("NativeCall", "NativeBatch")
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1]])
+def test_average_pool_is_bound_where_its_windows_stay_inside(pads) -> None:
+    """DenseNet's transition (2x2, stride 2, no padding) is one native call in the bound program; a
+    padded AveragePool keeps the per-run path; both give the allocator path's bits."""
+    from onnx import TensorProto, helper
+
+    from opstrata.ops.native import library as _native
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2], pads=pads)],
+        "avg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3, 8, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+    for seed in (0, 1):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((2, 3, 8, 6)).astype(np.float32)}
+        (want,) = _allocator_outputs(model, feeds, 0)
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
+    (bound,) = sess._bound.values()
+    if _native.library() is not None:
+        native = [type(c).__name__ in ("NativeCall", "NativeBatch") for c in bound.runner]
+        assert native == ([True] if not any(pads) else [True, False])

@@ -298,7 +298,7 @@ def test_branches_run_on_different_streams() -> None:
         np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
         (prog,) = sess.stream_programs.values()
         g = sess.graph
-        mm = [i for i, n in enumerate(g.nodes) if n.op_type == "MatMul"]
+        mm = [i for i, n in enumerate(g.nodes) if n.op_type in ("MatMul", "Linear")]  # Linear: MatMul + Relu
         assert len({prog.asg.stream_of[i] for i in mm}) == 4
         assert len(_stream_threads()) == 4
         key = next(iter(sess.arenas))

@@ -81,7 +81,10 @@ from .partition.simulate import simulate_tensor_parallel as simulate_tensor_para
 from .passes.cse import eliminate_common_subexpressions as eliminate_common_subexpressions
 from .passes.dce import eliminate_dead_code as eliminate_dead_code
 from .passes.fold import fold_constants as fold_constants
-from .passes.fold_conv_bn import fold_conv_batchnorm as fold_conv_batchnorm
+from .passes.fold_conv_bn import (
+    batchnorm_to_affine as batchnorm_to_affine,
+    fold_conv_batchnorm as fold_conv_batchnorm,
+)
 from .passes.fold_shapes import fold_shapes as fold_shapes
 from .passes.fuse_activation import fuse_bias_activation as fuse_bias_activation
 from .passes.fuse_attention import fuse_attention as fuse_attention
@@ -127,6 +130,7 @@ __all__ = [
     "__version__",
     "absent",
     "array_from_tensor",
+    "batchnorm_to_affine",
     "bind_fused",
     "broadcast_shapes",
     "compile",

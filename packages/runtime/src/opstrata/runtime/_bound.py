@@ -36,7 +36,7 @@ _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
               (OPSTRATA_DOMAIN, "RMSNorm"), ("", "LayerNormalization"), (OPSTRATA_DOMAIN, "RotaryHalf"),
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
               ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"),
-              ("", "GlobalAveragePool"), ("", "Softmax"), ("", "Relu"))  # fmt: skip
+              ("", "GlobalAveragePool"), ("", "Softmax"), ("", "Relu"), ("", "AveragePool"))  # fmt: skip
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -207,6 +207,13 @@ def _prebound(
         return _bind_conv(sch, node, static, dsts[0])
     if key == ("", "MaxPool") and len(static) == 1 and static[0].ndim == 4 and static[0].dtype.kind == "f":
         return _bind_max_pool(sch, node, static[0], dsts[0])
+    if (
+        key == ("", "AveragePool")
+        and len(static) == 1
+        and static[0].ndim == 4
+        and static[0].dtype.kind == "f"
+    ):
+        return _bind_avg_pool(sch, node, static[0], dsts[0])
     if key == ("", "ReduceMean") and static[0].dtype.kind == "f":
         return _bind_mean(sch, node, static, dsts[0])
     if key == ("", "Softmax") and len(static) == 1 and static[0].ndim >= 1:
@@ -417,6 +424,22 @@ def _bind_max_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> 
     )  # fmt: skip
 
 
+def _bind_avg_pool(sch: Schedule, node: Any, x: np.ndarray, dst: np.ndarray) -> Callable[[], object] | None:
+    """A 2-D AveragePool the graph's kernel runs on ``avg_pool2d`` (no dilation): bound to it."""
+    helpers = _window_helpers()
+    k = list(node.attrs.get("kernel_shape") or ())
+    if helpers is None or len(k) != 2:
+        return None
+    s, d, pads = helpers[0](node, x, k)
+    if any(v != 1 for v in d) or not helpers[1](k, d, pads):
+        return None
+    return ops.bind(
+        "avg_pool2d", x, out=dst, kernel_size=tuple(k), stride=tuple(s), padding=tuple(pads),
+        ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
+        count_include_pad=bool(node.attrs.get("count_include_pad", 0)), device=sch.device,
+    )  # fmt: skip
+
+
 def _bind_mean(sch: Schedule, node: Any, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
     """ReduceMean over constant axes (the attribute, or an initializer input): ``ops.bind("mean")``."""
     if len(static) == 2:
@@ -608,7 +631,7 @@ def _fold(sch: Schedule, steps: list[int], vals: list[Any], feeds: list[np.ndarr
             planned = vals[s]
             if r is None or r.shape != planned.shape or r.dtype != planned.dtype:
                 break
-            own = np.array(r, copy=True)
+            own = np.array(r, copy=True, order="C")  # kernels bind to C-order operands once
             own.flags.writeable = False
             outs.append((s, own))
         else:

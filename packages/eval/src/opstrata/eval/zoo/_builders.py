@@ -56,8 +56,11 @@ def _transformers() -> Any:
     return transformers
 
 
-def _logits_of(module: Any) -> Any:
+def _logits_of(module: Any, *, caches: bool = True) -> Any:
     """Wrap a transformers model so forward(ids) returns its first output tensor (logits or hidden).
+
+    ``caches``: the model's forward takes ``use_cache`` (decoders and BERT do; encoders such as
+    DistilBERT and T5's encoder have no cache to turn off).
 
     The all-ones attention mask is passed explicitly, as callers do: without one, transformers 5 looks
     for packed sequences with ``torch.diff``, which the TorchScript exporter cannot export.
@@ -73,7 +76,8 @@ def _logits_of(module: Any) -> Any:
 
         def forward(self, input_ids: Any) -> Any:
             mask = torch.ones_like(input_ids)
-            out = self.inner(input_ids=input_ids, attention_mask=mask, use_cache=False, return_dict=False)
+            extra = {"use_cache": False} if caches else {}
+            out = self.inner(input_ids=input_ids, attention_mask=mask, return_dict=False, **extra)
             return out[0]
 
     return FirstOutput(module)
@@ -118,6 +122,30 @@ def squeezenet1_1() -> Any:
     return _torchvision().models.squeezenet1_1(weights=None, num_classes=_NUM_CLASSES)
 
 
+def shufflenet_v2_x0_5() -> Any:
+    """torchvision shufflenet_v2_x0_5 (channel shuffle as Reshape-Transpose-Reshape, Split, depthwise 3x3)."""
+    return _torchvision().models.shufflenet_v2_x0_5(weights=None, num_classes=_NUM_CLASSES)
+
+
+def regnet_y_400mf() -> Any:
+    """torchvision regnet_y_400mf (grouped 3x3 convolutions of group width 8, squeeze-excite)."""
+    return _torchvision().models.regnet_y_400mf(weights=None, num_classes=_NUM_CLASSES)
+
+
+def densenet121() -> Any:
+    """torchvision densenet121 (every layer's input a Concat of all before it in its block)."""
+    return _torchvision().models.densenet121(weights=None, num_classes=_NUM_CLASSES)
+
+
+def convnext_tiny() -> Any:
+    """torchvision convnext_tiny (7x7 depthwise, channels-last LayerNorm, GELU MLP), layer scale 0.5.
+
+    torchvision starts every block's layer scale at 1e-6 (it expects training), which makes each block
+    add almost nothing to its residual and the comparison nearly blind to the blocks; 0.5 makes them count.
+    """
+    return _torchvision().models.convnext_tiny(weights=None, num_classes=_NUM_CLASSES, layer_scale=0.5)
+
+
 # ---------------------------------------------------------------- transformers
 
 
@@ -154,6 +182,28 @@ def llama() -> Any:
     return _logits_of(tf.LlamaForCausalLM(config))
 
 
+def distilbert() -> Any:
+    """DistilBertModel from a tiny DistilBertConfig; returns the last hidden state."""
+    tf = _transformers()
+    config = tf.DistilBertConfig(
+        vocab_size=_HF["vocab"], dim=_HF["hidden"], n_layers=_HF["layers"], n_heads=_HF["heads"],
+        hidden_dim=_HF["intermediate"], max_position_embeddings=_HF["positions"], attn_implementation="eager",
+    )  # fmt: skip
+    return _logits_of(tf.DistilBertModel(config), caches=False)
+
+
+def t5_encoder() -> Any:
+    """T5EncoderModel from a tiny T5Config (T5 v1.1's gated GELU; RMS norm; relative position buckets)."""
+    tf = _transformers()
+    config = tf.T5Config(
+        vocab_size=_HF["vocab"], d_model=_HF["hidden"], d_kv=_HF["hidden"] // _HF["heads"],
+        d_ff=_HF["intermediate"], num_layers=_HF["layers"], num_heads=_HF["heads"],
+        relative_attention_num_buckets=32, relative_attention_max_distance=_HF["positions"],
+        feed_forward_proj="gated-gelu", attn_implementation="eager",
+    )  # fmt: skip
+    return _logits_of(tf.T5EncoderModel(config), caches=False)
+
+
 # ---------------------------------------------------------------- plain torch
 
 
@@ -181,7 +231,8 @@ def transformer_encoder() -> Any:
 _BUILDERS = {
     f.__name__: f
     for f in (
-        resnet18, mobilenet_v3_small, efficientnet_b0, vit_b_16, squeezenet1_1, gpt2, bert, llama,
+        resnet18, mobilenet_v3_small, efficientnet_b0, vit_b_16, squeezenet1_1, shufflenet_v2_x0_5,
+        regnet_y_400mf, densenet121, convnext_tiny, gpt2, bert, llama, distilbert, t5_encoder,
         transformer_encoder,
     )
 }  # fmt: skip

@@ -125,7 +125,7 @@ def _basic() -> list[tuple[str, Pass]]:
 def _extended() -> list[tuple[str, Pass]]:
     from .attention_layout import fold_attention_layout
     from .dce import eliminate_dead_code
-    from .fold_conv_bn import fold_conv_batchnorm
+    from .fold_conv_bn import batchnorm_to_affine, fold_conv_batchnorm
     from .fold_repeat_kv import fold_repeat_kv
     from .fuse_activation import fuse_bias_activation
     from .fuse_attention import fuse_attention
@@ -146,6 +146,7 @@ def _extended() -> list[tuple[str, Pass]]:
 
     return [
         ("fold_conv_batchnorm", fold_conv_batchnorm),
+        ("batchnorm_to_affine", batchnorm_to_affine),
         ("fuse_qdq_matmul", fuse_qdq_matmul),
         ("fuse_qdq_conv", fuse_qdq_conv),
         ("drop_relu_before_quantize", drop_relu_before_quantize),

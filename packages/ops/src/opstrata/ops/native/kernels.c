@@ -40,7 +40,7 @@ static inline float vmax_all(vf a) {
     return m;
 }
 
-int opstrata_native_abi(void) { return 21; }
+int opstrata_native_abi(void) { return 22; }
 
 /* erf by Eigen/XLA's rational form x P(x^2) / Q(x^2) on [-4, 4]; the ternary clamps keep NaN. */
 static inline float erf_f32(float x) {
@@ -1922,6 +1922,38 @@ int opstrata_max_pool2d_f32(const float *restrict x, float *restrict out, int64_
     return run_ranges(max_pool_planes, &g, n * c, (kh + kw) * h * wd, nthreads);
 }
 
+/* average pooling without padding or dilation (DenseNet's transitions, AvgPool2d(k, s)): each window
+   summed tap by tap in row-major order from its first tap, then divided by kh * kw -- numpy's kernel
+   (one strided plane per tap added into the first) in the same float32 order: the same bits */
+static int avg_pool_planes(const void *args, int64_t p0, int64_t p1) {
+    const window_args *g = (const window_args *)args;
+    const int64_t h = g->h, wd = g->wd, kh = g->kh, kw = g->kw, sh = g->sh, sw = g->sw, ho = g->ho, wo = g->wo;
+    const float div = (float)(kh * kw);
+    for (int64_t p = p0; p < p1; ++p) {
+        const float *plane = g->x + p * h * wd;
+        float *op = g->out + p * ho * wo;
+        for (int64_t oh = 0; oh < ho; ++oh) {
+            for (int64_t ow = 0; ow < wo; ++ow) {
+                const float *w = plane + oh * sh * wd + ow * sw;
+                float acc = w[0];
+                for (int64_t j = 1; j < kw; ++j) acc += w[j];
+                for (int64_t i = 1; i < kh; ++i)
+                    for (int64_t j = 0; j < kw; ++j) acc += w[i * wd + j];
+                op[oh * wo + ow] = acc / div;
+            }
+        }
+    }
+    return 0;
+}
+
+void opstrata_avg_pool2d_f32(const float *restrict x, float *restrict out, int64_t n, int64_t c, int64_t h,
+                             int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ho, int64_t wo,
+                             int64_t nthreads) {
+    if (ho <= 0 || wo <= 0 || n * c <= 0) return;
+    const window_args g = {x, out, h, wd, kh, kw, sh, sw, 1, 1, 0, 0, ho, wo};
+    run_ranges(avg_pool_planes, &g, n * c, kh * kw * ho * wo, nthreads);
+}
+
 /* ---------------------------------------------------------------------------------------------------
    The elementwise VM: a FusedElementwise / codegen expression run as a short register program over
    cache-resident tiles, one C call per node (numexpr's design). The program is made by
@@ -2733,6 +2765,10 @@ int opstrata_call_packed(int64_t fn, const int64_t *a) {
         for (int64_t i = 0; i < n; ++i) o[i] = x[i] > 0.0f ? x[i] : (x[i] == x[i] ? 0.0f : x[i]);
         return 0;
     }
+    case 30:
+        opstrata_avg_pool2d_f32(P(0, const float *), P(1, float *), a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                                a[10], a[11], a[12]);
+        return 0;
     case 28: /* another library's packed entry point, int fn(const int64_t *args): a[0] its address, its
                 arguments from a[1] on -- so a batch can run kernels of several native libraries in order */
         return ((int (*)(const int64_t *))(intptr_t)a[0])(a + 1);

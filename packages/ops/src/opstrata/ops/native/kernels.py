@@ -31,7 +31,7 @@ from ..kernels.matmul import (
     matmul_cpu,
 )
 from ..kernels.normalization import _trailing, layer_norm_cpu, rms_norm_cpu
-from ..kernels.pool import _check_pool, max_pool2d_cpu
+from ..kernels.pool import _check_pool, avg_pool2d_cpu, max_pool2d_cpu
 from ..kernels.reduce import bind_mean as _bind_mean_numpy, mean_cpu, normalize_axes
 from ..kernels.rotary import rope_rotate_half_cpu
 from ..kernels.softmax import softmax_cpu
@@ -887,6 +887,70 @@ def _bind_max_pool2d_native(
 
 
 max_pool2d_native.binder = _bind_max_pool2d_native  # type: ignore[attr-defined]
+
+
+def _avg_geometry(x: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) -> Any:
+    """The pooling geometry when the C loop takes it -- a C-contiguous float32 NCHW image and windows
+    that never reach past it (no padding, no ceil_mode overflow): every divisor is kh * kw -- else None."""
+    if type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 4 or not x.flags.c_contiguous or not x.size:
+        return None
+    g = _check_pool("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode)
+    return None if any(g.pads) or any(g.extra) else g
+
+
+def _avg_args(x: np.ndarray, out: np.ndarray, g: Any) -> tuple[int, ...]:
+    n, c, h, wd = x.shape
+    (kh, kw), (sh, sw), (ho, wo) = g.kernel, g.stride, g.out_hw
+    return (x.ctypes.data, out.ctypes.data, n, c, h, wd, kh, kw, sh, sw, ho, wo, native_threads())
+
+
+@register("avg_pool2d", device="cpu", dtypes=[np.float32], priority=1)
+def avg_pool2d_native(
+    x: Any,
+    *,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> np.ndarray:
+    """2-D average pooling of C-contiguous float32 NCHW images in one C loop when no window reaches
+    outside the image (DenseNet's 2x2 transitions); padded or ceil-mode windows on the numpy kernel.
+    Same bits as the numpy kernel (taps summed in the same order, then one division)."""
+    x = nd(x)
+    kw = {"kernel_size": kernel_size, "stride": stride, "padding": padding, "ceil_mode": ceil_mode,
+          "count_include_pad": count_include_pad}  # fmt: skip
+    g = _avg_geometry(x, kernel_size, stride, padding, ceil_mode)
+    lib = library() if g is not None else None
+    if lib is None:
+        count("avg_pool2d", "numpy")
+        return avg_pool2d_cpu(x, **kw)
+    out = np.empty((*x.shape[:2], *g.out_hw), _F32)
+    lib.opstrata_avg_pool2d_f32(*_avg_args(x, out, g))
+    count("avg_pool2d", "native")
+    return out
+
+
+def _bind_avg_pool2d_native(
+    x: Any, *, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+    count_include_pad: bool = True, out: Any = None,
+) -> Any:  # fmt: skip
+    """``avg_pool2d_native(...)`` into ``out`` (see ops.bind): the C call with its pointers resolved once."""
+    try:
+        g = _avg_geometry(x, kernel_size, stride, padding, ceil_mode)
+    except Exception:
+        return None
+    if g is None or type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous:
+        return None
+    if not out.flags.writeable or np.may_share_memory(x, out) or out.shape != (*x.shape[:2], *g.out_hw):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    return NativeCall(lib, "opstrata_avg_pool2d_f32", _avg_args(x, out, g), (x, out), result=out)
+
+
+avg_pool2d_native.binder = _bind_avg_pool2d_native  # type: ignore[attr-defined]
 
 
 def _bind_matmul_native(a: Any, b: Any, *, out: Any) -> Any:

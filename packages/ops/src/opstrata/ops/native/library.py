@@ -31,7 +31,7 @@ from .build import (
 )
 
 SOURCE = Path(__file__).with_name("kernels.c")
-ABI = 21  # opstrata_native_abi() of a library these bindings understand
+ABI = 22  # opstrata_native_abi() of a library these bindings understand
 #: plain -O3 plus the CPU's own vector units; no -ffast-math (NaN / inf keep their IEEE meaning)
 CFLAGS = (
     "-O3",
@@ -56,6 +56,7 @@ _SIGNATURES = {
     "opstrata_linear_packed_f32": ([_P, _P, _P, *[_I64] * 6], ctypes.c_int),
     "opstrata_im2col_f32": ([_P, _P, *[_I64] * 15], None),
     "opstrata_max_pool2d_f32": ([_P, _P, *[_I64] * 15], ctypes.c_int),
+    "opstrata_avg_pool2d_f32": ([_P, _P, *[_I64] * 11], None),
     "opstrata_attention_f32": ([*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float], ctypes.c_int),
     "opstrata_attention_blas_f32": (
         [*[_P] * 12, ctypes.c_int, ctypes.c_int, ctypes.c_float, _I64],

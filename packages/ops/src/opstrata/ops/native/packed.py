@@ -63,6 +63,7 @@ PACKED_IDS = {
     "opstrata_linear_packed_f32": 27,
     "opstrata_call_foreign": 28,
     "relu_f32": 29,
+    "opstrata_avg_pool2d_f32": 30,
 }
 
 
