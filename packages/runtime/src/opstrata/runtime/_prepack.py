@@ -3,8 +3,10 @@
 ``Linear`` computes ``x @ w.T`` with ``w`` stored ``(out, in)``. For a C-ordered ``w`` that is a
 transposed-B GEMM, which OpenBLAS runs 3-15% slower than the plain one at transformer sizes; the
 same values in Fortran order make ``w.T`` C-contiguous, so the kernel's GEMM needs no transpose. The
-packed copy lives in the schedule's value template (the plan's graph keeps its own array), so a
-session holds such weights twice; the values, shapes and dtypes are unchanged. The plain right operand
+packed copy lives in the schedule's value template and replaces the plan graph's own array (same
+values, shape and dtype; read-only), so a session holds such a weight once in this layout -- plus the
+strip-tile panels ops packs from it for small batches -- not twice (ConvNeXt-T: 329 -> ~230 MiB), and
+a second session of the same plan reuses it. The plain right operand
 of a MatMul (or a Gemm without transB) that a folded Transpose left Fortran-ordered (GPT-2's tied LM
 head) gets a C-ordered copy the same way: numpy runs it as a transposed GEMM, 1.5x slower at 32x64x1000.
 
@@ -97,7 +99,7 @@ def prepack_weights(graph: Graph, template: list[Any], slot: dict[str, int]) -> 
         if w.ndim == 2 and w.size > 1 and w.dtype.kind == "f":
             packed = np.asfortranarray(w) if not w.flags.f_contiguous else _frozen(w)
             packed.flags.writeable = False
-            template[slot[name]] = packed
+            template[slot[name]] = graph.initializers[name] = packed  # the C-ordered array is not kept
             count += 1
     for name in sorted(
         _only_read_as(graph, _plain_b)
