@@ -177,6 +177,49 @@ def test_shape_subgraph_contents_propagate_and_shape_of_static_value_runs() -> N
     assert out["y"].shape == (2, 3, 2, 4) and out["ws"].tolist() == [3, 5]
 
 
+@pytest.mark.parametrize(("h", "fmod", "want"), [(13, 0, 16), (16, 0, 16), (5, 1, 8), ("h", 0, None)])
+def test_mod_of_a_shape_value_propagates(h, fmod: int, want) -> None:
+    """Swin's window padding: pad = (w - H % w) % w on a shape value, then Pad: known once H is."""
+    g = _graph(("x", (1, h, 4)))
+    g.add_node("Shape", ["x"], ["s"])
+    g.add_initializer("one", np.array([1], np.int64))
+    g.add_node("Gather", ["s", "one"], ["len"], {"axis": 0})
+    g.add_initializer("w", np.array([8], np.int64))
+    g.add_node("Mod", ["len", "w"], ["r"], {"fmod": fmod})
+    g.add_node("Sub", ["w", "r"], ["short"])
+    g.add_node("Mod", ["short", "w"], ["pad"], {"fmod": fmod})
+    g.add_initializer("z4", np.array([0, 0, 0, 0], np.int64))
+    g.add_initializer("z1", np.array([0], np.int64))
+    g.add_node("Concat", ["z4", "pad", "z1"], ["p"], {"axis": 0})  # the end of axis 1 (begins, then ends)
+    g.add_node("Pad", ["x", "p"], ["y"], {"mode": "constant"})
+    g.outputs.append("y")
+    infer_shapes(g)
+    assert g.value("y").shape[1] == want
+    if want is not None:
+        assert g.value("y").shape == (1, want, 4)
+    if want is not None:
+        assert run_graph(g, {"x": np.zeros((1, h, 4), np.float32)})["y"].shape == (1, want, 4)
+
+
+@pytest.mark.parametrize(("seq", "want"), [(6, 4), (3, 3), ("seq", None)])
+def test_min_of_a_shape_value_propagates(seq, want) -> None:
+    """GPT-Neo's causal mask (dynamo export): a (1, 1, 128, 128) buffer sliced to ``min(128, seq)``
+    rows; with a concrete seq the Slice's end is known, so the slice (and all after it) gets a shape."""
+    g = _graph(("x", (2, seq, 8)))
+    g.add_node("Shape", ["x"], ["s"])
+    g.add_initializer("one", np.array([1], np.int64))
+    g.add_node("Gather", ["s", "one"], ["len"], {"axis": 0})
+    g.add_initializer("cap", np.array([4], np.int64))
+    g.add_node("Min", ["len", "cap"], ["end"])
+    g.add_initializer("zero", np.array([0], np.int64))
+    g.add_node("Slice", ["x", "zero", "end", "one"], ["y"])
+    g.outputs.append("y")
+    infer_shapes(g)
+    assert g.value("y").shape == (2, want, 8)
+    if want is not None:
+        assert run_graph(g, {"x": np.zeros((2, seq, 8), np.float32)})["y"].shape == (2, want, 8)
+
+
 @pytest.mark.parametrize(("seq", "folded"), [(5, False), ("seq", False), (5, True)])
 def test_torchscripts_expand_minus_one_idiom_gives_the_expand_its_shape(seq, folded: bool) -> None:
     """torch.onnx (TorchScript) writes ``t.expand(batch, seq)`` as Expand(t, Where(Equal(s, -1),

@@ -813,3 +813,95 @@ def test_average_pool_is_bound_where_its_windows_stay_inside(pads) -> None:
     if _native.library() is not None:
         native = [type(c).__name__ in ("NativeCall", "NativeBatch") for c in bound.runner]
         assert native == ([True] if not any(pads) else [True, False])
+
+
+def _position_ids_model():
+    """RoBERTa's position ids from its input ids: mask = ids != pad; cumsum(mask) * mask + pad, then
+    the ids as a float mask too (Cast bool -> float) and a Max with a floor."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["keep"]),
+        helper.make_node("Cast", ["keep"], ["keep32"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["keep32"], ["keep64"], to=TensorProto.INT64),
+        helper.make_node("CumSum", ["keep64", "axis"], ["run"]),
+        helper.make_node("Mul", ["run", "keep64"], ["masked"]),
+        helper.make_node("Add", ["masked", "pad"], ["pos"]),
+        helper.make_node("Max", ["pos", "floor"], ["pos_floor"]),
+        helper.make_node("Cast", ["keep"], ["keepf"], to=TensorProto.FLOAT),
+    ]
+    g = helper.make_graph(
+        nodes, "position_ids", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"])],
+        [helper.make_tensor_value_info("pos_floor", TensorProto.INT64, None),
+         helper.make_tensor_value_info("keepf", TensorProto.FLOAT, None)],
+        [ints("pad", 1), ints("axis", 1), ints("floor", 2)],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("level", [0, 3])
+def test_integer_elementwise_steps_are_one_numpy_call_each(level: int) -> None:
+    """Position ids and masks (integer / boolean steps) bind as one numpy call each into the arena,
+    giving the allocator path's values, also at int64's wrap-around."""
+    from functools import partial
+
+    model = _position_ids_model()
+    sess = InferenceSession(model, SessionOptions(graph_optimization_level=level))
+    rng = np.random.default_rng(0)
+    for ids in (rng.integers(0, 4, (2, 7)), rng.integers(0, 4, (3, 5)), np.full((1, 3), 2**62)):
+        feeds = {"ids": ids.astype(np.int64)}
+        for w, g in zip(_allocator_outputs(model, feeds, level), sess.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, w)
+    sch = sess._schedule
+    for bound in sess._bound.values():
+        for call, i in zip(bound.calls, bound.index, strict=True):
+            op = sch.steps[i].node.op_type
+            assert isinstance(call, partial) and call.func in (np.copyto, np.cumsum, *_exact_ufuncs()), op
+
+
+def _exact_ufuncs():
+    from opstrata.runtime._bound import _EXACT_UFUNCS
+
+    return tuple(_EXACT_UFUNCS.values())
+
+
+def test_a_replaced_integer_kernel_is_still_called() -> None:
+    """A graph kernel a user or test replaced keeps its per-run call (it is not bound to numpy's ufunc)."""
+    from opstrata.graph import EXECUTOR_KERNELS
+
+    model = _position_ids_model()
+    stock = EXECUTOR_KERNELS[("", "Equal")]
+    calls = []
+
+    def counted(node, args):
+        calls.append(node.name)
+        return stock(node, args)
+
+    EXECUTOR_KERNELS[("", "Equal")] = counted
+    try:
+        sess = InferenceSession(model, SessionOptions(graph_optimization_level=0))
+        feeds = {"ids": np.arange(6, dtype=np.int64).reshape(2, 3)}
+        for _ in range(3):
+            sess.run(None, feeds)
+    finally:
+        EXECUTOR_KERNELS[("", "Equal")] = stock
+    assert len(calls) == 3
+
+
+def test_a_cumsum_axis_fed_at_run_time_is_read_each_run() -> None:
+    """Only a constant axis is bound: an axis given as a graph input may change between runs of a shape."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])], "cumsum_axis",
+        [helper.make_tensor_value_info("x", TensorProto.INT32, [2, 3]),
+         helper.make_tensor_value_info("axis", TensorProto.INT32, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+    )  # fmt: skip
+    sess = InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.arange(1, 7, dtype=np.int32).reshape(2, 3)
+    for axis in (0, 1, 0):
+        (got,) = sess.run(None, {"x": x, "axis": np.array(axis, np.int32)})
+        np.testing.assert_array_equal(got, np.cumsum(x, axis=axis))

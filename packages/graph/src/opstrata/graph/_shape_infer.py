@@ -136,6 +136,18 @@ def _div(a: Dim, b: Dim) -> Dim:
     return dim_div(a, b)
 
 
+def _mod(a: Dim, b: Dim) -> Dim:
+    """ONNX integer Mod (fmod=0): the remainder takes the divisor's sign, as Python's ``%``."""
+    return a % b if isinstance(a, int) and isinstance(b, int) and b else None
+
+
+def _fmod(a: Dim, b: Dim) -> Dim:
+    """Mod with fmod=1: the remainder takes the dividend's sign (C's fmod)."""
+    if not (isinstance(a, int) and isinstance(b, int) and b):
+        return None
+    return abs(a) % abs(b) * (1 if a >= 0 else -1)
+
+
 def _equal(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return int(a == b)
@@ -191,6 +203,8 @@ _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
     "Mul": _arith(dim_mul),
     "Div": _arith(_div),
     "Max": _arith(lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else None),
+    "Min": _arith(lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else None),
+    "Mod": lambda n, ins, vals: _arith(_fmod if n.attrs.get("fmod", 0) else _mod)(n, ins, vals),
     "Equal": _arith(_equal),
     "Where": _prop_where,
     "ConstantOfShape": _prop_constant_of_shape,

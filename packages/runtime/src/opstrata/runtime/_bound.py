@@ -37,6 +37,17 @@ _BOUND_OPS = ((OPSTRATA_DOMAIN, "Attention"), (OPSTRATA_DOMAIN, "SkipLayerNorm")
               ("", "Split"), ("", "Transpose"), ("", "Slice"), ("", "Expand"), ("", "Gather"), ("", "Concat"),
               ("", "Conv"), (OPSTRATA_DOMAIN, "FusedConv"), ("", "MaxPool"), ("", "ReduceMean"),
               ("", "GlobalAveragePool"), ("", "Softmax"), ("", "Relu"), ("", "AveragePool"))  # fmt: skip
+#: integer / boolean elementwise steps (RoBERTa's position ids from its input ids, attention masks):
+#: numpy's ufunc straight into the arena view. For these dtypes the graph's kernels compute exactly this
+#: (no rounding, the same wrap-around), one C call of about a microsecond instead of a kernel call
+_EXACT_UFUNCS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("", "Equal"): np.equal, ("", "Less"): np.less, ("", "Greater"): np.greater,
+    ("", "LessOrEqual"): np.less_equal, ("", "GreaterOrEqual"): np.greater_equal, ("", "Not"): np.logical_not,
+    ("", "And"): np.logical_and, ("", "Or"): np.logical_or, ("", "Xor"): np.logical_xor, ("", "Add"): np.add,
+    ("", "Sub"): np.subtract, ("", "Mul"): np.multiply, ("", "Neg"): np.negative, ("", "Abs"): np.absolute,
+    ("", "Max"): np.maximum, ("", "Min"): np.minimum,
+}  # fmt: skip
+_BOUND_OPS += (*_EXACT_UFUNCS, ("", "Cast"), ("", "CumSum"))
 #: the graph's own kernels of the ops bound below: a node whose kernel was replaced (a test, a user
 #: override) is called instead
 _STOCK = {k: KERNELS.get(k) for k in _BOUND_OPS}
@@ -532,6 +543,48 @@ def _generic(
     return call
 
 
+def _bind_exact(sch: Schedule, st: _Step, static: list[Any], dst: np.ndarray) -> Callable[[], object] | None:
+    """An integer / boolean elementwise step, an integer-source Cast or an inclusive forward CumSum of
+    integers as one numpy call into ``dst`` (see :data:`_EXACT_UFUNCS`); None for anything else."""
+    n = st.node
+    key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+    if key not in _STOCK or KERNELS.get(key) is not _STOCK[key] or type(dst) is not np.ndarray:
+        return None
+    if any(a is None or type(a) is not np.ndarray or a.dtype.kind not in "biu" for a in static):
+        return None
+    if key == ("", "Cast"):
+        if len(static) != 1 or dst.shape != static[0].shape or dst.dtype.kind not in "biuf":
+            return None
+        if dst.dtype.kind == "f" and dst.dtype not in (np.float16, np.float32, np.float64):
+            return None  # ml_dtypes' floats: the kernel's own cast
+        return partial(np.copyto, dst, static[0], casting="unsafe")  # what astype computes
+    if key == ("", "CumSum"):
+        a, x = n.attrs, static[0]
+        if a.get("exclusive", 0) or a.get("reverse", 0) or x.ndim == 0:
+            return None
+        if len(static) == 2 and static[1].size == 1 and n.inputs[1] in sch.graph.initializers:
+            axis = int(static[1].reshape(-1)[0])  # a constant axis input (a run-time one may change)
+        elif len(static) == 1 and "axis" in a:
+            axis = int(a["axis"])
+        else:
+            return None
+        if dst.shape != x.shape or dst.dtype != x.dtype or not -x.ndim <= axis < x.ndim:
+            return None
+        axis %= x.ndim
+        return partial(np.cumsum, x, axis=axis, dtype=dst.dtype, out=dst)  # wraps as the kernel's cast does
+    fn = _EXACT_UFUNCS.get(key)
+    if fn is None or len(static) != fn.nin:
+        return None
+    try:
+        want = fn(*[np.zeros((), a.dtype) for a in static])
+        shape = np.broadcast_shapes(*(a.shape for a in static))
+    except (TypeError, ValueError):
+        return None
+    if want.dtype != dst.dtype or shape != dst.shape:
+        return None
+    return partial(fn, *static, out=dst)
+
+
 def _bind_step(
     sch: Schedule, st: _Step, vals: list[Any], dynamic: frozenset[int], alias: frozenset[int], arena: Arena
 ) -> Callable[[], object]:
@@ -546,6 +599,10 @@ def _bind_step(
         return partial(sch.exec_arena, st, vals, alias, arena)
     is_dyn = any(s in dynamic for s in t)
     static = None if is_dyn else _args_of(t, vals)
+    if static is not None and len(st.outs) == 1 and st.outs[0] >= 0 and st.outs[0] not in alias:
+        exact = _bind_exact(sch, st, static, vals[st.outs[0]])
+        if exact is not None:
+            return exact
     if st.out_fn is not None and len(t) == 2:
         if t[0] < 0 or t[1] < 0 or st.outs[0] < 0 or st.outs[0] in alias:
             return partial(sch.exec_arena, st, vals, alias, arena)
