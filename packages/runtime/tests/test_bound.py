@@ -785,7 +785,7 @@ def test_folded_constants_are_c_order_so_their_readers_bind_once() -> None:
         folded = [v for v in bound.template if isinstance(v, np.ndarray) and not v.flags.writeable]
         assert any(v.ndim == 4 for v in folded) and all(v.flags.c_contiguous for v in folded)
         assert [sch.steps[i].node.op_type for i in bound.index] == ["FusedElementwise"]
-        if _native.library() is not None:
+        if _native.library() is not None and hasattr(ops, "merge_bound_calls"):  # ops >= 0.4.20 (compat rows)
             assert len(bound.runner) == 1 and type(bound.runner[0]).__name__ in ("NativeCall", "NativeBatch")
 
 
@@ -810,7 +810,8 @@ def test_average_pool_is_bound_where_its_windows_stay_inside(pads) -> None:
         (want,) = _allocator_outputs(model, feeds, 0)
         np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
     (bound,) = sess._bound.values()
-    if _native.library() is not None:
+    kernels = getattr(getattr(ops, "native", None), "kernels", None)
+    if _native.library() is not None and hasattr(kernels, "avg_pool2d_native"):  # ops >= 0.4.84
         native = [type(c).__name__ in ("NativeCall", "NativeBatch") for c in bound.runner]
         assert native == ([True] if not any(pads) else [True, False])
 
