@@ -201,6 +201,58 @@ def test_mod_of_a_shape_value_propagates(h, fmod: int, want) -> None:
         assert run_graph(g, {"x": np.zeros((1, h, 4), np.float32)})["y"].shape == (1, want, 4)
 
 
+@pytest.mark.parametrize("h", [13, 16, "h"])
+def test_torchscript_pad_idiom_propagates_through_a_2d_shape_value(h) -> None:
+    """TorchScript's F.pad: the pads as (pairs, 2) rows, the rows reversed by a step -1 Slice, transposed
+    and flattened back; the contents follow through the 2-D steps, so Pad gets its output shape."""
+    g = _graph(("x", (1, h, 4)))
+    g.add_node("Shape", ["x"], ["s"])
+    g.add_initializer("one", np.array([1], np.int64))
+    g.add_node("Gather", ["s", "one"], ["len"], {"axis": 0})
+    g.add_initializer("w", np.array([8], np.int64))
+    g.add_node("Mod", ["len", "w"], ["r"])
+    g.add_node("Sub", ["w", "r"], ["short"])
+    g.add_node("Mod", ["short", "w"], ["pad"])
+    g.add_initializer("z", np.array([0], np.int64))
+    # F.pad's (last-axis first) pairs for axes 2, 1, 0: (0, 0), (0, pad), (0, 0)
+    g.add_node("Concat", ["z", "z", "z", "pad", "z", "z"], ["pairs"], {"axis": 0})
+    g.add_initializer("rows", np.array([-1, 2], np.int64))
+    g.add_node("Reshape", ["pairs", "rows"], ["grid"])  # (3, 2)
+    g.add_initializer("m1", np.array([-1], np.int64))
+    g.add_initializer("lo", np.array([-(2**63) + 1], np.int64))
+    g.add_initializer("ax0", np.array([0], np.int64))
+    g.add_node("Slice", ["grid", "m1", "lo", "ax0", "m1"], ["rev"])  # rows reversed: axis 0 first
+    g.add_node("Transpose", ["rev"], ["cols"], {"perm": [1, 0]})  # begins, then ends
+    g.add_node("Reshape", ["cols", "m1"], ["p"])
+    g.add_node("Pad", ["x", "p"], ["y"], {"mode": "constant"})
+    g.outputs.append("y")
+    infer_shapes(g)
+    want = None if h == "h" else 16
+    assert g.value("y").shape[1] == want
+    if want is not None:
+        assert g.value("y").shape == (1, 16, 4)
+        assert run_graph(g, {"x": np.zeros((1, h, 4), np.float32)})["y"].shape == (1, 16, 4)
+
+
+def test_a_2d_shape_value_is_not_read_as_flat_by_1d_rules() -> None:
+    """Gather along axis 0 of a tracked (2, 2) value picks rows: the 1-D rule would pick elements, so
+    the contents are not propagated (the shape stays unknown, never wrong)."""
+    g = _graph(("x", (2, 3, 5, 7)))
+    g.add_node("Shape", ["x"], ["s"])
+    g.add_initializer("rows", np.array([2, 2], np.int64))
+    g.add_node("Reshape", ["s", "rows"], ["grid"])  # [[2, 3], [5, 7]]
+    g.add_initializer("i1", np.array([1], np.int64))
+    g.add_node("Gather", ["grid", "i1"], ["row"], {"axis": 0})  # [[5, 7]]: (1, 2)
+    g.add_initializer("m1", np.array([-1], np.int64))
+    g.add_node("Reshape", ["row", "m1"], ["target"])  # [5, 7]
+    g.add_initializer("x35", np.zeros((35,), np.float32))
+    g.add_node("Reshape", ["x35", "target"], ["y"])
+    g.outputs.append("y")
+    infer_shapes(g)
+    assert g.value("y").shape in ((5, 7), (None, None))
+    assert run_graph(g, {"x": np.zeros((2, 3, 5, 7), np.float32)})["y"].shape == (5, 7)
+
+
 @pytest.mark.parametrize(("seq", "want"), [(6, 4), (3, 3), ("seq", None)])
 def test_min_of_a_shape_value_propagates(seq, want) -> None:
     """GPT-Neo's causal mask (dynamo export): a (1, 1, 128, 128) buffer sliced to ``min(128, seq)``

@@ -96,18 +96,65 @@ def _prop_concat(
     return tuple(d for i in ins for d in i)  # type: ignore[union-attr]
 
 
+def _static_shape(v: Value | None) -> tuple[int, ...] | None:
+    if v is None or v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        return None
+    return tuple(v.shape)  # type: ignore[arg-type]
+
+
+def _grid(flat: tuple[Dim, ...], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Tracked contents laid out in their tensor's (static) shape, as an object array."""
+    if int(np.prod(shape)) != len(flat):
+        return None
+    a = np.empty(len(flat), dtype=object)
+    a[:] = list(flat)
+    return a.reshape(shape)
+
+
 def _prop_slice(
     n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
 ) -> tuple[Dim, ...] | None:
     data = ins[0]
     if data is None or any(ins[i] is None for i in range(1, len(n.inputs)) if n.inputs[i]):
         return None
+    clamp = lambda t: max(min(t, 2**62), -(2**62))  # noqa: E731
+    shape = _static_shape(vals[0])
+    if shape is not None and len(shape) > 1:  # TorchScript's F.pad: the (pairs, 2) pads reversed by rows
+        grid = _grid(data, shape)
+        starts, ends = ins[1], ins[2]
+        axes = ins[3] if len(ins) > 3 and ins[3] else tuple(range(len(starts)))  # type: ignore[arg-type]
+        steps = ins[4] if len(ins) > 4 and ins[4] else (1,) * len(starts)  # type: ignore[arg-type]
+        parts = (starts, ends, axes, steps)
+        if (
+            grid is None
+            or len({len(p) for p in parts}) != 1
+            or not all(isinstance(t, int) for p in parts for t in p)
+        ):  # type: ignore[union-attr]
+            return None
+        index = [slice(None)] * len(shape)
+        for s, e, ax, st in zip(*parts, strict=True):  # type: ignore[call-overload]
+            if not -len(shape) <= ax < len(shape) or st == 0:
+                return None
+            index[ax] = slice(clamp(s), clamp(e), st)
+        return tuple(grid[tuple(index)].ravel().tolist())
     s, e = ins[1][0], ins[2][0]  # type: ignore[index]
     step = ins[4][0] if len(ins) > 4 and ins[4] else 1
     if not all(isinstance(t, int) for t in (s, e, step)):
         return None
-    clamp = lambda t: max(min(t, 2**62), -(2**62))  # noqa: E731
     return data[slice(clamp(s), clamp(e), step)]  # type: ignore[arg-type]
+
+
+def _prop_transpose(
+    n: Node, ins: list[tuple[Dim, ...] | None], vals: list[Value | None]
+) -> tuple[Dim, ...] | None:
+    shape = _static_shape(vals[0])
+    if ins[0] is None or shape is None:
+        return None
+    grid = _grid(ins[0], shape)
+    perm = n.attrs.get("perm") or list(reversed(range(len(shape))))
+    if grid is None or sorted(perm) != list(range(len(shape))):
+        return None
+    return tuple(grid.transpose(perm).ravel().tolist())
 
 
 def _arith(op: Callable[[Dim, Dim], Dim]) -> Callable[..., tuple[Dim, ...] | None]:
@@ -208,23 +255,28 @@ _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
     "Equal": _arith(_equal),
     "Where": _prop_where,
     "ConstantOfShape": _prop_constant_of_shape,
+    "Transpose": _prop_transpose,
 }
+#: the ops above that know a tracked value's layout: the contents of a multi-dimensional value (static
+#: shape, at most _MAX_KNOWN elements, kept flat in row-major order) go through these only, every other
+#: op reads 1-D values
+_ND_PROP = frozenset({"Reshape", "Identity", "Cast", "Unsqueeze", "Squeeze", "Slice", "Transpose"})
 
 
 def _propagate(node: Node, graph: Graph, known: dict[str, tuple[Dim, ...]]) -> None:
     if node.domain not in ("", "ai.onnx") or node.op_type not in _PROP or len(node.outputs) != 1:
         return
     out = graph.values.get(node.outputs[0])
-    if (
-        out is None
-        or out.dtype is None
-        or out.dtype.kind not in "iub"  # bools as 0 / 1 (Equal feeding Where)
-        or out.shape is None
-        or len(out.shape) > 1
-    ):
-        return
+    if out is None or out.dtype is None or out.dtype.kind not in "iub" or out.shape is None:
+        return  # bools as 0 / 1 (Equal feeding Where)
     ins = [known.get(x) if x else None for x in node.inputs]
     vals = [graph.values.get(x) if x else None for x in node.inputs]
+    nd = len(out.shape) > 1 or any(
+        k is not None and (v is None or v.shape is None or len(v.shape) > 1)
+        for k, v in zip(ins, vals, strict=True)
+    )
+    if nd and (node.op_type not in _ND_PROP or _static_shape(out) is None):
+        return  # a multi-dimensional value: only the layout-aware ops, and only with a static shape
     res = _PROP[node.op_type](node, ins, vals)
     if res is not None and len(res) <= _MAX_KNOWN:
         known[node.outputs[0]] = tuple(res)
