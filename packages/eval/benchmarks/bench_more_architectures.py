@@ -30,9 +30,14 @@ _TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "i
          "vocab_size": 1000, "max_position_embeddings": 128, "attn_implementation": "eager"}  # fmt: skip
 
 
-def _torchvision(name: str, **kw: Any) -> Callable[[], Any]:
+def _torchvision(name: str, *, he: bool = False, **kw: Any) -> Callable[[], Any]:
+    """``he``: the zoo's He-normal weights, for the nets whose own init leaves the output nearly constant
+    (not EfficientNet-V2-S: with them its activations grow to ~4e4 over 40 blocks and float32 rounding alone
+    moves the output by half its scale -- torch, onnxruntime and opstrata all disagree with each other)."""
+
     def build() -> Any:
-        return getattr(_builders._torchvision().models, name)(weights=None, num_classes=_CLASSES, **kw)
+        model = getattr(_builders._torchvision().models, name)(weights=None, num_classes=_CLASSES, **kw)
+        return _builders.informative_init(model) if he else model
 
     return build
 
@@ -47,10 +52,10 @@ def _transformers(model: str, config: str, *, caches: bool = True, **cfg: Any) -
 
 #: name -> (family, builder, input kind)
 ARCHITECTURES: dict[str, tuple[str, Callable[[], Any], str]] = {
-    "mobilenet_v2": ("torchvision", _torchvision("mobilenet_v2"), "image"),
+    "mobilenet_v2": ("torchvision", _torchvision("mobilenet_v2", he=True), "image"),
     "resnext50_32x4d": ("torchvision", _torchvision("resnext50_32x4d"), "image"),
-    "mnasnet0_5": ("torchvision", _torchvision("mnasnet0_5"), "image"),
-    "googlenet": ("torchvision", _torchvision("googlenet", aux_logits=False, init_weights=True), "image"),
+    "mnasnet0_5": ("torchvision", _torchvision("mnasnet0_5", he=True), "image"),
+    "googlenet": ("torchvision", _torchvision("googlenet", he=True, aux_logits=False, init_weights=False), "image"),
     "swin_t": ("torchvision", _torchvision("swin_t"), "image"),
     "efficientnet_v2_s": ("torchvision", _torchvision("efficientnet_v2_s"), "image"),
     "roberta": ("transformers", _transformers("RobertaModel", "RobertaConfig", **_TINY), "tokens"),

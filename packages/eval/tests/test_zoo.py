@@ -91,6 +91,24 @@ def test_table_lists_the_required_models() -> None:
         assert spec.input_kind in ("image", "tokens")
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x0_5"])
+def test_lightweight_nets_have_logits_that_depend_on_the_input(zoo_deps, name: str) -> None:
+    """He-normal weights: logits of a working scale (torchvision's init gave ~1e-10 / ~1e-13), differing
+    between two images by more than 1% of that scale (ShuffleNet's were its bias to four digits)."""
+    import torch
+
+    from opstrata.eval.zoo._builders import build
+    from opstrata.eval.zoo._export import example_input
+
+    spec = MODELS[name]
+    model = build(spec.builder)
+    with torch.no_grad():
+        a, b = (model(example_input(spec, (1, 3, 64, 64), seed=s)) for s in (0, 1))
+    scale = float(torch.maximum(a.abs().max(), b.abs().max()))
+    assert scale > 1e-3, scale
+    assert float((a - b).abs().max()) > 0.01 * scale
+
+
 def test_unknown_model_names_the_available_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownModelError) as info:
         run_model("resnet9000")

@@ -86,19 +86,36 @@ def _logits_of(module: Any, *, caches: bool = True) -> Any:
 # ---------------------------------------------------------------- torchvision
 
 
+def informative_init(model: Any) -> Any:
+    """He-normal weights (fan in, ReLU gain) for every Conv2d and Linear of ``model``, in place.
+
+    torchvision's initialisations expect training: in the lightweight nets (MobileNet, EfficientNet,
+    ShuffleNet, MNASNet) the activations shrink layer by layer -- MobileNet-V3-Small's logits are ~1e-10,
+    EfficientNet-B0's ~1e-13 -- so every activation works near zero (HardSwish, SiLU and the clips almost
+    linear, their bends never reached), and ShuffleNet's logits are its classifier's bias to four digits
+    whatever the input. He-normal weights keep the activations' scale from layer to layer, so a comparison
+    exercises every layer's nonlinearity and the output depends on the input.
+    """
+    torch = require_torch()
+    for mod in model.modules():
+        if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+            torch.nn.init.kaiming_normal_(mod.weight, mode="fan_in", nonlinearity="relu")
+    return model
+
+
 def resnet18() -> Any:
     """torchvision resnet18 (full depth), 100 classes."""
     return _torchvision().models.resnet18(weights=None, num_classes=_NUM_CLASSES)
 
 
 def mobilenet_v3_small() -> Any:
-    """torchvision mobilenet_v3_small (HardSwish, HardSigmoid, squeeze-excite), 100 classes."""
-    return _torchvision().models.mobilenet_v3_small(weights=None, num_classes=_NUM_CLASSES)
+    """torchvision mobilenet_v3_small (HardSwish, HardSigmoid, squeeze-excite), 100 classes, He init."""
+    return informative_init(_torchvision().models.mobilenet_v3_small(weights=None, num_classes=_NUM_CLASSES))
 
 
 def efficientnet_b0() -> Any:
-    """torchvision efficientnet_b0 (SiLU, squeeze-excite), 100 classes."""
-    return _torchvision().models.efficientnet_b0(weights=None, num_classes=_NUM_CLASSES)
+    """torchvision efficientnet_b0 (SiLU, squeeze-excite), 100 classes, He init."""
+    return informative_init(_torchvision().models.efficientnet_b0(weights=None, num_classes=_NUM_CLASSES))
 
 
 def vit_b_16() -> Any:
@@ -123,8 +140,9 @@ def squeezenet1_1() -> Any:
 
 
 def shufflenet_v2_x0_5() -> Any:
-    """torchvision shufflenet_v2_x0_5 (channel shuffle as Reshape-Transpose-Reshape, Split, depthwise 3x3)."""
-    return _torchvision().models.shufflenet_v2_x0_5(weights=None, num_classes=_NUM_CLASSES)
+    """torchvision shufflenet_v2_x0_5 (channel shuffle as Reshape-Transpose-Reshape, Split, depthwise 3x3),
+    He init."""
+    return informative_init(_torchvision().models.shufflenet_v2_x0_5(weights=None, num_classes=_NUM_CLASSES))
 
 
 def regnet_y_400mf() -> Any:
