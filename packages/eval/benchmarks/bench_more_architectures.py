@@ -25,9 +25,10 @@ from typing import Any
 
 from opstrata.eval.zoo import _builders, _specs, run_model  # the builders set OMP_WAIT_POLICY before torch
 
-_CLASSES = 100
-_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-         "vocab_size": 1000, "max_position_embeddings": 128, "attn_implementation": "eager"}  # fmt: skip
+_HF = _builders._HF  # the zoo's tiny transformer sizes
+_TINY = {"hidden_size": _HF["hidden"], "num_hidden_layers": _HF["layers"], "num_attention_heads": _HF["heads"],
+         "intermediate_size": _HF["intermediate"], "vocab_size": _HF["vocab"],
+         "max_position_embeddings": _HF["positions"], "attn_implementation": "eager"}  # fmt: skip
 
 
 def _torchvision(name: str, *, he: bool = False, **kw: Any) -> Callable[[], Any]:
@@ -36,7 +37,9 @@ def _torchvision(name: str, *, he: bool = False, **kw: Any) -> Callable[[], Any]
     moves the output by half its scale -- torch, onnxruntime and opstrata all disagree with each other)."""
 
     def build() -> Any:
-        model = getattr(_builders._torchvision().models, name)(weights=None, num_classes=_CLASSES, **kw)
+        model = getattr(_builders._torchvision().models, name)(
+            weights=None, num_classes=_builders._NUM_CLASSES, **kw
+        )
         return _builders.informative_init(model) if he else model
 
     return build
@@ -88,8 +91,8 @@ def _register(name: str) -> None:
     family, build, kind = ARCHITECTURES[name]
     build.__name__ = name
     _builders._BUILDERS[name] = build
-    shapes = ((1, 3, 64, 64), (2, 3, 64, 64)) if kind == "image" else ((1, 32), (2, 48))
-    vocab = 1000 if kind == "tokens" else 0
+    shapes = _specs._IMAGE_64 if kind == "image" else _specs._TOKENS
+    vocab = _specs._VOCAB if kind == "tokens" else 0
     _specs.MODELS[name] = _specs.ModelSpec(
         name, family, name, kind, shapes, "bench_more_architectures", vocab=vocab
     )

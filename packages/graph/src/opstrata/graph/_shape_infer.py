@@ -195,6 +195,9 @@ def _fmod(a: Dim, b: Dim) -> Dim:
     return abs(a) % abs(b) * (1 if a >= 0 else -1)
 
 
+_prop_mod, _prop_fmod = _arith(_mod), _arith(_fmod)
+
+
 def _equal(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) and isinstance(b, int):
         return int(a == b)
@@ -251,7 +254,7 @@ _PROP: dict[str, Callable[..., tuple[Dim, ...] | None]] = {
     "Div": _arith(_div),
     "Max": _arith(lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else None),
     "Min": _arith(lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else None),
-    "Mod": lambda n, ins, vals: _arith(_fmod if n.attrs.get("fmod", 0) else _mod)(n, ins, vals),
+    "Mod": lambda n, ins, vals: (_prop_fmod if n.attrs.get("fmod", 0) else _prop_mod)(n, ins, vals),
     "Equal": _arith(_equal),
     "Where": _prop_where,
     "ConstantOfShape": _prop_constant_of_shape,

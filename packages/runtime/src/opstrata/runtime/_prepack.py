@@ -5,7 +5,7 @@ transposed-B GEMM, which OpenBLAS runs 3-15% slower than the plain one at transf
 same values in Fortran order make ``w.T`` C-contiguous, so the kernel's GEMM needs no transpose. The
 packed copy lives in the schedule's value template and replaces the plan graph's own array (same
 values, shape and dtype; read-only), so a session holds such a weight once in this layout -- plus the
-strip-tile panels ops packs from it for small batches -- not twice (ConvNeXt-T: 329 -> ~230 MiB), and
+strip-tile panels ops packs from it for small batches -- not twice (ConvNeXt-T: 369 -> 240 MiB), and
 a second session of the same plan reuses it. The plain right operand
 of a MatMul (or a Gemm without transB) that a folded Transpose left Fortran-ordered (GPT-2's tied LM
 head) gets a C-ordered copy the same way: numpy runs it as a transposed GEMM, 1.5x slower at 32x64x1000.

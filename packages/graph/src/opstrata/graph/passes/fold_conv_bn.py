@@ -35,6 +35,12 @@ def _inference_bn(m: Matcher, bn: Node) -> list[np.ndarray] | None:
     return stats  # type: ignore[return-value]
 
 
+def _scale(bn: Node, stats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s, beta, mean) in float64, ``s = gamma / sqrt(var + eps)`` per channel."""
+    gamma, beta, mean, var = (x.astype(np.float64) for x in stats)
+    return gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5))), beta, mean
+
+
 def fold_conv_batchnorm(graph: Graph) -> Graph:
     """Each Conv (constant weight and bias) whose sole reader is an inference BatchNormalization with
     constant statistics becomes one Conv."""
@@ -54,8 +60,7 @@ def fold_conv_batchnorm(graph: Graph) -> Graph:
         o = w.shape[0]
         if stats[0].shape != (o,):
             continue
-        gamma, beta, mean, var = (s.astype(np.float64) for s in stats)  # type: ignore[union-attr]
-        scale = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        scale, beta, mean = _scale(bn, stats)
         w2 = (w.astype(np.float64) * scale.reshape(o, *[1] * (w.ndim - 1))).astype(w.dtype)
         b0 = np.zeros(o) if b is None else b.astype(np.float64)
         b2 = ((b0 - mean) * scale + beta).astype(w.dtype)
@@ -82,8 +87,7 @@ def batchnorm_to_affine(graph: Graph) -> Graph:
         dtype = g.values[bn.inputs[0]].dtype if bn.inputs[0] in g.values else None
         if dtype is None or np.dtype(dtype).kind != "f":
             continue
-        gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
-        scale = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        scale, beta, mean = _scale(bn, stats)
         bcast = (stats[0].shape[0], *[1] * (len(shape) - 2))
         s_name, t_name = g.fresh_name(f"{bn.name}_scale"), g.fresh_name(f"{bn.name}_shift")
         g.add_initializer(s_name, scale.reshape(bcast).astype(dtype))

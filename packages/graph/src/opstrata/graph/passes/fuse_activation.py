@@ -7,9 +7,8 @@ activation follows it: the activation runs as the GEMM's epilogue instead of a p
 
 from __future__ import annotations
 
-import numpy as np
-
 from .._ir import OPSTRATA_DOMAIN, Graph, Node
+from .fuse_linear import transposed_weight
 from .pattern import Matcher, is_onnx
 
 __all__ = ["fuse_bias_activation"]
@@ -30,8 +29,7 @@ def _as_linear(g: Graph, m: Matcher, node: Node) -> Node | None:
     x_shape = m.shape(node.inputs[0])
     if w is None or w.ndim != 2 or x_shape is None or len(x_shape) < 2:
         return None
-    wt = g.fresh_name(f"{node.inputs[1]}_t")
-    g.add_initializer(wt, np.ascontiguousarray(w.T))
+    wt = transposed_weight(g, node.inputs[1], w)
     return Node(
         "Linear", [node.inputs[0], wt], list(node.outputs), {}, g.fresh_node_name("Linear"), OPSTRATA_DOMAIN
     )

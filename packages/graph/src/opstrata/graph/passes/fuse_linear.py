@@ -29,6 +29,14 @@ def _bias(m: Matcher, y: str, out: int) -> tuple[Node, np.ndarray] | None:
     return add, c.reshape(out)
 
 
+def transposed_weight(g: Graph, name: str, w: np.ndarray) -> str:
+    """A new initializer holding the ``(in, out)`` weight ``w`` (initializer ``name``) as ``(out, in)``,
+    the layout a Linear reads; returns its name."""
+    wt = g.fresh_name(f"{name}_t")
+    g.add_initializer(wt, np.ascontiguousarray(w.T))
+    return wt
+
+
 def _gemm(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
     a = node.attrs
     if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
@@ -38,8 +46,7 @@ def _gemm(g: Graph, m: Matcher, node: Node) -> list[Node] | None:
         c = m.const(w)
         if c is None:
             return None
-        w = g.fresh_name(f"{w}_t")
-        g.add_initializer(w, np.ascontiguousarray(c.T))
+        w = transposed_weight(g, w, c)
     ins = [node.inputs[0], w]
     if len(node.inputs) > 2 and node.inputs[2]:
         c = m.const(node.inputs[2])
@@ -78,10 +85,9 @@ def fuse_linear(graph: Graph) -> Graph:
             w, out = None, c.shape[1]
         bias = _bias(m, node.outputs[0], out) if isinstance(out, int) else None
         if not is_lin and bias is None:
-            continue  # a bare MatMul with a constant weight gains nothing from becoming Linear
+            continue  # a bare MatMul gains nothing here (fuse_bias_activation takes one an activation follows)
         if w is None:
-            w = g.fresh_name(f"{node.inputs[1]}_t")
-            g.add_initializer(w, np.ascontiguousarray(m.const(node.inputs[1]).T))  # type: ignore[union-attr]
+            w = transposed_weight(g, node.inputs[1], m.const(node.inputs[1]))  # type: ignore[arg-type]
         ins = [node.inputs[0], w]
         y = node.outputs[0]
         if bias is not None:
